@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs what posembed needs and is missing: Debian packages with apt-get,
+# PyPI packages with pip. Quick when everything is present.
+#   scripts/deps.sh build   compilers and libraries
+#   scripts/deps.sh test    plus what the tests' reference scripts need
+#   scripts/deps.sh run     plus the training corpus
+set -euo pipefail
+want=(cmake ninja-build g++ libgtest-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev
+      libhwy-dev libopenblas-dev libeigen3-dev libpng-dev)
+case "${1:-build}" in
+  build) ;;
+  test) want+=(python3-torch python3-numpy clang libclang-rt-14-dev python3-pip) ;;
+  run) want+=(fortunes) ;;
+  *) echo "usage: scripts/deps.sh [build|test|run]" >&2; exit 2 ;;
+esac
+missing=()
+for p in "${want[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "deps: installing ${missing[*]}"
+  sudo_cmd=(); [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >/dev/null
+fi

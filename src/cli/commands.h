@@ -1,0 +1,11 @@
+// Each subcommand registers itself on the app and returns nothing; CLI11 calls
+// the callback it sets when the subcommand is chosen.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace posembed::cli {
+
+void add_demo_command(CLI::App& app);
+
+}  // namespace posembed::cli

@@ -1,0 +1,35 @@
+// Command-line flags generated from a config struct's visit_fields(): one flag
+// per field, named after it (vocab_size -> --vocab-size), with the field's help
+// text and its default shown.
+#pragma once
+
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "posembed/core/config.h"
+
+namespace posembed::cli {
+
+inline std::string flag_name(std::string_view field) {
+  std::string name = "--" + std::string(field);
+  for (char& c : name) c = c == '_' ? '-' : c;
+  return name;
+}
+
+template <class Config>
+void add_config_flags(CLI::App& app, Config& config) {
+  visit_fields(config, [&](const char* name, auto& field, const char* help) {
+    using Field = std::remove_reference_t<decltype(field)>;
+    if constexpr (std::is_same_v<Field, TableInit>) {
+      app.add_option_function<std::string>(
+             flag_name(name), [&field](const std::string& text) { field = parse_table_init(text); },
+             help)
+          ->default_str(to_string(field));
+    } else {
+      app.add_option(flag_name(name), field, help)->capture_default_str();
+    }
+  });
+}
+
+}  // namespace posembed::cli

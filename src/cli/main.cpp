@@ -1,0 +1,25 @@
+#include <cstdio>
+#include <exception>
+
+#include <CLI/CLI.hpp>
+
+#include "cli/commands.h"
+#include "posembed/core/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"posembed: learned absolute position embeddings (token + position + dropout)"};
+  app.require_subcommand(1);
+  posembed::cli::add_demo_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const posembed::Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,269 @@
+#include "posembed/core/embedding.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "posembed/core/error.h"
+#include "posembed/core/parallel_for.h"
+#include "posembed/core/philox.h"
+
+namespace posembed {
+namespace {
+
+std::string where(std::size_t flat, std::int64_t seq_len) {
+  const auto t = static_cast<std::size_t>(seq_len);
+  return "batch row " + std::to_string(flat / t) + ", token " + std::to_string(flat % t);
+}
+
+void check_size(std::string_view what, std::size_t actual, std::uint64_t expected,
+                std::string_view shape) {
+  if (actual != expected) {
+    throw Error(std::string(what) + " holds " + std::to_string(actual) + " values but " +
+                std::string(shape) + " needs " + std::to_string(expected));
+  }
+}
+
+std::string shape_text(const EmbeddingShape& s, bool with_dim) {
+  return "shape (B=" + std::to_string(s.batch) + ", T=" + std::to_string(s.seq_len) +
+         (with_dim ? ", d=" + std::to_string(s.embed_dim) : std::string()) + ")";
+}
+
+std::uint64_t token_count(const EmbeddingShape& s) {
+  return static_cast<std::uint64_t>(s.batch) * static_cast<std::uint64_t>(s.seq_len);
+}
+
+// The mask bits for flat element i, fetched one Philox block (4 elements) at a time.
+class MaskStream {
+ public:
+  MaskStream(const DropoutSpec& dropout)
+      : key_(philox_key(dropout.seed)), step_(dropout.step), threshold_(dropout_threshold(dropout.p)) {}
+  bool keep(std::uint64_t i) {
+    const std::uint64_t block = i >> 2;
+    if (block != block_) {
+      bits_ = philox4x32_10(philox_counter(block, step_, RandomStream::dropout), key_);
+      block_ = block;
+    }
+    return bits_[i & 3] >= threshold_;
+  }
+
+ private:
+  PhiloxKey key_;
+  std::uint64_t step_;
+  std::uint32_t threshold_;
+  std::uint64_t block_ = ~std::uint64_t{0};
+  PhiloxCounter bits_{};
+};
+
+// Backward over column strips: a strip [j0, j1) of every gradient row is owned by
+// one task, which walks the tokens in flat order. So each gradient element is
+// summed in the same order for any strip width and thread count, with no
+// atomics and no sort of the tokens.
+template <class TokenRowOffset>
+void backward_strips(float* grad_token_table, TokenRowOffset token_row_offset,
+                     float* grad_position_table, std::span<const float> grad_out,
+                     std::span<const std::int64_t> position_ids, const EmbeddingShape& shape,
+                     const DropoutSpec& dropout) {
+  const std::int64_t d = shape.embed_dim;
+  const auto n = static_cast<std::int64_t>(token_count(shape));
+  const std::int64_t threads = num_threads();
+  const std::int64_t strip = std::max<std::int64_t>(16, (d + threads - 1) / threads);
+  const std::int64_t strips = (d + strip - 1) / strip;
+  const bool masked = dropout.p > 0.0;
+  const float scale = dropout_scale(dropout.p);
+  parallel_for(strips, [&](std::int64_t s) {
+    const std::int64_t j0 = s * strip, j1 = std::min(d, j0 + strip);
+    MaskStream mask(dropout);
+    for (std::int64_t r = 0; r < n; ++r) {
+      const float* g = grad_out.data() + r * d;
+      float* tok = grad_token_table ? grad_token_table + token_row_offset(r) : nullptr;
+      float* pos = grad_position_table
+                       ? grad_position_table + position_ids[static_cast<std::size_t>(r)] * d
+                       : nullptr;
+      for (std::int64_t j = j0; j < j1; ++j) {
+        float v = g[j];
+        if (masked) v = mask.keep(static_cast<std::uint64_t>(r * d + j)) ? v * scale : 0.0f;
+        if (tok) tok[j] += v;
+        if (pos) pos[j] += v;
+      }
+    }
+  });
+}
+
+void validate_backward(std::size_t grad_token_size, bool sparse_token,
+                       std::span<float> grad_position_table, std::span<const float> grad_out,
+                       std::span<const std::int64_t> token_ids,
+                       std::span<const std::int64_t> position_ids, const EmbeddingShape& shape,
+                       const DropoutSpec& dropout) {
+  const auto d = static_cast<std::uint64_t>(std::max<std::int64_t>(shape.embed_dim, 0));
+  const auto v = static_cast<std::uint64_t>(std::max<std::int64_t>(shape.vocab_size, 0));
+  const auto p = static_cast<std::uint64_t>(std::max<std::int64_t>(shape.max_seq_len, 0));
+  // The tables' own sizes equal their gradients' sizes; check ids with those.
+  validate_embedding_inputs(token_ids, position_ids,
+                            sparse_token || grad_token_size == 0 ? v * d : grad_token_size,
+                            grad_position_table.empty() ? p * d : grad_position_table.size(),
+                            shape, dropout);
+  check_size("grad_out", grad_out.size(), token_count(shape) * d, shape_text(shape, true));
+}
+
+}  // namespace
+
+std::uint32_t dropout_threshold(double p) {
+  const double t = std::round(p * 4294967296.0);
+  return t >= 4294967295.0 ? 0xFFFFFFFFu : static_cast<std::uint32_t>(t);
+}
+
+float dropout_scale(double p) { return static_cast<float>(1.0 / (1.0 - p)); }
+
+void validate_embedding_inputs(std::span<const std::int64_t> token_ids,
+                               std::span<const std::int64_t> position_ids,
+                               std::size_t token_table_size, std::size_t position_table_size,
+                               const EmbeddingShape& shape, const DropoutSpec& dropout) {
+  if (shape.batch < 0 || shape.seq_len < 0) {
+    throw Error("batch and seq_len must be >= 0, got " + shape_text(shape, false));
+  }
+  if (shape.vocab_size < 1 || shape.max_seq_len < 1 || shape.embed_dim < 1) {
+    throw Error("vocab_size " + std::to_string(shape.vocab_size) + ", max_seq_len " +
+                std::to_string(shape.max_seq_len) + " and embed_dim " +
+                std::to_string(shape.embed_dim) + " must all be >= 1");
+  }
+  if (!(dropout.p >= 0.0 && dropout.p < 1.0)) {
+    throw Error("dropout p = " + std::to_string(dropout.p) +
+                " must lie in [0, 1); use 0 for eval mode");
+  }
+  if (dropout.step > kMaxRandomStep) {
+    throw Error("dropout step " + std::to_string(dropout.step) + " exceeds the 48-bit limit " +
+                std::to_string(kMaxRandomStep));
+  }
+  const auto d = static_cast<std::uint64_t>(shape.embed_dim);
+  check_size("token table", token_table_size, static_cast<std::uint64_t>(shape.vocab_size) * d,
+             "(vocab_size=" + std::to_string(shape.vocab_size) + ", d=" + std::to_string(d) + ")");
+  check_size("position table", position_table_size,
+             static_cast<std::uint64_t>(shape.max_seq_len) * d,
+             "(max_seq_len=" + std::to_string(shape.max_seq_len) + ", d=" + std::to_string(d) + ")");
+  check_size("token ids", token_ids.size(), token_count(shape), shape_text(shape, false));
+  check_size("position ids", position_ids.size(), token_count(shape), shape_text(shape, false));
+  for (std::size_t i = 0; i < token_ids.size(); ++i) {
+    const std::int64_t id = token_ids[i];
+    if (id < 0) {
+      throw Error("token id " + std::to_string(id) + " at " + where(i, shape.seq_len) +
+                  " is negative; ids lie in [0, " + std::to_string(shape.vocab_size) +
+                  "). Give padded slots a real id (pad or eos) and mask them out instead");
+    }
+    if (id >= shape.vocab_size) {
+      throw Error("token id " + std::to_string(id) + " at " + where(i, shape.seq_len) +
+                  " is >= vocab_size " + std::to_string(shape.vocab_size) +
+                  "; check that the tokenizer matches the model's vocabulary");
+    }
+  }
+  for (std::size_t i = 0; i < position_ids.size(); ++i) {
+    const std::int64_t pos = position_ids[i];
+    if (pos < 0) {
+      throw Error("position id " + std::to_string(pos) + " at " + where(i, shape.seq_len) +
+                  " is negative; positions lie in [0, " + std::to_string(shape.max_seq_len) + ")");
+    }
+    if (pos >= shape.max_seq_len) {
+      const std::string limit = std::to_string(shape.max_seq_len);
+      throw Error("position id " + std::to_string(pos) + " at " + where(i, shape.seq_len) +
+                  " is >= max_seq_len " + limit + " (the position table has " + limit +
+                  " rows). Truncate the input to " + limit + " tokens, split it into windows of "
+                  "at most " + limit + ", or extend the table to a longer max_seq_len "
+                  "(posembed resize --max-seq-len N)");
+    }
+  }
+}
+
+void embedding_forward(std::span<float> out, std::span<const std::int64_t> token_ids,
+                       std::span<const std::int64_t> position_ids,
+                       std::span<const float> token_table, std::span<const float> position_table,
+                       const EmbeddingShape& shape, const DropoutSpec& dropout) {
+  validate_embedding_inputs(token_ids, position_ids, token_table.size(), position_table.size(),
+                            shape, dropout);
+  const std::int64_t d = shape.embed_dim;
+  check_size("out", out.size(), token_count(shape) * static_cast<std::uint64_t>(d),
+             shape_text(shape, true));
+  const bool masked = dropout.p > 0.0;
+  const float scale = dropout_scale(dropout.p);
+  parallel_for(static_cast<std::int64_t>(token_count(shape)), [&](std::int64_t r) {
+    const auto i = static_cast<std::size_t>(r);
+    const float* tok = token_table.data() + token_ids[i] * d;
+    const float* pos = position_table.data() + position_ids[i] * d;
+    float* o = out.data() + r * d;
+    if (!masked) {
+      for (std::int64_t j = 0; j < d; ++j) o[j] = tok[j] + pos[j];
+      return;
+    }
+    MaskStream mask(dropout);
+    for (std::int64_t j = 0; j < d; ++j) {
+      o[j] = mask.keep(static_cast<std::uint64_t>(r * d + j)) ? (tok[j] + pos[j]) * scale : 0.0f;
+    }
+  });
+}
+
+void embedding_backward(std::span<float> grad_token_table, std::span<float> grad_position_table,
+                        std::span<const float> grad_out, std::span<const std::int64_t> token_ids,
+                        std::span<const std::int64_t> position_ids, const EmbeddingShape& shape,
+                        const DropoutSpec& dropout) {
+  validate_backward(grad_token_table.size(), false, grad_position_table, grad_out, token_ids,
+                    position_ids, shape, dropout);
+  const std::int64_t d = shape.embed_dim;
+  backward_strips(
+      grad_token_table.empty() ? nullptr : grad_token_table.data(),
+      [&](std::int64_t r) { return token_ids[static_cast<std::size_t>(r)] * d; },
+      grad_position_table.empty() ? nullptr : grad_position_table.data(), grad_out, position_ids,
+      shape, dropout);
+}
+
+void embedding_backward(SparseRowGrad& grad, std::span<float> grad_position_table,
+                        std::span<const float> grad_out, std::span<const std::int64_t> token_ids,
+                        std::span<const std::int64_t> position_ids, const EmbeddingShape& shape,
+                        const DropoutSpec& dropout) {
+  validate_backward(0, true, grad_position_table, grad_out, token_ids, position_ids, shape,
+                    dropout);
+  const std::int64_t d = shape.embed_dim;
+  if (!grad.rows.empty() && grad.embed_dim != d) {
+    throw Error("sparse token gradient has width " + std::to_string(grad.embed_dim) +
+                " but embed_dim is " + std::to_string(d) + "; zero it or use a new one");
+  }
+  grad.embed_dim = d;
+  // Rows of this batch, sorted and unique, merged into the rows already held.
+  std::vector<std::int64_t>& batch_rows = grad.slot;
+  batch_rows.assign(token_ids.begin(), token_ids.end());
+  std::sort(batch_rows.begin(), batch_rows.end());
+  batch_rows.erase(std::unique(batch_rows.begin(), batch_rows.end()), batch_rows.end());
+  if (!std::includes(grad.rows.begin(), grad.rows.end(), batch_rows.begin(), batch_rows.end())) {
+    std::vector<std::int64_t> rows;
+    rows.reserve(grad.rows.size() + batch_rows.size());
+    std::set_union(grad.rows.begin(), grad.rows.end(), batch_rows.begin(), batch_rows.end(),
+                   std::back_inserter(rows));
+    std::vector<float> values(rows.size() * static_cast<std::size_t>(d), 0.0f);
+    for (std::size_t k = 0, at = 0; k < grad.rows.size(); ++k) {
+      while (rows[at] != grad.rows[k]) ++at;
+      std::copy_n(grad.values.begin() + static_cast<std::ptrdiff_t>(k * static_cast<std::size_t>(d)), d,
+                  values.begin() + static_cast<std::ptrdiff_t>(at * static_cast<std::size_t>(d)));
+    }
+    grad.rows = std::move(rows);
+    grad.values = std::move(values);
+  }
+  grad.slot.resize(token_ids.size());
+  for (std::size_t i = 0; i < token_ids.size(); ++i) {
+    grad.slot[i] = std::lower_bound(grad.rows.begin(), grad.rows.end(), token_ids[i]) - grad.rows.begin();
+  }
+  backward_strips(
+      grad.values.empty() ? nullptr : grad.values.data(),
+      [&](std::int64_t r) { return grad.slot[static_cast<std::size_t>(r)] * d; },
+      grad_position_table.empty() ? nullptr : grad_position_table.data(), grad_out, position_ids,
+      shape, dropout);
+}
+
+void zero_grad(std::span<float> grad) {
+  parallel_for(static_cast<std::int64_t>(grad.size()),
+               [&](std::int64_t i) { grad[static_cast<std::size_t>(i)] = 0.0f; });
+}
+
+void zero_grad(SparseRowGrad& grad) {
+  grad.rows.clear();
+  grad.values.clear();
+}
+
+}  // namespace posembed

@@ -1,0 +1,79 @@
+// The fused layer: out[b,t,:] = dropout(token_table[id[b,t]] + position_table[pos[b,t]]).
+//
+// Forward is one pass (gather, add, inverted dropout). The dropout mask is never
+// stored: element i of the output (flat index (b*T + t)*d + j) is kept when
+// philox_bits(seed, step, dropout stream, i) >= round(p * 2^32), so backward
+// regenerates exactly the mask forward used, on any thread count.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace posembed {
+
+struct EmbeddingShape {
+  std::int64_t batch = 0;     // B
+  std::int64_t seq_len = 0;   // T
+  std::int64_t vocab_size = 0;
+  std::int64_t max_seq_len = 0;
+  std::int64_t embed_dim = 0;  // d
+};
+
+// p == 0 is the identity: that is eval mode, and training without dropout.
+struct DropoutSpec {
+  double p = 0.0;
+  std::uint64_t seed = 0;
+  std::uint64_t step = 0;  // advances once per training forward; part of the mask's key
+};
+
+// The 32-bit draw below which an element is dropped: round(p * 2^32), so the
+// keep rate equals 1 - p to within 2^-32.
+std::uint32_t dropout_threshold(double p);
+float dropout_scale(double p);  // 1 / (1 - p), rounded to float
+
+// A row-sparse gradient (PyTorch's sparse=True): the rows touched since the
+// last zero-grad, sorted and unique, and their values. Storage is reused.
+struct SparseRowGrad {
+  std::int64_t embed_dim = 0;
+  std::vector<std::int64_t> rows;   // (R), ascending
+  std::vector<float> values;        // (R, embed_dim)
+  std::vector<std::int64_t> slot;   // scratch: row of `values` for each token, (B*T)
+};
+
+// out: (B, T, d); token_ids, position_ids: (B, T); token_table: (vocab_size, d);
+// position_table: (max_seq_len, d).
+void embedding_forward(std::span<float> out, std::span<const std::int64_t> token_ids,
+                       std::span<const std::int64_t> position_ids,
+                       std::span<const float> token_table, std::span<const float> position_table,
+                       const EmbeddingShape& shape, const DropoutSpec& dropout);
+
+// Accumulates (+=) the vector-Jacobian product of embedding_forward. Each
+// gradient row is summed over the batch in flat token order, whatever the
+// thread count; no atomics. An empty span skips that table (frozen).
+// grad_token_table: (vocab_size, d) owned by the caller, for instance shared with
+// a tied output layer; grad_position_table: (max_seq_len, d); grad_out: (B, T, d).
+void embedding_backward(std::span<float> grad_token_table, std::span<float> grad_position_table,
+                        std::span<const float> grad_out, std::span<const std::int64_t> token_ids,
+                        std::span<const std::int64_t> position_ids, const EmbeddingShape& shape,
+                        const DropoutSpec& dropout);
+
+// The same with a row-sparse token gradient: only the rows in this batch are
+// written, never all vocab_size x d values.
+void embedding_backward(SparseRowGrad& grad_token_table, std::span<float> grad_position_table,
+                        std::span<const float> grad_out, std::span<const std::int64_t> token_ids,
+                        std::span<const std::int64_t> position_ids, const EmbeddingShape& shape,
+                        const DropoutSpec& dropout);
+
+// Zero-grad is explicit and separate from backward.
+void zero_grad(std::span<float> grad);
+void zero_grad(SparseRowGrad& grad);  // forgets the rows, keeps the storage
+
+// Throws posembed::Error unless the ids, table sizes and dropout fit the shape.
+// Both kernels call it before writing anything.
+void validate_embedding_inputs(std::span<const std::int64_t> token_ids,
+                               std::span<const std::int64_t> position_ids,
+                               std::size_t token_table_size, std::size_t position_table_size,
+                               const EmbeddingShape& shape, const DropoutSpec& dropout);
+
+}  // namespace posembed

@@ -1,0 +1,146 @@
+#include "posembed/core/optim.h"
+
+#include <cmath>
+#include <string>
+
+#include "posembed/core/error.h"
+#include "posembed/core/parallel_for.h"
+
+namespace posembed {
+namespace {
+
+void check_equal(std::string_view what, std::size_t actual, std::size_t expected) {
+  if (actual != expected) {
+    throw Error(std::string(what) + " holds " + std::to_string(actual) +
+                " values but the parameter holds " + std::to_string(expected));
+  }
+}
+
+void check_finite_nonnegative(std::string_view what, double value) {
+  if (!std::isfinite(value) || value < 0) {
+    throw Error(std::string(what) + " = " + std::to_string(value) + " must be finite and >= 0");
+  }
+}
+
+void validate(const AdamWConfig& c, std::int64_t step) {
+  check_finite_nonnegative("lr", c.lr);
+  check_finite_nonnegative("weight_decay", c.weight_decay);
+  if (!(c.beta1 >= 0 && c.beta1 < 1) || !(c.beta2 >= 0 && c.beta2 < 1)) {
+    throw Error("AdamW betas (" + std::to_string(c.beta1) + ", " + std::to_string(c.beta2) +
+                ") must lie in [0, 1); PyTorch's default is (0.9, 0.999)");
+  }
+  if (!(c.eps > 0) || !std::isfinite(c.eps)) {
+    throw Error("AdamW eps = " + std::to_string(c.eps) + " must be > 0 (default 1e-8)");
+  }
+  if (step < 1) throw Error("optimizer step " + std::to_string(step) + " must count from 1");
+}
+
+void validate(const SgdConfig& c) {
+  check_finite_nonnegative("lr", c.lr);
+  check_finite_nonnegative("weight_decay", c.weight_decay);
+  check_finite_nonnegative("momentum", c.momentum);
+}
+
+void validate_sparse(std::size_t param_size, const SparseRowGrad& grad) {
+  const auto d = static_cast<std::size_t>(grad.embed_dim);
+  if (grad.rows.empty()) return;
+  if (d == 0 || param_size % d != 0) {
+    throw Error("parameter of " + std::to_string(param_size) +
+                " values is not a table of rows of width " + std::to_string(d));
+  }
+  check_equal("sparse gradient values", grad.values.size(), grad.rows.size() * d);
+  const auto rows = static_cast<std::int64_t>(param_size / d);
+  if (grad.rows.front() < 0 || grad.rows.back() >= rows) {
+    throw Error("sparse gradient row " +
+                std::to_string(grad.rows.front() < 0 ? grad.rows.front() : grad.rows.back()) +
+                " lies outside the table's " + std::to_string(rows) + " rows");
+  }
+}
+
+// The bias-corrected update of one element, shared by the dense and sparse steps.
+struct AdamWUpdate {
+  float decay, beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, sqrt_correction2, eps;
+  AdamWUpdate(const AdamWConfig& c, std::int64_t step)
+      : decay(static_cast<float>(1.0 - c.lr * c.weight_decay)),
+        beta1(static_cast<float>(c.beta1)),
+        one_minus_beta1(static_cast<float>(1.0 - c.beta1)),
+        beta2(static_cast<float>(c.beta2)),
+        one_minus_beta2(static_cast<float>(1.0 - c.beta2)),
+        step_size(static_cast<float>(c.lr / (1.0 - std::pow(c.beta1, static_cast<double>(step))))),
+        sqrt_correction2(
+            static_cast<float>(std::sqrt(1.0 - std::pow(c.beta2, static_cast<double>(step))))),
+        eps(static_cast<float>(c.eps)) {}
+  void operator()(float& p, float g, float& m, float& v) const {
+    p *= decay;
+    m = beta1 * m + one_minus_beta1 * g;
+    v = beta2 * v + one_minus_beta2 * g * g;
+    p -= step_size * m / (std::sqrt(v) / sqrt_correction2 + eps);
+  }
+};
+
+}  // namespace
+
+void adamw_step(std::span<float> param, std::span<const float> grad, std::span<float> m,
+                std::span<float> v, std::int64_t step, const AdamWConfig& config) {
+  validate(config, step);
+  check_equal("gradient", grad.size(), param.size());
+  check_equal("AdamW first moment", m.size(), param.size());
+  check_equal("AdamW second moment", v.size(), param.size());
+  const AdamWUpdate update(config, step);
+  parallel_for(static_cast<std::int64_t>(param.size()), [&](std::int64_t i) {
+    const auto k = static_cast<std::size_t>(i);
+    update(param[k], grad[k], m[k], v[k]);
+  });
+}
+
+void adamw_step(std::span<float> param, const SparseRowGrad& grad, std::span<float> m,
+                std::span<float> v, std::int64_t step, const AdamWConfig& config) {
+  validate(config, step);
+  validate_sparse(param.size(), grad);
+  check_equal("AdamW first moment", m.size(), param.size());
+  check_equal("AdamW second moment", v.size(), param.size());
+  const AdamWUpdate update(config, step);
+  const auto d = static_cast<std::size_t>(grad.embed_dim);
+  parallel_for(static_cast<std::int64_t>(grad.rows.size() * d), [&](std::int64_t i) {
+    const auto k = static_cast<std::size_t>(i);
+    const std::size_t at = static_cast<std::size_t>(grad.rows[k / d]) * d + k % d;
+    update(param[at], grad.values[k], m[at], v[at]);
+  });
+}
+
+void sgd_step(std::span<float> param, std::span<const float> grad,
+              std::span<float> momentum_buffer, bool first_step, const SgdConfig& config) {
+  validate(config);
+  check_equal("gradient", grad.size(), param.size());
+  if (config.momentum != 0) check_equal("momentum buffer", momentum_buffer.size(), param.size());
+  const auto lr = static_cast<float>(config.lr), wd = static_cast<float>(config.weight_decay),
+             mu = static_cast<float>(config.momentum);
+  parallel_for(static_cast<std::int64_t>(param.size()), [&](std::int64_t i) {
+    const auto k = static_cast<std::size_t>(i);
+    float g = grad[k] + wd * param[k];
+    if (mu != 0) {
+      momentum_buffer[k] = first_step ? g : mu * momentum_buffer[k] + g;
+      g = momentum_buffer[k];
+    }
+    param[k] -= lr * g;
+  });
+}
+
+void sgd_step(std::span<float> param, const SparseRowGrad& grad, const SgdConfig& config) {
+  validate(config);
+  validate_sparse(param.size(), grad);
+  if (config.momentum != 0) {
+    throw Error("SGD with momentum " + std::to_string(config.momentum) +
+                " on a row-sparse gradient would have to decay every row's buffer each step; "
+                "use momentum 0, a dense gradient, or the sparse AdamW step");
+  }
+  const auto lr = static_cast<float>(config.lr), wd = static_cast<float>(config.weight_decay);
+  const auto d = static_cast<std::size_t>(grad.embed_dim);
+  parallel_for(static_cast<std::int64_t>(grad.rows.size() * d), [&](std::int64_t i) {
+    const auto k = static_cast<std::size_t>(i);
+    float& p = param[static_cast<std::size_t>(grad.rows[k / d]) * d + k % d];
+    p -= lr * (grad.values[k] + wd * p);
+  });
+}
+
+}  // namespace posembed
