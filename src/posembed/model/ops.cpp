@@ -257,10 +257,17 @@ constexpr float kGeluA = 0.044715f;
 const float kGeluS = static_cast<float>(std::sqrt(2.0 / std::numbers::pi));
 }  // namespace
 
+// 0.5 x (1 + tanh(u)) = x * sigmoid(2u): one expf instead of tanhf, which is
+// several times slower in glibc and dominated the step's profile.
+inline float sigmoid_2u(float x) {
+  const float u = kGeluS * (x + kGeluA * x * x * x);
+  return 1.0f / (1.0f + std::exp(-2.0f * u));
+}
+
 void gelu_forward(std::span<float> out, std::span<const float> inp) {
   parallel_for(static_cast<std::int64_t>(inp.size()), [&](std::int64_t i) {
     const float x = inp[static_cast<std::size_t>(i)];
-    out[static_cast<std::size_t>(i)] = 0.5f * x * (1.0f + std::tanh(kGeluS * (x + kGeluA * x * x * x)));
+    out[static_cast<std::size_t>(i)] = x * sigmoid_2u(x);
   });
 }
 
@@ -268,8 +275,7 @@ void gelu_backward(std::span<float> dinp, std::span<const float> dout, std::span
   parallel_for(static_cast<std::int64_t>(inp.size()), [&](std::int64_t i) {
     const auto k = static_cast<std::size_t>(i);
     const float x = inp[k];
-    const float u = kGeluS * (x + kGeluA * x * x * x);
-    const float th = std::tanh(u);
+    const float th = 2.0f * sigmoid_2u(x) - 1.0f;  // tanh(u)
     const float sech2 = 1.0f - th * th;
     const float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * kGeluS * (1.0f + 3.0f * kGeluA * x * x);
     dinp[k] += grad * dout[k];
