@@ -63,13 +63,11 @@ Gpt make_gpt(const GptConfig& config) {
   Gpt model;
   model.config = config;
   const std::int64_t C = config.embed_dim, V = config.vocab_size;
-  std::size_t offset = 0;
+  // Canonical (Hugging Face) order, then laid out with every decayed 2-D weight
+  // first: the optimizer then runs over two contiguous ranges, not 4 + 12 L tensors.
+  std::vector<std::pair<std::string, std::vector<std::int64_t>>> specs;
   const auto add = [&](std::string name, std::vector<std::int64_t> shape) {
-    std::size_t n = 1;
-    for (auto d : shape) n *= sz(d);
-    const bool decay = shape.size() == 2;
-    model.tensors.push_back({std::move(name), std::move(shape), offset, n, decay});
-    offset += n;
+    specs.emplace_back(std::move(name), std::move(shape));
   };
   add("wte.weight", {V, C});
   add("wpe.weight", {config.max_seq_len, C});
@@ -90,6 +88,17 @@ Gpt make_gpt(const GptConfig& config) {
   }
   add("ln_f.weight", {C});
   add("ln_f.bias", {C});
+  std::size_t offset = 0;
+  for (const bool decay : {true, false}) {
+    for (const auto& [name, shape] : specs) {
+      if ((shape.size() == 2) != decay) continue;
+      std::size_t n = 1;
+      for (auto d : shape) n *= sz(d);
+      model.tensors.push_back({name, shape, offset, n, decay});
+      offset += n;
+    }
+    if (decay) model.num_decayed = offset;
+  }
   model.num_params = offset;
   model.memory.assign(4 * offset, 0.0f);
   float* base = model.memory.data();
@@ -100,32 +109,33 @@ Gpt make_gpt(const GptConfig& config) {
 
   for (auto* views : {&model.p, &model.g}) {
     const std::span<float> buf = views == &model.p ? model.params : model.grads;
-    std::size_t k = 0;
-    const auto next = [&] {
-      const ParamTensor& t = model.tensors[k++];
-      return buf.subspan(t.offset, t.numel);
+    const auto view = [&](const std::string& name) {
+      const ParamTensor* t = find_tensor(model, name);
+      return buf.subspan(t->offset, t->numel);
     };
-    views->wte = next();
-    views->wpe = next();
+    views->wte = view("wte.weight");
+    views->wpe = view("wpe.weight");
     views->h.resize(sz(config.n_layer));
-    for (BlockViews& b : views->h) {
-      b.ln_1_w = next(); b.ln_1_b = next();
-      b.c_attn_w = next(); b.c_attn_b = next();
-      b.attn_proj_w = next(); b.attn_proj_b = next();
-      b.ln_2_w = next(); b.ln_2_b = next();
-      b.c_fc_w = next(); b.c_fc_b = next();
-      b.mlp_proj_w = next(); b.mlp_proj_b = next();
+    for (std::int64_t l = 0; l < config.n_layer; ++l) {
+      BlockViews& b = views->h[sz(l)];
+      const std::string h = "h." + std::to_string(l) + ".";
+      b.ln_1_w = view(h + "ln_1.weight"); b.ln_1_b = view(h + "ln_1.bias");
+      b.c_attn_w = view(h + "attn.c_attn.weight"); b.c_attn_b = view(h + "attn.c_attn.bias");
+      b.attn_proj_w = view(h + "attn.c_proj.weight"); b.attn_proj_b = view(h + "attn.c_proj.bias");
+      b.ln_2_w = view(h + "ln_2.weight"); b.ln_2_b = view(h + "ln_2.bias");
+      b.c_fc_w = view(h + "mlp.c_fc.weight"); b.c_fc_b = view(h + "mlp.c_fc.bias");
+      b.mlp_proj_w = view(h + "mlp.c_proj.weight"); b.mlp_proj_b = view(h + "mlp.c_proj.bias");
     }
-    views->ln_f_w = next();
-    views->ln_f_b = next();
+    views->ln_f_w = view("ln_f.weight");
+    views->ln_f_b = view("ln_f.bias");
   }
 
   // Initialisation. Every tensor draws from its own range of Philox indices.
   init_table(model.p.wte, config.token_init, C, config.seed, RandomStream::token_init);
   init_table(model.p.wpe, config.position_init, C, config.seed, RandomStream::position_init);
   const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config.n_layer));
-  for (std::size_t k = 2; k < model.tensors.size(); ++k) {
-    const ParamTensor& t = model.tensors[k];
+  for (const ParamTensor& t : model.tensors) {
+    if (t.name == "wte.weight" || t.name == "wpe.weight") continue;
     std::span<float> view = model.params.subspan(t.offset, t.numel);
     if (t.decay) {
       const bool proj = t.name.ends_with("c_proj.weight");  // GPT-2's scaled residual init

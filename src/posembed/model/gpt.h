@@ -76,8 +76,9 @@ struct ParamViews {
 
 struct Gpt {
   GptConfig config;
-  std::vector<ParamTensor> tensors;  // in buffer order
+  std::vector<ParamTensor> tensors;  // in buffer order: wte, wpe, other 2-D weights, then 1-D
   std::size_t num_params = 0;
+  std::size_t num_decayed = 0;       // params [0, num_decayed) are the decayed 2-D weights
   std::vector<float> memory;         // params | grads | m | v, each num_params
   std::span<float> params, grads, m, v;
   ParamViews p, g;                   // views into params and grads

@@ -128,14 +128,23 @@ StepStats train_step(Gpt& model, Activations& acts, std::span<const std::int64_t
     }
   }
   stats.lr = lr_at(c, step);
-  for (const ParamTensor& t : model.tensors) {
-    if (model.freeze_positions && t.name == "wpe.weight") continue;
+  // Two contiguous groups (make_gpt's layout): decayed 2-D weights, then the
+  // rest. wte and wpe open the first group; a frozen wpe is skipped.
+  const auto update = [&](std::size_t begin, std::size_t end, double weight_decay) {
     const AdamWConfig adamw{.lr = stats.lr, .beta1 = c.beta1, .beta2 = c.beta2, .eps = c.eps,
-                            .weight_decay = t.decay ? c.weight_decay : 0.0};
-    adamw_step(model.params.subspan(t.offset, t.numel), model.grads.subspan(t.offset, t.numel),
-               model.m.subspan(t.offset, t.numel), model.v.subspan(t.offset, t.numel), step + 1,
+                            .weight_decay = weight_decay};
+    adamw_step(model.params.subspan(begin, end - begin), model.grads.subspan(begin, end - begin),
+               model.m.subspan(begin, end - begin), model.v.subspan(begin, end - begin), step + 1,
                adamw);
+  };
+  const ParamTensor& wpe = *find_tensor(model, "wpe.weight");
+  if (model.freeze_positions) {
+    update(0, wpe.offset, c.weight_decay);
+    update(wpe.offset + wpe.numel, model.num_decayed, c.weight_decay);
+  } else {
+    update(0, model.num_decayed, c.weight_decay);
   }
+  update(model.num_decayed, model.num_params, 0.0);
   return stats;
 }
 
