@@ -392,10 +392,13 @@ TrainResult train(const TrainOptions& options) {
   for (std::int64_t i = 0; i < some; ++i) {
     val_some.push_back(val_all[sz(i * static_cast<std::int64_t>(val_all.size()) / some)]);
   }
-  std::vector<std::int64_t> train_some;  // the same count from the train split, for the final line
+  // Evenly spread train windows for the final eval-mode train loss (at most 512:
+  // an estimate, comparable with the validation loss).
+  std::vector<std::int64_t> train_some;
   const auto train_windows = static_cast<std::int64_t>((corpus.train.size() - 1) / sz(T));
-  for (std::int64_t i = 0; i < static_cast<std::int64_t>(val_all.size()); ++i) {
-    train_some.push_back(i * train_windows / static_cast<std::int64_t>(val_all.size()) * T);
+  const std::int64_t train_count = std::min<std::int64_t>(train_windows, 512);
+  for (std::int64_t i = 0; i < train_count; ++i) {
+    train_some.push_back(i * train_windows / train_count * T);
   }
 
   std::filesystem::create_directories(options.out_dir);
@@ -498,10 +501,10 @@ TrainResult train(const TrainOptions& options) {
       std::printf("%sdone: %lld steps in %s, %.0f tokens/s\n", tty ? "\n" : "",
                   static_cast<long long>(step), seconds_text(elapsed()).c_str(),
                   result.tokens_per_second);
-      std::printf("final loss (nats/byte, eval mode): train %.4f, validation %.4f (%zu windows); "
-                  "unigram entropy of the text %.4f\n",
-                  result.final_train_loss, result.final_val_loss, val_all.size(),
-                  corpus.unigram_entropy);
+      std::printf("final loss (nats/byte, eval mode): train %.4f (%zu windows), validation %.4f "
+                  "(all %zu windows); unigram entropy of the text %.4f\n",
+                  result.final_train_loss, train_some.size(), result.final_val_loss,
+                  val_all.size(), corpus.unigram_entropy);
       std::printf("checkpoint: %s, log: %s\n", ckpt.c_str(), log_path.c_str());
     }
   }

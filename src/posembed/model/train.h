@@ -16,7 +16,7 @@
 namespace posembed::model {
 
 struct TrainConfig {
-  std::int64_t steps = 1200;
+  std::int64_t steps = 1000;
   std::int64_t batch_size = 16;
   std::int64_t seq_len = 0;  // training window length; 0 = max_seq_len
   double lr = 2e-3;          // peak learning rate
