@@ -89,7 +89,12 @@ TEST_P(MatmulTest, MatchesReferenceAndFiniteDifferences) {
 INSTANTIATE_TEST_SUITE_P(Sizes, MatmulTest,
                          ::testing::Values(MatmulCase{1, 1, 1, true}, MatmulCase{3, 5, 7, true},
                                            MatmulCase{7, 17, 3, false}, MatmulCase{65, 33, 17, true},
-                                           MatmulCase{130, 70, 40, true}));
+                                           MatmulCase{130, 70, 40, true}),
+                         [](const ::testing::TestParamInfo<MatmulCase>& info) {
+                           const MatmulCase& c = info.param;
+                           return "N" + std::to_string(c.N) + "_C" + std::to_string(c.C) + "_OC" +
+                                  std::to_string(c.OC) + (c.bias ? "_bias" : "");
+                         });
 
 TEST(MatmulTied, MatchesReferenceAndFiniteDifferences) {
   for (const auto [N, C, V] : {std::array<std::int64_t, 3>{1, 1, 1}, {5, 7, 3}, {67, 17, 33}, {3, 4, 70}}) {
