@@ -90,10 +90,16 @@ INSTANTIATE_TEST_SUITE_P(Sizes, MatmulTest,
                          ::testing::Values(MatmulCase{1, 1, 1, true}, MatmulCase{3, 5, 7, true},
                                            MatmulCase{7, 17, 3, false}, MatmulCase{65, 33, 17, true},
                                            MatmulCase{130, 70, 40, true}),
-                         [](const ::testing::TestParamInfo<MatmulCase>& info) {
-                           const MatmulCase& c = info.param;
-                           return "N" + std::to_string(c.N) + "_C" + std::to_string(c.C) + "_OC" +
-                                  std::to_string(c.OC) + (c.bias ? "_bias" : "");
+                         [](const ::testing::TestParamInfo<MatmulCase>& param_info) {
+                           const MatmulCase& c = param_info.param;
+                           std::string name = "N";  // appended piecewise: GCC 12's -Wrestrict
+                           name += std::to_string(c.N);  // misfires on "literal" + string&&
+                           name += "_C";
+                           name += std::to_string(c.C);
+                           name += "_OC";
+                           name += std::to_string(c.OC);
+                           if (c.bias) name += "_bias";
+                           return name;
                          });
 
 TEST(MatmulTied, MatchesReferenceAndFiniteDifferences) {
