@@ -7,6 +7,8 @@
 namespace posembed::cli {
 
 void add_demo_command(CLI::App& app);
+void add_inspect_command(CLI::App& app);
+void add_resize_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
 
 }  // namespace posembed::cli
