@@ -47,6 +47,12 @@ Eigen::Map<const RowMajorF> as_matrix(std::span<const float> table, std::int64_t
   return Eigen::Map<const RowMajorF>(table.data(), rows, cols);
 }
 
+// The title at scale 2 if it fits the image, else at scale 1.
+void draw_title(Canvas& c, int left, const std::string& title) {
+  const int scale = Canvas::text_width(title, 2) <= c.width() - left - 8 ? 2 : 1;
+  c.text(left, scale == 2 ? 12 : 18, title, kBlack, scale);
+}
+
 }  // namespace
 
 std::int64_t components_for(std::span<const double> variance_ratio, double level) {
@@ -93,17 +99,15 @@ TableAnalysis analyze_table(std::span<const float> table, std::int64_t rows, std
     a.components_99 = components_for(a.variance_ratio, 0.99);
     a.participation_ratio = total * total / total_sq;
 
-    // Largest gap s_k / s_(k+1) over the dimensions centring leaves (at most rows - 1),
-    // with values below the float32 noise floor raised to it. Past the last usable
-    // value the spectrum is taken to be at the floor, so a full-rank table reports
-    // a gap at its full rank.
+    // Largest gap s_k / s_(k+1) over the dimensions centring leaves (at most
+    // rows - 1), with values below the float32 noise floor raised to it so that
+    // the exact zeros past an exact rank make one gap, not a run of noisy ratios.
     const double floor_value = a.singular_values[0] * static_cast<double>(std::max(n, d)) *
                                static_cast<double>(FLT_EPSILON);
     const std::size_t usable = std::min(n - 1, d);
-    for (std::size_t k = 1; k <= usable; ++k) {
-      const double next = k < usable ? a.singular_values[k] : 0.0;
-      const double ratio =
-          std::max(a.singular_values[k - 1], floor_value) / std::max(next, floor_value);
+    for (std::size_t k = 1; k < usable; ++k) {
+      const double ratio = std::max(a.singular_values[k - 1], floor_value) /
+                           std::max(a.singular_values[k], floor_value);
       if (ratio > a.gap_ratio) {
         a.gap_ratio = ratio;
         a.gap_rank = static_cast<std::int64_t>(k);
@@ -164,7 +168,7 @@ void write_heatmap_png(const std::filesystem::path& path, std::span<const float>
   const int left = 70, top = 44, right = 120, bottom = 56;
   Canvas c(left + plot + right, top + plot + bottom);
 
-  c.text(left, 12, title, kBlack, 2);
+  draw_title(c, left, title);
   for (int i = 0; i < count; ++i) {
     for (int j = 0; j < count; ++j) {
       const Rgb colour = diverging_colour(cos[static_cast<std::size_t>(i) * count + j]);
@@ -215,11 +219,11 @@ void write_heatmap_png(const std::filesystem::path& path, std::span<const float>
 
 void write_spectrum_png(const std::filesystem::path& path, const TableAnalysis& a,
                         const std::string& title) {
-  const int width = 900, left = 80, right = 30, panel_h = 260, top = 44, gap = 70;
+  const int width = 900, left = 80, right = 30, panel_h = 260, top = 64, gap = 90;
   const int plot_w = width - left - right;
   const int height = top + 2 * panel_h + gap + 50;
   Canvas c(width, height);
-  c.text(left, 12, title, kBlack, 2);
+  draw_title(c, left, title);
   const auto& s = a.singular_values;
   const int k = static_cast<int>(s.size());
   if (k == 0 || s[0] <= 0) {
@@ -227,8 +231,10 @@ void write_spectrum_png(const std::filesystem::path& path, const TableAnalysis& 
     c.write_png(path);
     return;
   }
-  const auto x_of = [&](double component) {  // component index 1..k -> pixel
-    return left + static_cast<int>(std::lround((component - 0.5) / k * plot_w));
+  // Component index on a log axis from 1 to k (the leading components matter most).
+  const double log_k = std::log10(std::max(k, 2));
+  const auto x_of = [&](double component) {
+    return left + static_cast<int>(std::lround(std::log10(component) / log_k * plot_w));
   };
   const auto frame = [&](int y0) {
     c.line(left, y0, left + plot_w, y0, kBlack);
@@ -237,14 +243,20 @@ void write_spectrum_png(const std::filesystem::path& path, const TableAnalysis& 
     c.line(left + plot_w, y0, left + plot_w, y0 + panel_h, kBlack);
   };
   const auto x_ticks = [&](int y0) {
-    for (double t : nice_ticks(1, k, 10)) {
-      if (t < 1) continue;
-      const int px = x_of(t);
-      c.line(px, y0 + panel_h, px, y0 + panel_h + 4, kBlack);
-      const std::string label = format("%.0f", t);
-      c.text(px - Canvas::text_width(label) / 2, y0 + panel_h + 8, label, kBlack);
+    for (double decade = 1; decade <= k; decade *= 10) {
+      for (double m : {1.0, 2.0, 5.0}) {
+        const double t = m * decade;
+        if (t > k) break;
+        const int px = x_of(t);
+        c.line(px, y0 + 1, px, y0 + panel_h - 1, kLightGrey);
+        c.line(px, y0 + panel_h, px, y0 + panel_h + 4, kBlack);
+        const std::string label = format("%.0f", t);
+        c.text(px - Canvas::text_width(label) / 2, y0 + panel_h + 8, label, kBlack);
+      }
     }
   };
+  const std::string axis = format("COMPONENT, LOG SCALE (%d IN ALL)", k);
+  const Rgb blue{33, 102, 172}, red{178, 24, 43};
 
   // Top panel: log10 singular values, clipped below at 1e-7 of the largest.
   const int y1 = top;
@@ -256,71 +268,73 @@ void write_spectrum_png(const std::filesystem::path& path, const TableAnalysis& 
     const double lv = std::log10(std::max(v, std::pow(10.0, lo)));
     return y1 + static_cast<int>(std::lround((hi - lv) / (hi - lo) * panel_h));
   };
+  c.text(left, y1 - 14, "SINGULAR VALUES OF THE MEAN-CENTRED TABLE (LOG SCALE)", kBlack);
+  x_ticks(y1);
   const int decades = static_cast<int>(hi - lo);
   const int every = std::max(1, decades / 6);
   for (int e = static_cast<int>(lo); e <= static_cast<int>(hi); e += every) {
     const int y = y_of_log(std::pow(10.0, e));
-    c.dashed_hline(left + 1, left + plot_w - 1, y, kLightGrey);
+    c.dashed_hline(left + 1, left + plot_w - 1, y, kGrey);
     const std::string label = "1E" + std::to_string(e);
     c.line(left - 4, y, left, y, kBlack);
     c.text(left - 8 - Canvas::text_width(label), y - 3, label, kBlack);
   }
   if (a.gap_rank > 0 && a.gap_rank < k) {
-    const int gx = (x_of(static_cast<double>(a.gap_rank)) + x_of(static_cast<double>(a.gap_rank) + 1.0)) / 2;
-    for (int y = y1 + 1; y < y1 + panel_h; y += 2) c.set(gx, y, kGrey);
-    c.text(gx + 4, y1 + 6, format("LARGEST GAP AFTER %lld", static_cast<long long>(a.gap_rank)),
-           kGrey);
+    const double g = static_cast<double>(a.gap_rank);
+    const int gx = (x_of(g) + x_of(g + 1.0)) / 2;
+    for (int y = y1 + 1; y < y1 + panel_h; y += 2) c.set(gx, y, red);
+    c.text(gx + 4, y1 + 6,
+           format("LARGEST GAP AFTER %lld (RATIO %.3g)", static_cast<long long>(a.gap_rank),
+                  a.gap_ratio),
+           red);
   }
-  const Rgb blue{33, 102, 172}, red{178, 24, 43};
   for (int i = 0; i < k; ++i) {
     const int px = x_of(i + 1), py = y_of_log(s[static_cast<std::size_t>(i)]);
     if (i > 0) c.line(x_of(i), y_of_log(s[static_cast<std::size_t>(i) - 1]), px, py, blue);
-    if (k <= 128) c.fill_rect(px - 1, py - 1, px + 2, py + 2, blue);
+    c.fill_rect(px - 1, py - 1, px + 2, py + 2, blue);
   }
   frame(y1);
-  x_ticks(y1);
-  c.text(left + 8, y1 + panel_h - 14, "SINGULAR VALUES OF THE MEAN-CENTRED TABLE (LOG SCALE)",
-         kBlack);
+  c.text(left + plot_w / 2 - Canvas::text_width(axis) / 2, y1 + panel_h + 22, axis, kBlack);
 
   // Bottom panel: cumulative variance in percent, with the 90/95/99% marks.
   const int y2 = top + panel_h + gap;
   const auto y_of_pct = [&](double pct) {
     return y2 + static_cast<int>(std::lround((100.0 - pct) / 100.0 * panel_h));
   };
+  c.text(left, y2 - 14,
+         format("CUMULATIVE VARIANCE (PARTICIPATION RATIO %.1f)", a.participation_ratio), kBlack);
+  x_ticks(y2);
   for (double t : {0.0, 20.0, 40.0, 60.0, 80.0, 100.0}) {
     const int y = y_of_pct(t);
-    c.dashed_hline(left + 1, left + plot_w - 1, y, kLightGrey);
+    c.dashed_hline(left + 1, left + plot_w - 1, y, kGrey);
     const std::string label = format("%.0f%%", t);
     c.line(left - 4, y, left, y, kBlack);
     c.text(left - 8 - Canvas::text_width(label), y - 3, label, kBlack);
   }
   double cum = 0;
-  int prev_x = x_of(0.5), prev_y = y_of_pct(0);
+  int prev_x = 0, prev_y = 0;
   for (int i = 0; i < k; ++i) {
     cum += a.variance_ratio[static_cast<std::size_t>(i)];
     const int px = x_of(i + 1), py = y_of_pct(100 * cum);
-    c.line(prev_x, prev_y, px, py, blue);
+    if (i > 0) c.line(prev_x, prev_y, px, py, blue);
+    c.fill_rect(px - 1, py - 1, px + 2, py + 2, blue);
     prev_x = px;
     prev_y = py;
   }
   const std::pair<double, std::int64_t> marks[] = {
       {90, a.components_90}, {95, a.components_95}, {99, a.components_99}};
-  int label_y = y2 + panel_h - 50;
+  int label_y = y2 + panel_h - 44;
   for (const auto& [pct, comp] : marks) {
     const int px = x_of(static_cast<double>(comp)), py = y_of_pct(pct);
     c.line(px, py, px, y2 + panel_h, red);
+    c.line(left, py, px, py, red);
     c.fill_rect(px - 2, py - 2, px + 3, py + 3, red);
     const std::string label = format("%.0f%%: %lld COMPONENTS", pct, static_cast<long long>(comp));
     c.text(left + plot_w - Canvas::text_width(label) - 8, label_y, label, red);
     label_y += 12;
   }
   frame(y2);
-  x_ticks(y2);
-  c.text(left + 8, y2 + 6, format("CUMULATIVE VARIANCE; PARTICIPATION RATIO %.1f",
-                                  a.participation_ratio),
-         kBlack);
-  const std::string axis = format("COMPONENT (OF %d)", k);
-  c.text(left + plot_w / 2 - Canvas::text_width(axis) / 2, y2 + panel_h + 26, axis, kBlack);
+  c.text(left + plot_w / 2 - Canvas::text_width(axis) / 2, y2 + panel_h + 22, axis, kBlack);
   c.write_png(path);
 }
 

@@ -7,9 +7,10 @@
 //                component i is s_i^2 / sum_j s_j^2
 //   components   the fewest leading components that carry >= 90/95/99% of it
 //   participation ratio  (sum s_i^2)^2 / sum s_i^4: n for n equal components
-//   gap rank     k maximising s_k / s_(k+1), the rank estimate for a low-rank
-//                table plus noise; values below s_1 * max(rows, cols) * eps_f32
-//                count as that floor, so exact zeros do not make a gap of their own
+//   gap rank     k < min(rows - 1, cols) maximising s_k / s_(k+1): the rank
+//                estimate for a low-rank table plus noise; values below
+//                s_1 * max(rows, cols) * eps_f32 count as that floor, so the
+//                exact zeros past an exact rank make one gap, not noisy ratios
 //   norms        ||X[p]|| per position (not centred)
 //   neighbours   cos(X[p], X[p+1]) (not centred; 0 where a row is all zeros)
 //   heatmap      cos(X[p], X[q]) for all p, q (subsampled above 1024 positions)
