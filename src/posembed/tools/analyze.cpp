@@ -163,7 +163,7 @@ void write_heatmap_png(const std::filesystem::path& path, std::span<const float>
   const std::int64_t stride = (rows + kMaxPixels - 1) / kMaxPixels;
   const std::vector<float> cos = cosine_matrix(table, rows, cols, stride);
   const int count = static_cast<int>((rows + stride - 1) / stride);
-  const int scale = std::max(1, 512 / count);  // small tables drawn at >= 512 pixels
+  const int scale = std::max(1, (512 + count - 1) / count);  // small tables drawn at >= 512 px
   const int plot = count * scale;
   const int left = 70, top = 44, right = 120, bottom = 56;
   Canvas c(left + plot + right, top + plot + bottom);
