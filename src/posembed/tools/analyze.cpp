@@ -190,7 +190,7 @@ void write_heatmap_png(const std::filesystem::path& path, std::span<const float>
     c.line(left - 5, top + px, left - 1, top + px, kBlack);
     c.text(left - 8 - Canvas::text_width(label), top + px - 3, label, kBlack);
   }
-  const std::string axis = stride > 1 ? format("POSITION (EVERY %lld-TH DRAWN)",
+  const std::string axis = stride > 1 ? format("POSITION (1 IN %lld DRAWN)",
                                                static_cast<long long>(stride))
                                       : std::string("POSITION");
   c.text(left + plot / 2 - Canvas::text_width(axis) / 2, top + plot + 26, axis, kBlack);
