@@ -195,6 +195,7 @@ void Canvas::write_png(const std::filesystem::path& path) const {
     throw Error("libpng failed writing " + path.string() + " (disk full?)");
   }
   png_init_io(png, file.get());
+  png_set_compression_level(png, 9);
   png_set_IHDR(png, info, static_cast<png_uint_32>(width_), static_cast<png_uint_32>(height_), 8,
                PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT,
                PNG_FILTER_TYPE_DEFAULT);
