@@ -10,5 +10,7 @@ void add_config_command(CLI::App& app);
 void add_demo_command(CLI::App& app);
 void add_inspect_command(CLI::App& app);
 void add_resize_command(CLI::App& app);
+void add_plan_command(CLI::App& app);
+void add_analyze_command(CLI::App& app);
 
 }  // namespace posembed::cli
