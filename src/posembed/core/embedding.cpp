@@ -90,20 +90,23 @@ void backward_strips(float* grad_token_table, TokenRowOffset token_row_offset,
   });
 }
 
-void validate_backward(std::size_t grad_token_size, bool sparse_token,
-                       std::span<float> grad_position_table, std::span<const float> grad_out,
-                       std::span<const std::int64_t> token_ids,
+void validate_backward(std::size_t grad_token_size, std::span<float> grad_position_table,
+                       std::span<const float> grad_out, std::span<const std::int64_t> token_ids,
                        std::span<const std::int64_t> position_ids, const EmbeddingShape& shape,
                        const DropoutSpec& dropout) {
   const auto d = static_cast<std::uint64_t>(std::max<std::int64_t>(shape.embed_dim, 0));
-  const auto v = static_cast<std::uint64_t>(std::max<std::int64_t>(shape.vocab_size, 0));
-  const auto p = static_cast<std::uint64_t>(std::max<std::int64_t>(shape.max_seq_len, 0));
-  // The tables' own sizes equal their gradients' sizes; check ids with those.
-  validate_embedding_inputs(token_ids, position_ids,
-                            sparse_token || grad_token_size == 0 ? v * d : grad_token_size,
-                            grad_position_table.empty() ? p * d : grad_position_table.size(),
-                            shape, dropout);
+  const std::uint64_t vocab_values = static_cast<std::uint64_t>(std::max<std::int64_t>(shape.vocab_size, 0)) * d;
+  const std::uint64_t position_values = static_cast<std::uint64_t>(std::max<std::int64_t>(shape.max_seq_len, 0)) * d;
+  validate_embedding_inputs(token_ids, position_ids, vocab_values, position_values, shape, dropout);
   check_size("grad_out", grad_out.size(), token_count(shape) * d, shape_text(shape, true));
+  // An empty gradient means "frozen table, skip it".
+  if (grad_token_size != 0) {
+    check_size("grad_token_table", grad_token_size, vocab_values, "(vocab_size, embed_dim)");
+  }
+  if (!grad_position_table.empty()) {
+    check_size("grad_position_table", grad_position_table.size(), position_values,
+               "(max_seq_len, embed_dim)");
+  }
 }
 
 }  // namespace
@@ -204,7 +207,7 @@ void embedding_backward(std::span<float> grad_token_table, std::span<float> grad
                         std::span<const float> grad_out, std::span<const std::int64_t> token_ids,
                         std::span<const std::int64_t> position_ids, const EmbeddingShape& shape,
                         const DropoutSpec& dropout) {
-  validate_backward(grad_token_table.size(), false, grad_position_table, grad_out, token_ids,
+  validate_backward(grad_token_table.size(), grad_position_table, grad_out, token_ids,
                     position_ids, shape, dropout);
   const std::int64_t d = shape.embed_dim;
   backward_strips(
@@ -218,7 +221,7 @@ void embedding_backward(SparseRowGrad& grad, std::span<float> grad_position_tabl
                         std::span<const float> grad_out, std::span<const std::int64_t> token_ids,
                         std::span<const std::int64_t> position_ids, const EmbeddingShape& shape,
                         const DropoutSpec& dropout) {
-  validate_backward(0, true, grad_position_table, grad_out, token_ids, position_ids, shape,
+  validate_backward(0, grad_position_table, grad_out, token_ids, position_ids, shape,
                     dropout);
   const std::int64_t d = shape.embed_dim;
   if (!grad.rows.empty() && grad.embed_dim != d) {

@@ -1,0 +1,286 @@
+// The fused layer against the double-precision reference, finite differences,
+// and its own determinism and dropout contracts.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <tuple>
+#include <vector>
+
+#include "core/test_util.h"
+#include "posembed/core/embedding.h"
+#include "posembed/core/parallel.h"
+#include "posembed/core/reference.h"
+
+namespace posembed {
+namespace {
+
+using test::cast;
+using test::random_floats;
+using test::random_ids;
+
+constexpr double kEps = std::numeric_limits<float>::epsilon();
+
+struct Problem {
+  EmbeddingShape shape;
+  std::vector<std::int64_t> tokens, positions;
+  std::vector<float> token_table, position_table, grad_out;
+};
+
+Problem make_problem(std::int64_t batch, std::int64_t seq_len, std::int64_t dim,
+                     std::uint32_t seed) {
+  Problem p;
+  p.shape = {batch, seq_len, 50, std::max<std::int64_t>(seq_len, 5), dim};
+  const auto n = static_cast<std::size_t>(batch * seq_len);
+  p.tokens = random_ids(n, p.shape.vocab_size, seed);
+  p.positions = random_ids(n, p.shape.max_seq_len, seed + 1);
+  p.token_table = random_floats(static_cast<std::size_t>(p.shape.vocab_size * dim), seed + 2);
+  p.position_table = random_floats(static_cast<std::size_t>(p.shape.max_seq_len * dim), seed + 3);
+  p.grad_out = random_floats(n * static_cast<std::size_t>(dim), seed + 4);
+  return p;
+}
+
+std::vector<float> forward(const Problem& p, const DropoutSpec& dropout) {
+  std::vector<float> out(p.grad_out.size());
+  embedding_forward(out, p.tokens, p.positions, p.token_table, p.position_table, p.shape, dropout);
+  return out;
+}
+
+// Gradients summed over k terms of magnitude |g| * scale: each float addition
+// errs by at most eps/2 of the running sum, so k * eps * sum|terms| bounds it.
+std::vector<double> sum_tolerance(const std::vector<double>& abs_sums, const std::vector<int>& counts) {
+  std::vector<double> tol(abs_sums.size());
+  for (std::size_t i = 0; i < tol.size(); ++i) tol[i] = counts[i] * kEps * abs_sums[i] + 1e-30;
+  return tol;
+}
+
+class EmbeddingSizes
+    : public ::testing::TestWithParam<std::tuple<std::int64_t, std::int64_t, std::int64_t, double>> {};
+
+TEST_P(EmbeddingSizes, ForwardMatchesDoubleReference) {
+  const auto [batch, seq_len, dim, p] = GetParam();
+  const Problem prob = make_problem(batch, seq_len, dim, 11);
+  const DropoutSpec dropout{p, 1234, 5};
+  const std::vector<double> expected = reference::embedding_forward<double>(
+      prob.tokens, prob.positions, cast<double>(prob.token_table), cast<double>(prob.position_table),
+      prob.shape, dropout);
+  // One float add and one multiply by the rounded scale: at most ~3 eps of the value.
+  const double scale = 1.0 / (1.0 - p);
+  std::vector<double> tolerance(expected.size());
+  for (std::size_t i = 0; i < expected.size(); ++i) tolerance[i] = 3 * kEps * 2 * scale;
+  const std::vector<float> out = forward(prob, dropout);
+  test::expect_near_each(out, expected, tolerance, "out");
+  EXPECT_GT(test::cosine(out, expected), 1 - 1e-6);
+}
+
+TEST_P(EmbeddingSizes, BackwardMatchesDoubleReference) {
+  const auto [batch, seq_len, dim, p] = GetParam();
+  const Problem prob = make_problem(batch, seq_len, dim, 17);
+  const DropoutSpec dropout{p, 99, 3};
+  const auto& s = prob.shape;
+  std::vector<double> ref_tok(prob.token_table.size()), ref_pos(prob.position_table.size());
+  reference::embedding_backward<double>(ref_tok, ref_pos, cast<double>(prob.grad_out), prob.tokens,
+                                        prob.positions, s, dropout);
+  // Bound: per row, (uses) * eps * sum of |contribution|.
+  std::vector<double> abs_tok(ref_tok.size()), abs_pos(ref_pos.size());
+  std::vector<int> uses_tok(ref_tok.size()), uses_pos(ref_pos.size());
+  const double scale = 1.0 / (1.0 - p);
+  for (std::int64_t r = 0; r < s.batch * s.seq_len; ++r) {
+    for (std::int64_t j = 0; j < s.embed_dim; ++j) {
+      const double g = std::abs(prob.grad_out[static_cast<std::size_t>(r * s.embed_dim + j)]) * scale;
+      const auto t = static_cast<std::size_t>(prob.tokens[static_cast<std::size_t>(r)] * s.embed_dim + j);
+      const auto q = static_cast<std::size_t>(prob.positions[static_cast<std::size_t>(r)] * s.embed_dim + j);
+      abs_tok[t] += g, abs_pos[q] += g, ++uses_tok[t], ++uses_pos[q];
+    }
+  }
+  // Accumulation: start from a non-zero gradient to check +=.
+  std::vector<float> grad_tok(ref_tok.size(), 0.5f), grad_pos(ref_pos.size(), -0.25f);
+  embedding_backward(grad_tok, grad_pos, prob.grad_out, prob.tokens, prob.positions, s, dropout);
+  for (auto& v : ref_tok) v += 0.5;
+  for (auto& v : ref_pos) v -= 0.25;
+  for (auto& c : uses_tok) c += 1;
+  for (auto& c : uses_pos) c += 1;
+  for (auto& v : abs_tok) v += 0.5;
+  for (auto& v : abs_pos) v += 0.25;
+  test::expect_near_each(grad_tok, ref_tok, sum_tolerance(abs_tok, uses_tok), "grad_token_table");
+  test::expect_near_each(grad_pos, ref_pos, sum_tolerance(abs_pos, uses_pos), "grad_position_table");
+
+  // The row-sparse gradient holds exactly the touched rows, with the dense values.
+  std::vector<float> dense(ref_tok.size(), 0.0f), no_pos;
+  embedding_backward(dense, no_pos, prob.grad_out, prob.tokens, prob.positions, s, dropout);
+  SparseRowGrad sparse;
+  embedding_backward(sparse, no_pos, prob.grad_out, prob.tokens, prob.positions, s, dropout);
+  std::vector<std::int64_t> touched(prob.tokens);
+  std::sort(touched.begin(), touched.end());
+  touched.erase(std::unique(touched.begin(), touched.end()), touched.end());
+  EXPECT_EQ(sparse.rows, touched);
+  for (std::size_t k = 0; k < sparse.rows.size(); ++k) {
+    for (std::int64_t j = 0; j < s.embed_dim; ++j) {
+      ASSERT_EQ(sparse.values[k * static_cast<std::size_t>(s.embed_dim) + static_cast<std::size_t>(j)],
+                dense[static_cast<std::size_t>(sparse.rows[k] * s.embed_dim + j)]);
+    }
+  }
+}
+
+// Awkward widths and lengths, as the issue lists them, with and without dropout.
+INSTANTIATE_TEST_SUITE_P(
+    AwkwardSizes, EmbeddingSizes,
+    ::testing::Values(std::make_tuple(1, 1, 1, 0.0), std::make_tuple(3, 2, 3, 0.1),
+                      std::make_tuple(1, 63, 7, 0.0), std::make_tuple(3, 63, 17, 0.5),
+                      std::make_tuple(1, 1024, 3, 0.1), std::make_tuple(3, 1024, 1, 0.0),
+                      std::make_tuple(1, 2, 769, 0.1), std::make_tuple(3, 63, 769, 0.0),
+                      std::make_tuple(3, 1, 17, 0.9)));
+
+// Central differences of the double reference's loss sum(w * out), which is
+// linear in both tables, so the difference quotient is exact up to rounding.
+TEST(EmbeddingGradient, MatchesCentralDifferences) {
+  for (const double p : {0.0, 0.3}) {
+    const Problem prob = make_problem(2, 5, 3, 23);
+    const DropoutSpec dropout{p, 7, 1};
+    std::vector<double> tok = cast<double>(prob.token_table), pos = cast<double>(prob.position_table);
+    const std::vector<double> w = cast<double>(prob.grad_out);
+    const auto loss = [&] {
+      const auto out = reference::embedding_forward<double>(prob.tokens, prob.positions, tok, pos,
+                                                            prob.shape, dropout);
+      double sum = 0;
+      for (std::size_t i = 0; i < out.size(); ++i) sum += w[i] * out[i];
+      return sum;
+    };
+    std::vector<float> grad_tok(tok.size(), 0.0f), grad_pos(pos.size(), 0.0f);
+    embedding_backward(grad_tok, grad_pos, prob.grad_out, prob.tokens, prob.positions, prob.shape,
+                       dropout);
+    const double h = 1e-3;
+    for (auto* table : {&tok, &pos}) {
+      const std::vector<float>& grad = table == &tok ? grad_tok : grad_pos;
+      for (std::size_t i = 0; i < table->size(); ++i) {
+        const double saved = (*table)[i];
+        (*table)[i] = saved + h;
+        const double up = loss();
+        (*table)[i] = saved - h;
+        const double down = loss();
+        (*table)[i] = saved;
+        // Float accumulation in the kernel dominates the error: 1e-5 >> 10 terms x eps.
+        ASSERT_NEAR(grad[i], (up - down) / (2 * h), 1e-5) << "p " << p << " element " << i;
+      }
+    }
+  }
+}
+
+TEST(Dropout, KeepRateMatchesOneMinusP) {
+  // 8 x 1024 x 768 elements: the keep rate's standard error is about 1.2e-4, so a
+  // threshold quantised to 8 bits (p = 0.1 -> 26/256, 1.6e-3 off) fails by 13 sigma.
+  const EmbeddingShape s{8, 1024, 1, 1024, 768};
+  const std::vector<std::int64_t> tokens(8 * 1024, 0);
+  std::vector<std::int64_t> positions(8 * 1024);
+  for (std::size_t i = 0; i < positions.size(); ++i) positions[i] = static_cast<std::int64_t>(i % 1024);
+  const std::vector<float> ones_tok(768, 1.0f), ones_pos(1024 * 768, 0.0f);
+  std::vector<float> out(8 * 1024 * 768);
+  for (const double p : {0.1, 0.5, 0.02}) {
+    embedding_forward(out, tokens, positions, ones_tok, ones_pos, s, {p, 31, 4});
+    double kept = 0;
+    for (float v : out) kept += v != 0.0f;
+    const double n = static_cast<double>(out.size());
+    const double sigma = std::sqrt(p * (1 - p) / n);
+    EXPECT_NEAR(kept / n, 1 - p, 5 * sigma) << "p " << p;
+    // The threshold itself: keep probability (2^32 - t) / 2^32 equals 1 - p to 2^-32.
+    EXPECT_NEAR((4294967296.0 - dropout_threshold(p)) / 4294967296.0, 1 - p, 1e-9);
+    for (float v : out) {
+      if (v != 0.0f) {
+        ASSERT_EQ(v, dropout_scale(p)) << "kept values are scaled by 1/(1-p)";
+      }
+    }
+  }
+  EXPECT_EQ(dropout_scale(0.1), static_cast<float>(1.0 / 0.9));
+}
+
+TEST(Dropout, BackwardRegeneratesTheForwardMask) {
+  // Token rows zero, position rows one, one batch row: out = mask * scale and
+  // grad_position_table = mask * scale for grad_out = 1, element by element.
+  const std::int64_t T = 37, d = 13;
+  const EmbeddingShape s{1, T, 1, T, d};
+  std::vector<std::int64_t> tokens(T, 0), positions(T);
+  for (std::int64_t t = 0; t < T; ++t) positions[static_cast<std::size_t>(t)] = t;
+  const std::vector<float> zero_tok(d, 0.0f), one_pos(T * d, 1.0f), grad_out(T * d, 1.0f);
+  const DropoutSpec dropout{0.4, 8, 77};
+  std::vector<float> out(T * d), grad_tok(d, 0.0f), grad_pos(T * d, 0.0f);
+  embedding_forward(out, tokens, positions, zero_tok, one_pos, s, dropout);
+  embedding_backward(grad_tok, grad_pos, grad_out, tokens, positions, s, dropout);
+  EXPECT_EQ(out, grad_pos);
+  EXPECT_NE(std::count(out.begin(), out.end(), 0.0f), 0);
+}
+
+TEST(Dropout, ZeroProbabilityIsTheIdentity) {
+  const Problem prob = make_problem(3, 10, 9, 5);
+  const std::vector<float> out = forward(prob, {0.0, 1, 1});
+  for (std::size_t r = 0; r < prob.tokens.size(); ++r) {
+    for (std::size_t j = 0; j < 9; ++j) {
+      ASSERT_EQ(out[r * 9 + j], prob.token_table[static_cast<std::size_t>(prob.tokens[r]) * 9 + j] +
+                                    prob.position_table[static_cast<std::size_t>(prob.positions[r]) * 9 + j]);
+    }
+  }
+}
+
+TEST(Dropout, StepsAndSeedsChangeTheMask) {
+  const Problem prob = make_problem(2, 16, 8, 5);
+  const auto a = forward(prob, {0.5, 1, 1});
+  EXPECT_EQ(a, forward(prob, {0.5, 1, 1}));
+  EXPECT_NE(a, forward(prob, {0.5, 1, 2}));
+  EXPECT_NE(a, forward(prob, {0.5, 2, 1}));
+}
+
+TEST(Determinism, OneTwoAndThreeThreadsGiveTheSameBits) {
+  const Problem prob = make_problem(3, 100, 70, 41);
+  const DropoutSpec dropout{0.1, 3, 9};
+  std::vector<std::vector<float>> outs, toks, poss, sparse_values;
+  for (const int threads : {1, 2, 3}) {
+    set_num_threads(threads);
+    outs.push_back(forward(prob, dropout));
+    std::vector<float> tok(prob.token_table.size(), 0.0f), pos(prob.position_table.size(), 0.0f);
+    embedding_backward(tok, pos, prob.grad_out, prob.tokens, prob.positions, prob.shape, dropout);
+    SparseRowGrad sparse;
+    embedding_backward(sparse, pos, prob.grad_out, prob.tokens, prob.positions, prob.shape, dropout);
+    toks.push_back(tok);
+    poss.push_back(pos);
+    sparse_values.push_back(sparse.values);
+  }
+  set_num_threads(0);
+  for (std::size_t k = 1; k < outs.size(); ++k) {
+    EXPECT_EQ(outs[0], outs[k]);
+    EXPECT_EQ(toks[0], toks[k]);
+    EXPECT_EQ(poss[0], poss[k]);
+    EXPECT_EQ(sparse_values[0], sparse_values[k]);
+  }
+}
+
+TEST(SparseGrad, AccumulatesAcrossBatchesAndZeroes) {
+  const Problem a = make_problem(2, 6, 4, 61), b = make_problem(1, 9, 4, 62);
+  std::vector<float> dense(a.token_table.size(), 0.0f), none;
+  SparseRowGrad sparse;
+  for (const Problem* prob : {&a, &b}) {
+    embedding_backward(dense, none, prob->grad_out, prob->tokens, prob->positions, prob->shape, {});
+    embedding_backward(sparse, none, prob->grad_out, prob->tokens, prob->positions, prob->shape, {});
+  }
+  std::vector<float> densified(dense.size(), 0.0f);
+  for (std::size_t k = 0; k < sparse.rows.size(); ++k) {
+    std::copy_n(sparse.values.begin() + static_cast<std::ptrdiff_t>(k * 4), 4,
+                densified.begin() + sparse.rows[k] * 4);
+  }
+  EXPECT_EQ(densified, dense);
+  EXPECT_TRUE(std::is_sorted(sparse.rows.begin(), sparse.rows.end()));
+  zero_grad(sparse);
+  EXPECT_TRUE(sparse.rows.empty());
+  zero_grad(dense);
+  EXPECT_EQ(dense, std::vector<float>(dense.size(), 0.0f));
+}
+
+TEST(Embedding, EmptyBatchIsValid) {
+  const EmbeddingShape s{0, 0, 4, 4, 2};
+  std::vector<float> out, tok(8, 1.0f), pos(8, 1.0f), grad_tok(8, 0.0f), grad_pos(8, 0.0f);
+  const std::vector<std::int64_t> ids;
+  EXPECT_NO_THROW(embedding_forward(out, ids, ids, tok, pos, s, {0.1, 1, 1}));
+  EXPECT_NO_THROW(embedding_backward(grad_tok, grad_pos, out, ids, ids, s, {0.1, 1, 1}));
+  EXPECT_EQ(grad_tok, std::vector<float>(8, 0.0f));
+}
+
+}  // namespace
+}  // namespace posembed
