@@ -24,3 +24,9 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends \
     "${missing[@]}" >/dev/null
 fi
+# PyPI packages for the tests, on the default python3 (pip only when missing):
+# the reference safetensors library and numpy for the checkpoint interop tests.
+if [ "${1:-build}" = test ]; then
+  python3 -c "import safetensors, numpy" 2>/dev/null ||
+    python3 -m pip install --quiet --disable-pip-version-check safetensors numpy
+fi
