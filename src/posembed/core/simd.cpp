@@ -94,7 +94,7 @@ HWY_INLINE void ForEachMasked(std::size_t n, std::uint64_t first, const DropoutM
     for (std::size_t j = 0; j < n; j += lanes) body(j, std::min(lanes, n - j), nullptr);
     return;
   }
-  HWY_ALIGN std::uint32_t bits[kTile + 8];
+  HWY_ALIGN std::uint32_t bits[kTile + 8];  // (skip + len + 3) / 4 blocks
   for (std::size_t t0 = 0; t0 < n; t0 += kTile) {
     const std::size_t len = std::min(kTile, n - t0);
     const std::uint64_t i0 = first + t0;
@@ -108,6 +108,30 @@ HWY_INLINE void ForEachMasked(std::size_t n, std::uint64_t first, const DropoutM
   }
 }
 
+// Lanes of the widest vector of any target: the size of the remainder buffers.
+constexpr std::size_t kMaxLanes = HWY_MAX_BYTES / sizeof(float);
+
+// The remainder of a loop: copies count < lanes values of each input into
+// zero-padded buffers, runs the full-vector step on them and copies count
+// values of each output back. Not every target has a fault-free masked load,
+// and this way remainders run exactly the vector code, rounding included.
+template <std::size_t kIn, std::size_t kOut, class Step>
+HWY_INLINE void Remainder(std::size_t count, const float* const (&in)[kIn], float* const (&out)[kOut],
+                          Step&& step) {
+  HWY_ALIGN float in_buf[kIn][kMaxLanes] = {};
+  HWY_ALIGN float out_buf[kOut][kMaxLanes] = {};
+  for (std::size_t k = 0; k < kIn; ++k) {
+    if (in[k]) std::memcpy(in_buf[k], in[k], count * sizeof(float));
+  }
+  for (std::size_t k = 0; k < kOut; ++k) {
+    if (out[k]) std::memcpy(out_buf[k], out[k], count * sizeof(float));
+  }
+  step(in_buf, out_buf);
+  for (std::size_t k = 0; k < kOut; ++k) {
+    if (out[k]) std::memcpy(out[k], out_buf[k], count * sizeof(float));
+  }
+}
+
 void AddDropout(float* HWY_RESTRICT out, const float* HWY_RESTRICT a, const float* HWY_RESTRICT b,
                 std::size_t n, std::uint64_t first, const DropoutMask& mask) {
   const hn::ScalableTag<float> df;
@@ -115,49 +139,48 @@ void AddDropout(float* HWY_RESTRICT out, const float* HWY_RESTRICT a, const floa
   const std::size_t lanes = hn::Lanes(df);
   const auto scale = hn::Set(df, mask.scale);
   const auto threshold = hn::Set(du, mask.threshold);
-  ForEachMasked(n, first, mask, lanes, [&](std::size_t j, std::size_t count, const std::uint32_t* keep) {
-    if (count == lanes) {
-      auto v = hn::Add(hn::LoadU(df, a + j), hn::LoadU(df, b + j));
-      if (keep) v = hn::IfThenZeroElse(hn::RebindMask(df, threshold > hn::LoadU(du, keep)), hn::Mul(v, scale));
-      hn::StoreU(v, df, out + j);
-    } else {
-      const auto m = hn::FirstN(df, count);
-      auto v = hn::Add(hn::MaskedLoad(m, df, a + j), hn::MaskedLoad(m, df, b + j));
-      if (keep) {
-        const auto bits = hn::MaskedLoad(hn::RebindMask(du, m), du, keep);
-        v = hn::IfThenZeroElse(hn::RebindMask(df, threshold > bits), hn::Mul(v, scale));
-      }
-      hn::BlendedStore(v, m, df, out + j);
+  // keep: mask words as floats' bits, or null for no dropout.
+  const auto step = [&](float* o, const float* x, const float* y, const float* keep) {
+    auto v = hn::Add(hn::LoadU(df, x), hn::LoadU(df, y));
+    if (keep) {
+      const auto bits = hn::BitCast(du, hn::LoadU(df, keep));
+      v = hn::IfThenZeroElse(hn::RebindMask(df, threshold > bits), hn::Mul(v, scale));
     }
+    hn::StoreU(v, df, o);
+  };
+  ForEachMasked(n, first, mask, lanes, [&](std::size_t j, std::size_t count, const std::uint32_t* words) {
+    const auto* keep = reinterpret_cast<const float*>(words);
+    if (count == lanes) return step(out + j, a + j, b + j, keep);
+    Remainder<3, 1>(count, {a + j, b + j, keep}, {out + j}, [&](auto& in, auto& o) {
+      step(o[0], in[0], in[1], keep ? in[2] : nullptr);
+    });
   });
 }
 
-void AccumulateDropout(float* tok, float* pos,
-                       const float* HWY_RESTRICT grad, std::size_t n, std::uint64_t first,
-                       const DropoutMask& mask) {
+void AccumulateDropout(float* tok, float* pos, const float* HWY_RESTRICT grad, std::size_t n,
+                       std::uint64_t first, const DropoutMask& mask) {
   const hn::ScalableTag<float> df;
   const hn::RebindToUnsigned<decltype(df)> du;
   const std::size_t lanes = hn::Lanes(df);
   const auto scale = hn::Set(df, mask.scale);
   const auto threshold = hn::Set(du, mask.threshold);
-  ForEachMasked(n, first, mask, lanes, [&](std::size_t j, std::size_t count, const std::uint32_t* keep) {
-    if (count == lanes) {
-      auto v = hn::LoadU(df, grad + j);
-      if (keep) v = hn::IfThenZeroElse(hn::RebindMask(df, threshold > hn::LoadU(du, keep)), hn::Mul(v, scale));
-      if (tok) hn::StoreU(hn::Add(hn::LoadU(df, tok + j), v), df, tok + j);
-      if (pos) hn::StoreU(hn::Add(hn::LoadU(df, pos + j), v), df, pos + j);
-    } else {
-      const auto m = hn::FirstN(df, count);
-      auto v = hn::MaskedLoad(m, df, grad + j);
-      if (keep) {
-        const auto bits = hn::MaskedLoad(hn::RebindMask(du, m), du, keep);
-        v = hn::IfThenZeroElse(hn::RebindMask(df, threshold > bits), hn::Mul(v, scale));
-      }
-      if (tok) {
-        hn::BlendedStore(hn::Add(hn::MaskedLoad(m, df, tok + j), v), m, df, tok + j);
-      }
-      if (pos) hn::BlendedStore(hn::Add(hn::MaskedLoad(m, df, pos + j), v), m, df, pos + j);
+  const auto step = [&](float* t, float* p, const float* g, const float* keep) {
+    auto v = hn::LoadU(df, g);
+    if (keep) {
+      const auto bits = hn::BitCast(du, hn::LoadU(df, keep));
+      v = hn::IfThenZeroElse(hn::RebindMask(df, threshold > bits), hn::Mul(v, scale));
     }
+    if (t) hn::StoreU(hn::Add(hn::LoadU(df, t), v), df, t);
+    if (p) hn::StoreU(hn::Add(hn::LoadU(df, p), v), df, p);
+  };
+  ForEachMasked(n, first, mask, lanes, [&](std::size_t j, std::size_t count, const std::uint32_t* words) {
+    const auto* keep = reinterpret_cast<const float*>(words);
+    float* t = tok ? tok + j : nullptr;
+    float* p = pos ? pos + j : nullptr;
+    if (count == lanes) return step(t, p, grad + j, keep);
+    Remainder<2, 2>(count, {grad + j, keep}, {t, p}, [&](auto& in, auto& o) {
+      step(t ? o[0] : nullptr, p ? o[1] : nullptr, in[0], keep ? in[1] : nullptr);
+    });
   });
 }
 
@@ -169,29 +192,22 @@ void AdamW(float* HWY_RESTRICT param, const float* HWY_RESTRICT grad, float* HWY
              one_minus_beta1 = hn::Set(df, c.one_minus_beta1), beta2 = hn::Set(df, c.beta2),
              one_minus_beta2 = hn::Set(df, c.one_minus_beta2), step_size = hn::Set(df, c.step_size),
              sqrt_correction2 = hn::Set(df, c.sqrt_correction2), eps = hn::Set(df, c.eps);
-  const auto update = [&](auto& p, auto g, auto& mv, auto& vv) {
-    p = hn::Mul(p, decay);
-    mv = hn::Add(hn::Mul(beta1, mv), hn::Mul(one_minus_beta1, g));
-    vv = hn::Add(hn::Mul(beta2, vv), hn::Mul(hn::Mul(one_minus_beta2, g), g));
-    p = hn::Sub(p, hn::Div(hn::Mul(step_size, mv),
-                           hn::Add(hn::Div(hn::Sqrt(vv), sqrt_correction2), eps)));
+  const auto step = [&](float* pp, const float* gp, float* mp, float* vp) {
+    const auto g = hn::LoadU(df, gp);
+    const auto p = hn::Mul(hn::LoadU(df, pp), decay);
+    const auto mv = hn::Add(hn::Mul(beta1, hn::LoadU(df, mp)), hn::Mul(one_minus_beta1, g));
+    const auto vv = hn::Add(hn::Mul(beta2, hn::LoadU(df, vp)), hn::Mul(hn::Mul(one_minus_beta2, g), g));
+    hn::StoreU(hn::Sub(p, hn::Div(hn::Mul(step_size, mv),
+                                  hn::Add(hn::Div(hn::Sqrt(vv), sqrt_correction2), eps))),
+               df, pp);
+    hn::StoreU(mv, df, mp);
+    hn::StoreU(vv, df, vp);
   };
   std::size_t j = 0;
-  for (; j + lanes <= n; j += lanes) {
-    auto p = hn::LoadU(df, param + j), mv = hn::LoadU(df, m + j), vv = hn::LoadU(df, v + j);
-    update(p, hn::LoadU(df, grad + j), mv, vv);
-    hn::StoreU(p, df, param + j);
-    hn::StoreU(mv, df, m + j);
-    hn::StoreU(vv, df, v + j);
-  }
+  for (; j + lanes <= n; j += lanes) step(param + j, grad + j, m + j, v + j);
   if (j < n) {
-    const auto mask = hn::FirstN(df, n - j);
-    auto p = hn::MaskedLoad(mask, df, param + j), mv = hn::MaskedLoad(mask, df, m + j),
-         vv = hn::MaskedLoad(mask, df, v + j);
-    update(p, hn::MaskedLoad(mask, df, grad + j), mv, vv);
-    hn::BlendedStore(p, mask, df, param + j);
-    hn::BlendedStore(mv, mask, df, m + j);
-    hn::BlendedStore(vv, mask, df, v + j);
+    Remainder<1, 3>(n - j, {grad + j}, {param + j, m + j, v + j},
+                    [&](auto& in, auto& o) { step(o[0], in[0], o[1], o[2]); });
   }
 }
 
