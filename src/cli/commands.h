@@ -7,5 +7,6 @@
 namespace posembed::cli {
 
 void add_demo_command(CLI::App& app);
+void add_bench_command(CLI::App& app);
 
 }  // namespace posembed::cli

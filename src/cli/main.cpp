@@ -10,6 +10,7 @@ int main(int argc, char** argv) {
   CLI::App app{"posembed: learned absolute position embeddings (token + position + dropout)"};
   app.require_subcommand(1);
   posembed::cli::add_demo_command(app);
+  posembed::cli::add_bench_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

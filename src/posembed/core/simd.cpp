@@ -36,23 +36,40 @@ HWY_INLINE void MulHiLo(DU du, VU a, VU m, VU& hi, VU& lo) {
 }
 
 // Philox4x32-10 on one vector of counters per word (lane k = one counter),
-// as philox4x32_10 in philox.h.
+// as philox4x32_10 in philox.h. keys: the round keys, broadcast once per call.
 template <class DU, class VU>
-HWY_INLINE void Philox10(DU du, VU& c0, VU& c1, VU& c2, VU& c3, PhiloxKey key) {
+HWY_INLINE void Philox10(DU du, VU& c0, VU& c1, VU& c2, VU& c3, const VU (&k0)[10],
+                         const VU (&k1)[10]) {
   const VU m0 = hn::Set(du, kPhiloxM0), m1 = hn::Set(du, kPhiloxM1);
-  std::uint32_t k0 = key[0], k1 = key[1];
   for (int round = 0; round < 10; ++round) {
-    if (round > 0) {
-      k0 += kPhiloxW0;
-      k1 += kPhiloxW1;
-    }
     VU hi0, lo0, hi1, lo1;
     MulHiLo(du, c0, m0, hi0, lo0);
     MulHiLo(du, c2, m1, hi1, lo1);
-    c0 = hn::Xor(hn::Xor(hi1, c1), hn::Set(du, k0));
+    c0 = hn::Xor(hn::Xor(hi1, c1), k0[round]);
     c1 = lo1;
-    c2 = hn::Xor(hn::Xor(hi0, c3), hn::Set(du, k1));
+    c2 = hn::Xor(hn::Xor(hi0, c3), k1[round]);
     c3 = lo0;
+  }
+}
+
+template <class DU, class VU>
+HWY_INLINE void Philox10x2(DU du, VU& a0, VU& a1, VU& a2, VU& a3, VU& b0, VU& b1, VU& b2, VU& b3,
+                           const VU (&k0)[10], const VU (&k1)[10]) {
+  const VU m0 = hn::Set(du, kPhiloxM0), m1 = hn::Set(du, kPhiloxM1);
+  for (int round = 0; round < 10; ++round) {
+    VU hi0, lo0, hi1, lo1, hj0, lj0, hj1, lj1;
+    MulHiLo(du, a0, m0, hi0, lo0);
+    MulHiLo(du, b0, m0, hj0, lj0);
+    MulHiLo(du, a2, m1, hi1, lo1);
+    MulHiLo(du, b2, m1, hj1, lj1);
+    a0 = hn::Xor(hn::Xor(hi1, a1), k0[round]);
+    b0 = hn::Xor(hn::Xor(hj1, b1), k0[round]);
+    a1 = lo1;
+    b1 = lj1;
+    a2 = hn::Xor(hn::Xor(hi0, a3), k1[round]);
+    b2 = hn::Xor(hn::Xor(hj0, b3), k1[round]);
+    a3 = lo0;
+    b3 = lj0;
   }
 }
 
@@ -62,15 +79,34 @@ void PhiloxBlocks(std::uint32_t* HWY_RESTRICT out, PhiloxCounter first, PhiloxKe
   const std::size_t lanes = hn::Lanes(du);
   const std::uint64_t base = std::uint64_t{first[0]} | (std::uint64_t{first[1]} << 32);
   const auto iota = hn::Iota(du, 0);
-  for (std::size_t k = 0; k < blocks; k += lanes) {
-    const std::uint64_t block = base + k;
+  using VU = hn::Vec<decltype(du)>;
+  VU k0[10], k1[10];
+  for (int round = 0; round < 10; ++round) {  // the key is bumped between rounds
+    k0[round] = hn::Set(du, key[0] + static_cast<std::uint32_t>(round) * kPhiloxW0);
+    k1[round] = hn::Set(du, key[1] + static_cast<std::uint32_t>(round) * kPhiloxW1);
+  }
+  const auto counters = [&](std::uint64_t block, VU& c0, VU& c1, VU& c2, VU& c3) {
     const auto lo = hn::Set(du, static_cast<std::uint32_t>(block));
-    auto c0 = hn::Add(lo, iota);
+    c0 = hn::Add(lo, iota);
     // Lanes whose low word wrapped carry one into the high word (mask = all ones = -1).
-    auto c1 = hn::Sub(hn::Set(du, static_cast<std::uint32_t>(block >> 32)),
-                      hn::VecFromMask(du, lo > c0));
-    auto c2 = hn::Set(du, first[2]), c3 = hn::Set(du, first[3]);
-    Philox10(du, c0, c1, c2, c3, key);
+    c1 = hn::Sub(hn::Set(du, static_cast<std::uint32_t>(block >> 32)), hn::VecFromMask(du, lo > c0));
+    c2 = hn::Set(du, first[2]);
+    c3 = hn::Set(du, first[3]);
+  };
+  std::size_t k = 0;
+  // Two vectors at a time: two independent chains of multiplies keep the units busy.
+  for (; k + 2 * lanes <= blocks; k += 2 * lanes) {
+    VU a0, a1, a2, a3, b0, b1, b2, b3;
+    counters(base + k, a0, a1, a2, a3);
+    counters(base + k + lanes, b0, b1, b2, b3);
+    Philox10x2(du, a0, a1, a2, a3, b0, b1, b2, b3, k0, k1);
+    hn::StoreInterleaved4(a0, a1, a2, a3, du, out + 4 * k);
+    hn::StoreInterleaved4(b0, b1, b2, b3, du, out + 4 * (k + lanes));
+  }
+  for (; k < blocks; k += lanes) {
+    VU c0, c1, c2, c3;
+    counters(base + k, c0, c1, c2, c3);
+    Philox10(du, c0, c1, c2, c3, k0, k1);
     if (k + lanes <= blocks) {
       hn::StoreInterleaved4(c0, c1, c2, c3, du, out + 4 * k);
     } else {
