@@ -17,102 +17,74 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 const char* TargetName() { return hwy::TargetName(HWY_TARGET); }
 
-// hi and lo words of the 32x32->64 products a * m, lane by lane: MulEven
-// multiplies the even lanes; the odd lanes are shifted down to be multiplied.
-template <class DU, class VU>
-HWY_INLINE void MulHiLo(DU du, VU a, VU m, VU& hi, VU& lo) {
-#if HWY_TARGET == HWY_SCALAR  // one lane: no wider lane type to promote into
-  const std::uint64_t p = std::uint64_t{hn::GetLane(a)} * hn::GetLane(m);
-  hi = hn::Set(du, static_cast<std::uint32_t>(p >> 32));
-  lo = hn::Set(du, static_cast<std::uint32_t>(p));
+// Philox4x32-10 with one counter per 64-bit lane: each word of the state lives
+// in the low half of a lane and the high half is don't-care, because the 32x32->64
+// multiply (MulEven: vpmuludq) reads only the low halves and every output word
+// is taken from a low half. A round is then two multiplies, two shifts and two
+// three-way XORs for Lanes(du64) counters, with no shuffles.
+template <class D64, class V64>
+HWY_INLINE V64 MulLow32(D64 d64, V64 a, V64 m) {
+#if HWY_TARGET == HWY_SCALAR  // one lane: a plain 64-bit multiply of the low halves
+  return hn::Mul(hn::And(a, hn::Set(d64, 0xFFFFFFFFull)), m);
 #else
-  const hn::Repartition<std::uint64_t, DU> d64;
-  const auto even = hn::BitCast(du, hn::MulEven(a, m));
-  const auto odd =
-      hn::BitCast(du, hn::MulEven(hn::BitCast(du, hn::ShiftRight<32>(hn::BitCast(d64, a))), m));
-  hi = hn::OddEven(odd, hn::BitCast(du, hn::ShiftRight<32>(hn::BitCast(d64, even))));
-  lo = hn::Mul(a, m);
+  const hn::Repartition<std::uint32_t, D64> d32;
+  return hn::MulEven(hn::BitCast(d32, a), hn::BitCast(d32, m));
 #endif
 }
 
-// Philox4x32-10 on one vector of counters per word (lane k = one counter),
-// as philox4x32_10 in philox.h. keys: the round keys, broadcast once per call.
-template <class DU, class VU>
-HWY_INLINE void Philox10(DU du, VU& c0, VU& c1, VU& c2, VU& c3, const VU (&k0)[10],
-                         const VU (&k1)[10]) {
-  const VU m0 = hn::Set(du, kPhiloxM0), m1 = hn::Set(du, kPhiloxM1);
-  for (int round = 0; round < 10; ++round) {
-    VU hi0, lo0, hi1, lo1;
-    MulHiLo(du, c0, m0, hi0, lo0);
-    MulHiLo(du, c2, m1, hi1, lo1);
-    c0 = hn::Xor(hn::Xor(hi1, c1), k0[round]);
-    c1 = lo1;
-    c2 = hn::Xor(hn::Xor(hi0, c3), k1[round]);
-    c3 = lo0;
-  }
-}
+constexpr int kWays = 2;  // independent vectors per step: two chains of multiplies in flight
 
-template <class DU, class VU>
-HWY_INLINE void Philox10x2(DU du, VU& a0, VU& a1, VU& a2, VU& a3, VU& b0, VU& b1, VU& b2, VU& b3,
-                           const VU (&k0)[10], const VU (&k1)[10]) {
-  const VU m0 = hn::Set(du, kPhiloxM0), m1 = hn::Set(du, kPhiloxM1);
+template <class D64, class V64>
+HWY_INLINE void Philox10(D64 d64, V64 (&c)[kWays][4], const V64 (&k0)[10], const V64 (&k1)[10]) {
+  const V64 m0 = hn::Set(d64, kPhiloxM0), m1 = hn::Set(d64, kPhiloxM1);
   for (int round = 0; round < 10; ++round) {
-    VU hi0, lo0, hi1, lo1, hj0, lj0, hj1, lj1;
-    MulHiLo(du, a0, m0, hi0, lo0);
-    MulHiLo(du, b0, m0, hj0, lj0);
-    MulHiLo(du, a2, m1, hi1, lo1);
-    MulHiLo(du, b2, m1, hj1, lj1);
-    a0 = hn::Xor(hn::Xor(hi1, a1), k0[round]);
-    b0 = hn::Xor(hn::Xor(hj1, b1), k0[round]);
-    a1 = lo1;
-    b1 = lj1;
-    a2 = hn::Xor(hn::Xor(hi0, a3), k1[round]);
-    b2 = hn::Xor(hn::Xor(hj0, b3), k1[round]);
-    a3 = lo0;
-    b3 = lj0;
+    for (int w = 0; w < kWays; ++w) {
+      const V64 p0 = MulLow32(d64, c[w][0], m0);  // M0 * c0
+      const V64 p1 = MulLow32(d64, c[w][2], m1);  // M1 * c2
+      c[w][0] = hn::Xor3(hn::ShiftRight<32>(p1), c[w][1], k0[round]);
+      c[w][1] = p1;
+      c[w][2] = hn::Xor3(hn::ShiftRight<32>(p0), c[w][3], k1[round]);
+      c[w][3] = p0;
+    }
   }
 }
 
 void PhiloxBlocks(std::uint32_t* HWY_RESTRICT out, PhiloxCounter first, PhiloxKey key,
                   std::size_t blocks) {
-  const hn::ScalableTag<std::uint32_t> du;
-  const std::size_t lanes = hn::Lanes(du);
+  const hn::ScalableTag<std::uint64_t> d64;
+  using V64 = hn::Vec<decltype(d64)>;
+  const std::size_t lanes = hn::Lanes(d64);
   const std::uint64_t base = std::uint64_t{first[0]} | (std::uint64_t{first[1]} << 32);
-  const auto iota = hn::Iota(du, 0);
-  using VU = hn::Vec<decltype(du)>;
-  VU k0[10], k1[10];
+  V64 k0[10], k1[10];
   for (int round = 0; round < 10; ++round) {  // the key is bumped between rounds
-    k0[round] = hn::Set(du, key[0] + static_cast<std::uint32_t>(round) * kPhiloxW0);
-    k1[round] = hn::Set(du, key[1] + static_cast<std::uint32_t>(round) * kPhiloxW1);
+    k0[round] = hn::Set(d64, key[0] + static_cast<std::uint32_t>(round) * kPhiloxW0);
+    k1[round] = hn::Set(d64, key[1] + static_cast<std::uint32_t>(round) * kPhiloxW1);
   }
-  const auto counters = [&](std::uint64_t block, VU& c0, VU& c1, VU& c2, VU& c3) {
-    const auto lo = hn::Set(du, static_cast<std::uint32_t>(block));
-    c0 = hn::Add(lo, iota);
-    // Lanes whose low word wrapped carry one into the high word (mask = all ones = -1).
-    c1 = hn::Sub(hn::Set(du, static_cast<std::uint32_t>(block >> 32)), hn::VecFromMask(du, lo > c0));
-    c2 = hn::Set(du, first[2]);
-    c3 = hn::Set(du, first[3]);
-  };
-  std::size_t k = 0;
-  // Two vectors at a time: two independent chains of multiplies keep the units busy.
-  for (; k + 2 * lanes <= blocks; k += 2 * lanes) {
-    VU a0, a1, a2, a3, b0, b1, b2, b3;
-    counters(base + k, a0, a1, a2, a3);
-    counters(base + k + lanes, b0, b1, b2, b3);
-    Philox10x2(du, a0, a1, a2, a3, b0, b1, b2, b3, k0, k1);
-    hn::StoreInterleaved4(a0, a1, a2, a3, du, out + 4 * k);
-    hn::StoreInterleaved4(b0, b1, b2, b3, du, out + 4 * (k + lanes));
-  }
-  for (; k < blocks; k += lanes) {
-    VU c0, c1, c2, c3;
-    counters(base + k, c0, c1, c2, c3);
-    Philox10(du, c0, c1, c2, c3, k0, k1);
-    if (k + lanes <= blocks) {
-      hn::StoreInterleaved4(c0, c1, c2, c3, du, out + 4 * k);
-    } else {
-      HWY_ALIGN std::uint32_t tail[4 * HWY_MAX_BYTES / sizeof(std::uint32_t)];
-      hn::StoreInterleaved4(c0, c1, c2, c3, du, tail);
-      std::memcpy(out + 4 * k, tail, 4 * (blocks - k) * sizeof(std::uint32_t));
+  const V64 iota = hn::Iota(d64, 0), low = hn::Set(d64, 0xFFFFFFFFull);
+  const V64 c2 = hn::Set(d64, first[2]), c3 = hn::Set(d64, first[3]);
+  HWY_ALIGN std::uint64_t tail[2 * HWY_MAX_BYTES / sizeof(std::uint64_t)];
+  for (std::size_t k = 0; k < blocks; k += kWays * lanes) {
+    V64 c[kWays][4];
+    for (int w = 0; w < kWays; ++w) {
+      const V64 block = hn::Add(hn::Set(d64, base + k + static_cast<std::size_t>(w) * lanes), iota);
+      c[w][0] = block;                      // low word of the 64-bit block index
+      c[w][1] = hn::ShiftRight<32>(block);  // high word
+      c[w][2] = c2;
+      c[w][3] = c3;
+    }
+    Philox10(d64, c, k0, k1);
+    for (int w = 0; w < kWays; ++w) {
+      const std::size_t at = k + static_cast<std::size_t>(w) * lanes;
+      if (at >= blocks) break;
+      // Words (0, 1) and (2, 3) of each counter as one 64-bit value each, little-endian.
+      const V64 w01 = hn::Or(hn::And(c[w][0], low), hn::ShiftLeft<32>(c[w][1]));
+      const V64 w23 = hn::Or(hn::And(c[w][2], low), hn::ShiftLeft<32>(c[w][3]));
+      if (at + lanes <= blocks) {
+        hn::StoreInterleaved2(w01, w23, d64, reinterpret_cast<std::uint64_t*>(out + 4 * at));
+      } else {
+        hn::StoreInterleaved2(w01, w23, d64, tail);
+        std::memcpy(out + 4 * at, tail, 4 * (blocks - at) * sizeof(std::uint32_t));
+      }
     }
   }
 }
