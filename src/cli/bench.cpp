@@ -40,6 +40,7 @@ using Json = nlohmann::ordered_json;
 struct BenchOptions {
   int threads = 2;
   int reps = 15;          // timed runs per kernel at the GPT-2 shape (3x at small shapes)
+  int rounds = 1;         // repeats of the whole comparison, PyTorch and ours alternating
   bool quick = false;     // tiny shapes and probe: exercises every path in seconds
   bool json = false;      // JSON on stdout instead of the table
   bool torch = false;     // run bench/torch_bench.py at the same shapes in the same run
@@ -91,7 +92,8 @@ Timing time_it(int reps, const std::function<void()>& fn,
 
 // Streaming bandwidth: a STREAM triad a = b + s * c (3 arrays; bytes counted as
 // 3 per element, without write-allocate) and a parallel memcpy (2 per byte; glibc
-// streams large copies past the cache). The probe is the better of the two.
+// streams large copies past the cache). The probe is the better of the two, each
+// from its fastest run.
 struct Probe {
   double triad_gbps = 0, copy_gbps = 0;
   std::size_t bytes = 0;
@@ -117,7 +119,8 @@ Probe bandwidth_probe(std::size_t floats_per_array, int reps) {
   });
   if (a[floats_per_array / 3] != 2.0f) throw Error("bandwidth probe: copy gave a wrong value");
   const double bytes = static_cast<double>(floats_per_array * sizeof(float));
-  return {3 * bytes / triad.median_ms / 1e6, 2 * bytes / copy.median_ms / 1e6, 3 * floats_per_array * sizeof(float)};
+  // The best run: other processes can only slow a probe down.
+  return {3 * bytes / triad.min_ms / 1e6, 2 * bytes / copy.min_ms / 1e6, 3 * floats_per_array * sizeof(float)};
 }
 
 struct Result {
@@ -253,7 +256,7 @@ void validate_adamw(const Workload& w, const AdamWConfig& c) {
   }
 }
 
-std::vector<Result> bench_shape(Workload& w, int reps) {
+std::vector<Result> bench_shape(Workload& w, int reps, bool validate) {
   const double f = sizeof(float), id = sizeof(std::int64_t);
   const double n = static_cast<double>(w.n), d = static_cast<double>(w.d);
   const double V = static_cast<double>(w.s.vocab_size), P = static_cast<double>(w.s.max_seq_len);
@@ -261,10 +264,12 @@ std::vector<Result> bench_shape(Workload& w, int reps) {
   const DropoutSpec eval{}, train{0.1, 1234, 1};
   const AdamWConfig adamw{};
 
-  validate_forward(w, eval);
-  validate_forward(w, train);
-  validate_backward(w, train);
-  validate_adamw(w, adamw);
+  if (validate) {
+    validate_forward(w, eval);
+    validate_forward(w, train);
+    validate_backward(w, train);
+    validate_adamw(w, adamw);
+  }
 
   // Least traffic: every output written once, every distinct table row read
   // once, the ids read; gradients read grad_out once and read + write each
@@ -354,64 +359,114 @@ Json run_torch(const BenchOptions& o, const Shape& shape, int reps) {
   return j;
 }
 
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
+}
+
+// One kernel over all rounds: each round's median and minimum, ours and PyTorch's.
+struct Series {
+  Result first;  // name, description, bytes (same every round)
+  std::vector<double> medians, mins, torch_medians, torch_mins;
+};
+
 void run_bench(const BenchOptions& o) {
   if (o.threads < 1) throw Error("--threads " + std::to_string(o.threads) + " must be >= 1");
   if (o.reps < 1) throw Error("--reps " + std::to_string(o.reps) + " must be >= 1");
+  if (o.rounds < 1) throw Error("--rounds " + std::to_string(o.rounds) + " must be >= 1");
   set_num_threads(o.threads);
   const std::vector<Shape> shapes = shapes_for(o);
+  // 3 arrays of 128 MiB: far past the last-level cache.
+  const Probe probe = bandwidth_probe(o.quick ? (1u << 20) : (32u << 20), o.quick ? 2 : 7);
+  std::vector<std::vector<Series>> series(shapes.size());
+  std::vector<std::size_t> distinct(shapes.size());
+  Json torch_info;
+  for (int round = 0; round < o.rounds; ++round) {
+    for (std::size_t si = 0; si < shapes.size(); ++si) {
+      const EmbeddingShape& s = shapes[si].dims;
+      const int reps = o.quick ? 2 : (s.batch * s.seq_len * s.embed_dim >= (1 << 20) ? o.reps : 3 * o.reps);
+      // PyTorch first, then ours, shape by shape: both see the same machine load.
+      Json torch;
+      if (o.torch) {
+        const Json j = run_torch(o, shapes[si], reps);
+        torch_info = {{"version", j["torch"]}, {"threads", j["threads"]}};
+        torch = j["shapes"][shapes[si].name];
+      }
+      Workload w(s);
+      distinct[si] = w.distinct_tokens;
+      const std::vector<Result> results = bench_shape(w, reps, round == 0);
+      if (round == 0) {
+        for (const Result& r : results) series[si].push_back({r, {}, {}, {}, {}});
+      }
+      for (std::size_t k = 0; k < results.size(); ++k) {
+        Series& row = series[si][k];
+        row.medians.push_back(results[k].timing.median_ms);
+        row.mins.push_back(results[k].timing.min_ms);
+        if (torch.contains(row.first.torch_peer)) {
+          row.torch_medians.push_back(torch[row.first.torch_peer]["median_ms"].get<double>());
+          row.torch_mins.push_back(torch[row.first.torch_peer]["min_ms"].get<double>());
+        }
+      }
+    }
+  }
+
   Json report;
   report["machine"] = {{"cpu", cpu_model()}, {"simd_target", simd::target_name()},
                        {"threads", o.threads}};
-  // 3 arrays of 128 MiB: far past the last-level cache.
-  const Probe probe = bandwidth_probe(o.quick ? (1u << 20) : (32u << 20), o.quick ? 2 : 5);
   report["probe"] = {{"triad_gbps", probe.triad_gbps}, {"copy_gbps", probe.copy_gbps},
                      {"gbps", probe.gbps()}, {"triad_bytes", probe.bytes}};
+  report["rounds"] = o.rounds;
+  if (o.torch) report["torch"] = torch_info;
   if (!o.json) {
-    std::printf("posembed bench: %s, SIMD target %s, %d thread(s)\n", cpu_model().c_str(),
-                simd::target_name(), o.threads);
-    std::printf("bandwidth probe: triad %.1f GB/s, memcpy %.1f GB/s -> probe %.1f GB/s\n",
+    std::printf("posembed bench: %s, SIMD target %s, %d thread(s), %d round(s)%s\n", cpu_model().c_str(),
+                simd::target_name(), o.threads, o.rounds,
+                o.torch ? (", PyTorch " + torch_info.value("version", std::string("?")) + " eager").c_str() : "");
+    std::printf("bandwidth probe (best run): triad %.1f GB/s, memcpy %.1f GB/s -> probe %.1f GB/s\n",
                 probe.triad_gbps, probe.copy_gbps, probe.gbps());
+    std::printf("times: median over rounds of each round's median; min: fastest run; spread: slowest / "
+                "fastest round median\n");
   }
-  for (const Shape& shape : shapes) {
-    const EmbeddingShape& s = shape.dims;
-    const int reps = o.quick ? 2 : (s.batch * s.seq_len * s.embed_dim >= (1 << 20) ? o.reps : 3 * o.reps);
-    Json torch;
-    if (o.torch) torch = run_torch(o, shape, reps)["shapes"][shape.name];
-    Workload w(s);
-    const std::vector<Result> results = bench_shape(w, reps);
-    Json js = {{"name", shape.name}, {"batch", s.batch}, {"seq_len", s.seq_len}, {"embed_dim", s.embed_dim},
-               {"vocab_size", s.vocab_size}, {"max_seq_len", s.max_seq_len},
-               {"distinct_tokens", w.distinct_tokens}, {"kernels", Json::array()}};
+  for (std::size_t si = 0; si < shapes.size(); ++si) {
+    const EmbeddingShape& s = shapes[si].dims;
+    Json js = {{"name", shapes[si].name}, {"batch", s.batch}, {"seq_len", s.seq_len},
+               {"embed_dim", s.embed_dim}, {"vocab_size", s.vocab_size},
+               {"max_seq_len", s.max_seq_len}, {"distinct_tokens", distinct[si]},
+               {"kernels", Json::array()}};
     if (!o.json) {
-      std::printf("\nshape %s: B %lld, T %lld, d %lld, V %lld (%zu distinct tokens), reps %d, validated\n",
-                  shape.name.c_str(), static_cast<long long>(s.batch), static_cast<long long>(s.seq_len),
-                  static_cast<long long>(s.embed_dim), static_cast<long long>(s.vocab_size),
-                  w.distinct_tokens, reps);
-      std::printf("%-16s %10s %10s %9s %8s %7s %s\n", "kernel", "median ms", "min ms", "min MB",
-                  "GB/s", "%probe", o.torch ? " torch ms  torch/ours" : "");
+      std::printf("\nshape %s: B %lld, T %lld, d %lld, V %lld (%zu distinct tokens), validated\n",
+                  shapes[si].name.c_str(), static_cast<long long>(s.batch),
+                  static_cast<long long>(s.seq_len), static_cast<long long>(s.embed_dim),
+                  static_cast<long long>(s.vocab_size), distinct[si]);
+      std::printf("%-16s %9s %9s %6s %8s %6s %6s%s\n", "kernel", "median ms", "min ms", "spread",
+                  "min MB", "GB/s", "%probe", o.torch ? "  torch ms  torch/ours" : "");
     }
-    for (const Result& r : results) {
-      const double gbps = r.bytes / r.timing.median_ms / 1e6;
-      Json k = {{"name", r.name}, {"what", r.what}, {"median_ms", r.timing.median_ms},
-                {"min_ms", r.timing.min_ms}, {"reps", r.timing.reps}, {"min_bytes", r.bytes},
+    for (const Series& row : series[si]) {
+      const double med = median(row.medians);
+      const double best = *std::min_element(row.mins.begin(), row.mins.end());
+      const double spread = *std::max_element(row.medians.begin(), row.medians.end()) /
+                            *std::min_element(row.medians.begin(), row.medians.end());
+      const double gbps = row.first.bytes / med / 1e6;
+      Json k = {{"name", row.first.name}, {"what", row.first.what}, {"median_ms", med},
+                {"min_ms", best}, {"round_medians_ms", row.medians}, {"min_bytes", row.first.bytes},
                 {"gbps", gbps}, {"probe_fraction", gbps / probe.gbps()}};
       std::string torch_text;
-      if (o.torch && torch.contains(r.torch_peer)) {
-        const double t = torch[r.torch_peer]["median_ms"].get<double>();
+      if (!row.torch_medians.empty()) {
+        const double t = median(row.torch_medians);
         k["torch_median_ms"] = t;
-        k["torch_min_ms"] = torch[r.torch_peer]["min_ms"];
-        k["torch_over_ours"] = t / r.timing.median_ms;
+        k["torch_min_ms"] = *std::min_element(row.torch_mins.begin(), row.torch_mins.end());
+        k["torch_round_medians_ms"] = row.torch_medians;
+        k["torch_over_ours"] = t / med;
         char buffer[64];
-        std::snprintf(buffer, sizeof buffer, " %9.3f %10.1fx", t, t / r.timing.median_ms);
+        std::snprintf(buffer, sizeof buffer, " %9.2f %10.1fx", t, t / med);
         torch_text = buffer;
       }
       js["kernels"].push_back(k);
       if (!o.json) {
-        std::printf("%-16s %10.3f %10.3f %9.1f %8.1f %6.0f%%%s\n", r.name.c_str(), r.timing.median_ms,
-                    r.timing.min_ms, r.bytes / 1e6, gbps, 100 * gbps / probe.gbps(), torch_text.c_str());
+        std::printf("%-16s %9.3f %9.3f %6.2f %8.1f %6.1f %5.0f%%%s\n", row.first.name.c_str(), med, best,
+                    spread, row.first.bytes / 1e6, gbps, 100 * gbps / probe.gbps(), torch_text.c_str());
       }
     }
-    if (o.torch) js["torch"] = torch;
     report["shapes"].push_back(js);
   }
   if (o.json) std::printf("%s\n", report.dump(2).c_str());
@@ -425,6 +480,8 @@ void add_bench_command(CLI::App& app) {
       "bench", "time the kernels against a bandwidth probe (and PyTorch eager with --torch)");
   bench->add_option("--threads", options->threads, "threads, for us and for PyTorch")->capture_default_str();
   bench->add_option("--reps", options->reps, "timed runs per kernel at the GPT-2 shape (3x at the small one)")
+      ->capture_default_str();
+  bench->add_option("--rounds", options->rounds, "repeat everything; report the median round")
       ->capture_default_str();
   bench->add_option("--shape", options->only, "only this shape: gpt2 or small");
   bench->add_flag("--quick", options->quick, "tiny shapes and probe, a few seconds: checks the code paths");

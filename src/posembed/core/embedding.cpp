@@ -59,7 +59,8 @@ void backward_strips(float* grad_token_table, TokenRowOffset token_row_offset,
                      const DropoutSpec& dropout) {
   const std::int64_t d = shape.embed_dim;
   const auto n = static_cast<std::int64_t>(token_count(shape));
-  const std::int64_t threads = num_threads();
+  const std::int64_t threads =
+      std::clamp<std::int64_t>(n * d / kGrainElements, 1, num_threads());
   const std::int64_t strip = std::max<std::int64_t>(16, ((d + threads - 1) / threads + 15) / 16 * 16);
   const std::int64_t strips = (d + strip - 1) / strip;
   const simd::DropoutMask mask = dropout_mask(dropout);
@@ -215,7 +216,7 @@ void embedding_forward(std::span<float> out, std::span<const std::int64_t> token
     simd::add_dropout(out.data() + r * d, token_table.data() + token_ids[i] * d,
                       position_table.data() + position_ids[i] * d, static_cast<std::size_t>(d),
                       static_cast<std::uint64_t>(r * d), mask);
-  });
+  }, std::max<std::int64_t>(1, kGrainElements / d));
 }
 
 void embedding_backward(std::span<float> grad_token_table, std::span<float> grad_position_table,
@@ -261,7 +262,7 @@ void embedding_backward(SparseRowGrad& grad, std::span<float> grad_position_tabl
   parallel_for(static_cast<std::int64_t>(token_ids.size()), [&](std::int64_t r) {
     const auto i = static_cast<std::size_t>(r);
     grad.slot[i] = std::lower_bound(grad.rows.begin(), grad.rows.end(), token_ids[i]) - grad.rows.begin();
-  });
+  }, 4096);
   backward_strips(
       grad.values.empty() ? nullptr : grad.values.data(),
       [&](std::int64_t r) { return grad.slot[static_cast<std::size_t>(r)] * d; },
@@ -271,7 +272,7 @@ void embedding_backward(SparseRowGrad& grad, std::span<float> grad_position_tabl
 
 void zero_grad(std::span<float> grad) {
   parallel_for(static_cast<std::int64_t>(grad.size()),
-               [&](std::int64_t i) { grad[static_cast<std::size_t>(i)] = 0.0f; });
+               [&](std::int64_t i) { grad[static_cast<std::size_t>(i)] = 0.0f; }, kGrainElements);
 }
 
 void zero_grad(SparseRowGrad& grad) {

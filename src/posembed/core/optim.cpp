@@ -98,7 +98,7 @@ void adamw_step(std::span<float> param, std::span<const float> grad, std::span<f
   parallel_for(static_cast<std::int64_t>((n + kChunk - 1) / kChunk), [&](std::int64_t c) {
     const std::size_t k = static_cast<std::size_t>(c) * kChunk;
     update(param.data() + k, grad.data() + k, m.data() + k, v.data() + k, std::min(kChunk, n - k));
-  });
+  }, kGrainElements / kChunk);
 }
 
 void adamw_step(std::span<float> param, const SparseRowGrad& grad, std::span<float> m,
@@ -113,7 +113,7 @@ void adamw_step(std::span<float> param, const SparseRowGrad& grad, std::span<flo
     const auto k = static_cast<std::size_t>(r);
     const std::size_t at = static_cast<std::size_t>(grad.rows[k]) * d;
     update(param.data() + at, grad.values.data() + k * d, m.data() + at, v.data() + at, d);
-  });
+  }, std::max<std::int64_t>(1, kGrainElements / static_cast<std::int64_t>(d)));
 }
 
 void sgd_step(std::span<float> param, std::span<const float> grad,
@@ -131,7 +131,7 @@ void sgd_step(std::span<float> param, std::span<const float> grad,
       g = momentum_buffer[k];
     }
     param[k] -= lr * g;
-  });
+  }, kGrainElements);
 }
 
 void sgd_step(std::span<float> param, const SparseRowGrad& grad, const SgdConfig& config) {
@@ -148,7 +148,7 @@ void sgd_step(std::span<float> param, const SparseRowGrad& grad, const SgdConfig
     const auto k = static_cast<std::size_t>(i);
     float& p = param[static_cast<std::size_t>(grad.rows[k / d]) * d + k % d];
     p -= lr * (grad.values[k] + wd * p);
-  });
+  }, kGrainElements);
 }
 
 }  // namespace posembed
