@@ -9,8 +9,11 @@
 int main(int argc, char** argv) {
   CLI::App app{"posembed: learned absolute position embeddings (token + position + dropout)"};
   app.require_subcommand(1);
+  posembed::cli::add_config_command(app);
   posembed::cli::add_demo_command(app);
   posembed::cli::add_bench_command(app);
+  posembed::cli::add_inspect_command(app);
+  posembed::cli::add_resize_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,141 @@
+// `posembed inspect FILE [--json]`: every tensor of a safetensors file, and the
+// position and token tables found in it.
+#include <cstdio>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "posembed/io/names.h"
+#include "posembed/io/safetensors.h"
+
+namespace posembed::cli {
+namespace {
+
+struct InspectOptions {
+  std::string file;
+  bool json = false;
+  std::string name;            // position table override
+  std::int64_t offset = -1;    // offset override
+};
+
+std::string shape_text(const std::vector<std::int64_t>& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+// 22713216 -> "22,713,216"
+std::string grouped(std::int64_t v) {
+  std::string digits = std::to_string(v), out;
+  for (std::size_t i = 0; i < digits.size(); ++i) {
+    if (i && (digits.size() - i) % 3 == 0 && digits[i - 1] != '-') out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+void run_inspect(const InspectOptions& options) {
+  const auto file = io::SafetensorsFile::open(options.file);
+  io::DetectOptions detect;
+  if (!options.name.empty()) detect.position_name = options.name;
+  if (options.offset >= 0) detect.offset_rows = options.offset;
+  const io::DetectedTables t = io::detect_tables(file, detect);
+  const std::int64_t params = io::parameter_count(file);
+  const double share = t.position && params > 0
+                           ? static_cast<double>(t.position->numel()) / static_cast<double>(params)
+                           : 0.0;
+
+  if (options.json) {
+    nlohmann::ordered_json j;
+    j["file"] = options.file;
+    j["file_bytes"] = file.file_bytes();
+    j["header_bytes"] = file.header_bytes();
+    j["metadata"] = file.metadata();
+    j["tensors"] = nlohmann::ordered_json::array();
+    for (const auto& x : file.tensors()) {
+      j["tensors"].push_back({{"name", x.name},
+                              {"dtype", io::dtype_name(x.dtype)},
+                              {"shape", x.shape},
+                              {"bytes", x.data.size()}});
+    }
+    j["parameters"] = params;
+    if (t.position) {
+      j["position_table"] = {{"name", t.position->name},
+                             {"family", t.family},
+                             {"dtype", io::dtype_name(t.position->dtype)},
+                             {"shape", t.position->shape},
+                             {"offset_rows", t.offset_rows},
+                             {"offset_reason", t.offset_reason},
+                             {"max_seq_len", t.max_seq_len},
+                             {"embed_dim", t.embed_dim},
+                             {"parameters", t.position->numel()},
+                             {"share_of_parameters", share}};
+    } else {
+      j["position_table"] = nullptr;
+    }
+    if (t.token) {
+      j["token_table"] = {{"name", t.token->name},
+                          {"dtype", io::dtype_name(t.token->dtype)},
+                          {"shape", t.token->shape},
+                          {"parameters", t.token->numel()}};
+    } else {
+      j["token_table"] = nullptr;
+    }
+    j["other_position_candidates"] = t.other_candidates;
+    j["notes"] = t.notes;
+    std::printf("%s\n", j.dump(2).c_str());
+    return;
+  }
+
+  std::size_t width = 4;
+  for (const auto& x : file.tensors()) width = std::max(width, x.name.size());
+  std::printf("%s: %zu tensors, %s parameters, %s bytes (header %s)\n", options.file.c_str(),
+              file.tensors().size(), grouped(params).c_str(),
+              grouped(static_cast<std::int64_t>(file.file_bytes())).c_str(),
+              grouped(static_cast<std::int64_t>(file.header_bytes())).c_str());
+  for (const auto& [k, v] : file.metadata()) std::printf("metadata %s = %s\n", k.c_str(), v.c_str());
+  std::printf("\n%-*s  %-7s  %-14s  %s\n", static_cast<int>(width), "name", "dtype", "shape", "bytes");
+  for (const auto& x : file.tensors()) {
+    std::printf("%-*s  %-7s  %-14s  %s\n", static_cast<int>(width), x.name.c_str(),
+                std::string(io::dtype_name(x.dtype)).c_str(), shape_text(x.shape).c_str(),
+                grouped(static_cast<std::int64_t>(x.data.size())).c_str());
+  }
+  std::printf("\n");
+  if (t.position) {
+    std::printf("position table: %s (%s), %s %s\n", t.position->name.c_str(), t.family.c_str(),
+                std::string(io::dtype_name(t.position->dtype)).c_str(), shape_text(t.position->shape).c_str());
+    std::printf("  offset rows %lld (%s)\n", static_cast<long long>(t.offset_rows), t.offset_reason.c_str());
+    std::printf("  max_seq_len %lld, embed_dim %lld\n", static_cast<long long>(t.max_seq_len),
+                static_cast<long long>(t.embed_dim));
+    std::printf("  %s of %s parameters (%.2f%%)\n", grouped(t.position->numel()).c_str(),
+                grouped(params).c_str(), 100.0 * share);
+  } else {
+    std::printf("position table: not found\n");
+  }
+  if (t.token) {
+    std::printf("token table: %s, %s %s\n", t.token->name.c_str(),
+                std::string(io::dtype_name(t.token->dtype)).c_str(), shape_text(t.token->shape).c_str());
+  } else {
+    std::printf("token table: not found\n");
+  }
+  for (const auto& name : t.other_candidates) std::printf("also looks like a position table: %s\n", name.c_str());
+  for (const auto& note : t.notes) std::printf("note: %s\n", note.c_str());
+}
+
+}  // namespace
+
+void add_inspect_command(CLI::App& app) {
+  auto options = std::make_shared<InspectOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "inspect", "list a safetensors file's tensors and find its position and token tables");
+  cmd->add_option("file", options->file, "safetensors file")->required();
+  cmd->add_flag("--json", options->json, "machine-readable output");
+  cmd->add_option("--name", options->name, "treat this tensor as the position table");
+  cmd->add_option("--offset", options->offset,
+                  "leading rows of the position table that are not positions (default: from the "
+                  "names, e.g. 2 for OPT and RoBERTa)");
+  cmd->callback([options] { run_inspect(*options); });
+}
+
+}  // namespace posembed::cli

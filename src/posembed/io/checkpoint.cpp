@@ -1,0 +1,83 @@
+#include "posembed/io/checkpoint.h"
+
+#include <cstring>
+
+#include "posembed/core/error.h"
+
+namespace posembed::io {
+
+std::map<std::string, std::string> layer_metadata(const EmbeddingLayer& layer) {
+  std::map<std::string, std::string> meta;
+  meta[kLayerFormatKey] = "layer";
+  meta[kLayerVersionKey] = std::to_string(kLayerFormatVersion);
+  EmbeddingConfig config = layer.config;
+  visit_fields(config, [&](const char* name, auto& field, const char*) {
+    meta[name] = field_to_string(field);
+  });
+  meta["dropout_step"] = field_to_string(layer.dropout_step);
+  return meta;
+}
+
+std::vector<TensorToWrite> layer_tensors(const EmbeddingLayer& layer, const std::string& prefix) {
+  const EmbeddingConfig& c = layer.config;
+  return {
+      {prefix + "wte.weight", DType::F32, {c.vocab_size, c.embed_dim},
+       std::as_bytes(std::span<const float>(layer.token_table))},
+      {prefix + "wpe.weight", DType::F32, {c.max_seq_len, c.embed_dim},
+       std::as_bytes(std::span<const float>(layer.position_table))},
+  };
+}
+
+EmbeddingLayer layer_from_file(const SafetensorsFile& file, const std::string& prefix) {
+  const auto& meta = file.metadata();
+  const auto get = [&](const std::string& key) -> const std::string& {
+    const auto it = meta.find(key);
+    if (it == meta.end()) {
+      throw Error(file.source() + ": metadata lacks '" + key +
+                  "'; not a posembed layer checkpoint (save one with save_layer)");
+    }
+    return it->second;
+  };
+  if (get(kLayerFormatKey) != "layer") {
+    throw Error(file.source() + ": " + kLayerFormatKey + " is '" + get(kLayerFormatKey) + "', not 'layer'");
+  }
+  if (get(kLayerVersionKey) != std::to_string(kLayerFormatVersion)) {
+    throw Error(file.source() + ": layer format version " + get(kLayerVersionKey) +
+                " but this build reads version " + std::to_string(kLayerFormatVersion) +
+                "; use the posembed release that wrote it");
+  }
+  EmbeddingLayer layer;
+  visit_fields(layer.config, [&](const char* name, auto& field, const char*) {
+    field_from_string(name, get(name), field);
+  });
+  field_from_string("dropout_step", get("dropout_step"), layer.dropout_step);
+  validate(layer.config);
+  const EmbeddingConfig& c = layer.config;
+  const auto load_table = [&](const std::string& name, std::int64_t rows, std::vector<float>& out) {
+    const TensorInfo* t = file.find(prefix + name);
+    if (!t) throw Error(file.source() + ": tensor '" + prefix + name + "' is missing");
+    if (t->dtype != DType::F32 || t->shape != std::vector<std::int64_t>{rows, c.embed_dim}) {
+      throw Error(file.source() + ": tensor '" + t->name + "' must be F32 [" + std::to_string(rows) +
+                  ", " + std::to_string(c.embed_dim) + "] as the metadata says, but is " +
+                  std::string(dtype_name(t->dtype)) + " with " + std::to_string(t->shape.size()) +
+                  " dims and " + std::to_string(t->numel()) + " elements");
+    }
+    out.resize(static_cast<std::size_t>(t->numel()));
+    if (!out.empty()) std::memcpy(out.data(), t->data.data(), t->data.size());
+  };
+  load_table("wte.weight", c.vocab_size, layer.token_table);
+  load_table("wpe.weight", c.max_seq_len, layer.position_table);
+  return layer;
+}
+
+void save_layer(const std::filesystem::path& path, const EmbeddingLayer& layer) {
+  validate(layer.config);
+  const auto tensors = layer_tensors(layer);
+  save_safetensors(path, tensors, layer_metadata(layer));
+}
+
+EmbeddingLayer load_layer(const std::filesystem::path& path) {
+  return layer_from_file(SafetensorsFile::open(path));
+}
+
+}  // namespace posembed::io
