@@ -34,13 +34,6 @@ std::uint64_t token_count(const EmbeddingShape& s) {
   return static_cast<std::uint64_t>(s.batch) * static_cast<std::uint64_t>(s.seq_len);
 }
 
-// Asks for a row ahead of its use. The token rows are scattered over a large
-// table, so the hardware prefetcher sees each one too late; and with dropout
-// the rows arrive while the Philox arithmetic of the current row runs.
-void prefetch(const float* row, std::int64_t n) {
-  for (std::int64_t j = 0; j < n; j += 16) __builtin_prefetch(row + j);
-}
-
 simd::DropoutMask dropout_mask(const DropoutSpec& dropout) {
   return {philox_key(dropout.seed), dropout.step, dropout_threshold(dropout.p),
           dropout_scale(dropout.p), dropout.p > 0.0};
@@ -51,9 +44,9 @@ simd::DropoutMask dropout_mask(const DropoutSpec& dropout) {
 // summed in the same order for any strip width and thread count, with no
 // atomics and no sort of the tokens; grad_out is read once and each mask word
 // drawn once. Strips are whole cache lines (16 floats) so that two threads never
-// write one line.
-template <class TokenRowOffset>
-void backward_strips(float* grad_token_table, TokenRowOffset token_row_offset,
+// write one line. token_rows: the gradient row of each token (its id, or its
+// slot in a row-sparse gradient).
+void backward_strips(float* grad_token_table, const std::int64_t* token_rows,
                      float* grad_position_table, std::span<const float> grad_out,
                      std::span<const std::int64_t> position_ids, const EmbeddingShape& shape,
                      const DropoutSpec& dropout) {
@@ -66,16 +59,9 @@ void backward_strips(float* grad_token_table, TokenRowOffset token_row_offset,
   const simd::DropoutMask mask = dropout_mask(dropout);
   parallel_for(strips, [&](std::int64_t s) {
     const std::int64_t j0 = s * strip, j1 = std::min(d, j0 + strip);
-    for (std::int64_t r = 0; r < n; ++r) {
-      if (grad_token_table && r + 2 < n) prefetch(grad_token_table + token_row_offset(r + 2) + j0, j1 - j0);
-      float* tok = grad_token_table ? grad_token_table + token_row_offset(r) + j0 : nullptr;
-      float* pos = grad_position_table
-                       ? grad_position_table + position_ids[static_cast<std::size_t>(r)] * d + j0
-                       : nullptr;
-      simd::accumulate_dropout(tok, pos, grad_out.data() + r * d + j0,
-                               static_cast<std::size_t>(j1 - j0),
-                               static_cast<std::uint64_t>(r * d + j0), mask);
-    }
+    simd::backward_strip(grad_token_table, token_rows, grad_position_table, position_ids.data(),
+                         grad_out.data(), static_cast<std::size_t>(d), static_cast<std::size_t>(n),
+                         static_cast<std::size_t>(j0), static_cast<std::size_t>(j1), mask);
   });
 }
 
@@ -209,14 +195,16 @@ void embedding_forward(std::span<float> out, std::span<const std::int64_t> token
   const std::int64_t d = shape.embed_dim;
   check_size("out", out.size(), token_count(shape) * static_cast<std::uint64_t>(d),
              shape_text(shape, true));
+  // Blocks of rows of at least kGrainElements values each, one SIMD call per block.
+  const auto n = static_cast<std::int64_t>(token_count(shape));
+  const std::int64_t rows = std::max<std::int64_t>(1, kGrainElements / d);
   const simd::DropoutMask mask = dropout_mask(dropout);
-  parallel_for(static_cast<std::int64_t>(token_count(shape)), [&](std::int64_t r) {
-    const auto i = static_cast<std::size_t>(r);
-    if (i + 2 < token_ids.size()) prefetch(token_table.data() + token_ids[i + 2] * d, d);
-    simd::add_dropout(out.data() + r * d, token_table.data() + token_ids[i] * d,
-                      position_table.data() + position_ids[i] * d, static_cast<std::size_t>(d),
-                      static_cast<std::uint64_t>(r * d), mask);
-  }, std::max<std::int64_t>(1, kGrainElements / d));
+  parallel_for((n + rows - 1) / rows, [&](std::int64_t block) {
+    simd::forward_rows(out.data(), token_table.data(), token_ids.data(), position_table.data(),
+                       position_ids.data(), static_cast<std::size_t>(d),
+                       static_cast<std::size_t>(block * rows),
+                       static_cast<std::size_t>(std::min(n, (block + 1) * rows)), mask);
+  });
 }
 
 void embedding_backward(std::span<float> grad_token_table, std::span<float> grad_position_table,
@@ -225,12 +213,9 @@ void embedding_backward(std::span<float> grad_token_table, std::span<float> grad
                         const DropoutSpec& dropout) {
   validate_backward(grad_token_table.size(), grad_position_table, grad_out, token_ids,
                     position_ids, shape, dropout);
-  const std::int64_t d = shape.embed_dim;
-  backward_strips(
-      grad_token_table.empty() ? nullptr : grad_token_table.data(),
-      [&](std::int64_t r) { return token_ids[static_cast<std::size_t>(r)] * d; },
-      grad_position_table.empty() ? nullptr : grad_position_table.data(), grad_out, position_ids,
-      shape, dropout);
+  backward_strips(grad_token_table.empty() ? nullptr : grad_token_table.data(), token_ids.data(),
+                  grad_position_table.empty() ? nullptr : grad_position_table.data(), grad_out,
+                  position_ids, shape, dropout);
 }
 
 void embedding_backward(SparseRowGrad& grad, std::span<float> grad_position_table,
@@ -263,11 +248,9 @@ void embedding_backward(SparseRowGrad& grad, std::span<float> grad_position_tabl
     const auto i = static_cast<std::size_t>(r);
     grad.slot[i] = std::lower_bound(grad.rows.begin(), grad.rows.end(), token_ids[i]) - grad.rows.begin();
   }, 4096);
-  backward_strips(
-      grad.values.empty() ? nullptr : grad.values.data(),
-      [&](std::int64_t r) { return grad.slot[static_cast<std::size_t>(r)] * d; },
-      grad_position_table.empty() ? nullptr : grad_position_table.data(), grad_out, position_ids,
-      shape, dropout);
+  backward_strips(grad.values.empty() ? nullptr : grad.values.data(), grad.slot.data(),
+                  grad_position_table.empty() ? nullptr : grad_position_table.data(), grad_out,
+                  position_ids, shape, dropout);
 }
 
 void zero_grad(std::span<float> grad) {

@@ -116,6 +116,13 @@ HWY_INLINE void ForEachMasked(std::size_t n, std::uint64_t first, const DropoutM
   }
 }
 
+// Asks for a row ahead of its use. The token rows are scattered over a large
+// table, so the hardware prefetcher sees each one too late; with dropout they
+// arrive while the Philox arithmetic of the current row runs.
+HWY_INLINE void PrefetchRow(const float* row, std::size_t n) {
+  for (std::size_t j = 0; j < n; j += 64 / sizeof(float)) __builtin_prefetch(row + j);
+}
+
 // Lanes of the widest vector of any target: the size of the remainder buffers.
 constexpr std::size_t kMaxLanes = HWY_MAX_BYTES / sizeof(float);
 
@@ -192,6 +199,31 @@ void AccumulateDropout(float* tok, float* pos, const float* HWY_RESTRICT grad, s
   });
 }
 
+// Rows [r0, r1) of the fused forward, prefetching the token row two ahead.
+void ForwardRows(float* HWY_RESTRICT out, const float* HWY_RESTRICT token_table,
+                 const std::int64_t* HWY_RESTRICT token_ids, const float* HWY_RESTRICT position_table,
+                 const std::int64_t* HWY_RESTRICT position_ids, std::size_t d, std::size_t r0,
+                 std::size_t r1, const DropoutMask& mask) {
+  for (std::size_t r = r0; r < r1; ++r) {
+    if (r + 2 < r1) PrefetchRow(token_table + static_cast<std::size_t>(token_ids[r + 2]) * d, d);
+    AddDropout(out + r * d, token_table + static_cast<std::size_t>(token_ids[r]) * d,
+               position_table + static_cast<std::size_t>(position_ids[r]) * d, d, r * d, mask);
+  }
+}
+
+// Columns [j0, j1) of every row of the backward, rows in flat order.
+void BackwardStrip(float* token_grad, const std::int64_t* HWY_RESTRICT token_rows,
+                   float* position_grad, const std::int64_t* HWY_RESTRICT position_rows,
+                   const float* HWY_RESTRICT grad_out, std::size_t d, std::size_t n, std::size_t j0,
+                   std::size_t j1, const DropoutMask& mask) {
+  for (std::size_t r = 0; r < n; ++r) {
+    if (token_grad && r + 2 < n) PrefetchRow(token_grad + static_cast<std::size_t>(token_rows[r + 2]) * d + j0, j1 - j0);
+    AccumulateDropout(token_grad ? token_grad + static_cast<std::size_t>(token_rows[r]) * d + j0 : nullptr,
+                      position_grad ? position_grad + static_cast<std::size_t>(position_rows[r]) * d + j0 : nullptr,
+                      grad_out + r * d + j0, j1 - j0, r * d + j0, mask);
+  }
+}
+
 void AdamW(float* HWY_RESTRICT param, const float* HWY_RESTRICT grad, float* HWY_RESTRICT m,
            float* HWY_RESTRICT v, std::size_t n, const AdamWCoefficients& c) {
   const hn::ScalableTag<float> df;
@@ -231,6 +263,8 @@ HWY_EXPORT(PhiloxBlocks);
 HWY_EXPORT(AddDropout);
 HWY_EXPORT(AccumulateDropout);
 HWY_EXPORT(AdamW);
+HWY_EXPORT(ForwardRows);
+HWY_EXPORT(BackwardStrip);
 
 const char* target_name() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
 
@@ -246,6 +280,20 @@ void add_dropout(float* out, const float* a, const float* b, std::size_t n, std:
 void accumulate_dropout(float* tok, float* pos, const float* grad, std::size_t n,
                         std::uint64_t first, const DropoutMask& mask) {
   HWY_DYNAMIC_DISPATCH(AccumulateDropout)(tok, pos, grad, n, first, mask);
+}
+
+void forward_rows(float* out, const float* token_table, const std::int64_t* token_ids,
+                  const float* position_table, const std::int64_t* position_ids, std::size_t d,
+                  std::size_t r0, std::size_t r1, const DropoutMask& mask) {
+  HWY_DYNAMIC_DISPATCH(ForwardRows)(out, token_table, token_ids, position_table, position_ids, d, r0,
+                                    r1, mask);
+}
+
+void backward_strip(float* token_grad, const std::int64_t* token_rows, float* position_grad,
+                    const std::int64_t* position_rows, const float* grad_out, std::size_t d,
+                    std::size_t n, std::size_t j0, std::size_t j1, const DropoutMask& mask) {
+  HWY_DYNAMIC_DISPATCH(BackwardStrip)(token_grad, token_rows, position_grad, position_rows, grad_out,
+                                      d, n, j0, j1, mask);
 }
 
 void adamw(float* param, const float* grad, float* m, float* v, std::size_t n,

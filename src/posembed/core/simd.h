@@ -46,6 +46,21 @@ void add_dropout(float* out, const float* a, const float* b, std::size_t n, std:
 void accumulate_dropout(float* tok, float* pos, const float* grad,
                         std::size_t n, std::uint64_t first, const DropoutMask& mask);
 
+// Rows [r0, r1) of the fused forward: out row r = add_dropout of token row
+// token_ids[r] and position row position_ids[r], flat indices r * d + j.
+// out: (n, d), token_table: (V, d), position_table: (max_seq_len, d), ids: (n)
+void forward_rows(float* out, const float* token_table, const std::int64_t* token_ids,
+                  const float* position_table, const std::int64_t* position_ids, std::size_t d,
+                  std::size_t r0, std::size_t r1, const DropoutMask& mask);
+
+// Columns [j0, j1) of the backward over rows r = 0 .. n-1 in that order:
+// accumulate_dropout of grad_out row r into token_grad row token_rows[r] and
+// position_grad row position_rows[r]. Either gradient may be null.
+// token_grad: (rows, d), position_grad: (max_seq_len, d), grad_out: (n, d), *_rows: (n)
+void backward_strip(float* token_grad, const std::int64_t* token_rows, float* position_grad,
+                    const std::int64_t* position_rows, const float* grad_out, std::size_t d,
+                    std::size_t n, std::size_t j0, std::size_t j1, const DropoutMask& mask);
+
 // One AdamW element update, in the order of optim.cpp's scalar definition:
 //   p *= decay; m = beta1*m + (1-beta1)*g; v = beta2*v + (1-beta2)*g*g;
 //   p -= step_size * m / (sqrt(v) / sqrt_correction2 + eps)
