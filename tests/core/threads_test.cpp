@@ -1,6 +1,7 @@
 // Determinism where the threads really split the work: the kernels run small
-// loops on one thread (parallel_for's grain of 32768 elements), so these sizes
-// are well above 3 x 32768 elements, with a width that leaves strip remainders.
+// loops on one thread (parallel_for's grain of 32768 elements; backward strips
+// of at least 256 columns), so this shape has 160200 output values and a width
+// of 801 columns, three strips on three threads, with vector remainders.
 #include <gtest/gtest.h>
 
 #include <vector>
@@ -14,7 +15,7 @@ namespace posembed {
 namespace {
 
 TEST(ThreadedDeterminism, KernelsGiveTheSameBitsOnOneTwoAndThreeThreads) {
-  const EmbeddingShape s{4, 300, 97, 300, 101};  // 121200 output elements
+  const EmbeddingShape s{2, 100, 97, 100, 801};
   const auto n = static_cast<std::size_t>(s.batch * s.seq_len), d = static_cast<std::size_t>(s.embed_dim);
   const auto tokens = test::random_ids(n, s.vocab_size, 1), positions = test::random_ids(n, s.max_seq_len, 2);
   const auto token_table = test::random_floats(static_cast<std::size_t>(s.vocab_size) * d, 3);
