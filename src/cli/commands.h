@@ -8,6 +8,7 @@ namespace posembed::cli {
 
 void add_config_command(CLI::App& app);
 void add_demo_command(CLI::App& app);
+void add_bench_command(CLI::App& app);
 void add_inspect_command(CLI::App& app);
 void add_resize_command(CLI::App& app);
 void add_plan_command(CLI::App& app);

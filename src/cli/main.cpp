@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   posembed::cli::add_config_command(app);
   posembed::cli::add_demo_command(app);
+  posembed::cli::add_bench_command(app);
   posembed::cli::add_inspect_command(app);
   posembed::cli::add_resize_command(app);
   posembed::cli::add_plan_command(app);
