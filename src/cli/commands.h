@@ -10,7 +10,10 @@ void add_config_command(CLI::App& app);
 void add_demo_command(CLI::App& app);
 void add_train_command(CLI::App& app);
 void add_sample_command(CLI::App& app);
+void add_bench_command(CLI::App& app);
 void add_inspect_command(CLI::App& app);
 void add_resize_command(CLI::App& app);
+void add_plan_command(CLI::App& app);
+void add_analyze_command(CLI::App& app);
 
 }  // namespace posembed::cli

@@ -13,8 +13,11 @@ int main(int argc, char** argv) {
   posembed::cli::add_demo_command(app);
   posembed::cli::add_train_command(app);
   posembed::cli::add_sample_command(app);
+  posembed::cli::add_bench_command(app);
   posembed::cli::add_inspect_command(app);
   posembed::cli::add_resize_command(app);
+  posembed::cli::add_plan_command(app);
+  posembed::cli::add_analyze_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

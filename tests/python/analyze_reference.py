@@ -1,0 +1,96 @@
+"""Reference numbers for `posembed analyze`, computed with NumPy (LAPACK SVD).
+
+  write OUTDIR       writes analyze_table.f32 (raw little-endian float32, 200 x 48),
+                     analyze_table.safetensors (the same table as `wpe.weight`) and
+                     analyze_reference.json (spectrum, components, participation
+                     ratio, norms, neighbour cosines) for tests/tools/analyze_test.cpp
+  check CLI OUTDIR   runs `CLI analyze OUTDIR/analyze_table.safetensors --json` and
+                     compares its output with the reference; checks the PNG files
+
+The table is a sum of sinusoids along the positions plus noise: a smooth table
+with a spread-out spectrum, like a trained position table.
+"""
+import json
+import struct
+import subprocess
+import sys
+
+import numpy as np
+
+ROWS, COLS = 200, 48
+
+
+def make_table():
+    rng = np.random.default_rng(20240601)
+    p = np.arange(ROWS)[:, None]
+    freq = rng.uniform(0.005, 0.2, size=COLS)[None, :]
+    phase = rng.uniform(0, 2 * np.pi, size=COLS)[None, :]
+    amp = rng.uniform(0.2, 1.0, size=COLS)[None, :]
+    x = amp * np.sin(2 * np.pi * freq * p + phase) + 0.05 * rng.standard_normal((ROWS, COLS))
+    return x.astype("<f4")
+
+
+def components(ratio, level):
+    return int(np.searchsorted(np.cumsum(ratio), level * (1 - 1e-12)) + 1)
+
+
+def reference(x32):
+    x = x32.astype(np.float64)
+    s = np.linalg.svd(x - x.mean(axis=0), compute_uv=False)
+    lam = s ** 2
+    ratio = lam / lam.sum()
+    norms = np.linalg.norm(x, axis=1)
+    cos = np.sum(x[:-1] * x[1:], axis=1) / (norms[:-1] * norms[1:])
+    return {
+        "format": "posembed-analyze-reference", "version": 1, "numpy": np.__version__,
+        "rows": ROWS, "cols": COLS,
+        "singular_values": s.tolist(),
+        "components": {str(int(100 * t)): components(ratio, t) for t in (0.90, 0.95, 0.99)},
+        "participation_ratio": float(lam.sum() ** 2 / (lam ** 2).sum()),
+        "row_norms": norms.tolist(),
+        "neighbour_cosine": cos.tolist(),
+    }
+
+
+def write(outdir):
+    x = make_table()
+    x.tofile(f"{outdir}/analyze_table.f32")
+    header = json.dumps({"__metadata__": {"format": "pt"},
+                         "wpe.weight": {"dtype": "F32", "shape": [ROWS, COLS],
+                                        "data_offsets": [0, x.nbytes]}}).encode()
+    header += b" " * (-len(header) % 8)
+    with open(f"{outdir}/analyze_table.safetensors", "wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header + x.tobytes())
+    with open(f"{outdir}/analyze_reference.json", "w") as f:
+        json.dump(reference(x), f)
+
+
+def check(cli, outdir):
+    ref = reference(make_table())
+    out = subprocess.run([cli, "analyze", f"{outdir}/analyze_table.safetensors", "--json",
+                          "--out-dir", outdir, "--prefix", "analyze_cli"],
+                         check=True, capture_output=True, text=True).stdout
+    got = json.loads(out)
+    assert got["format"] == "posembed-analyze" and got["rows"] == ROWS and got["cols"] == COLS
+    assert got["components"] == ref["components"], (got["components"], ref["components"])
+    s_max = ref["singular_values"][0]
+    # Two double-precision SVDs of one matrix agree to a few eps * n * s_max.
+    err = max(abs(a - b) for a, b in zip(got["singular_values"], ref["singular_values"]))
+    assert err <= 1e-12 * s_max, err
+    assert abs(got["participation_ratio"] - ref["participation_ratio"]) <= 1e-10
+    for name in ("analyze_cli.heatmap.png", "analyze_cli.spectrum.png"):
+        with open(f"{outdir}/{name}", "rb") as f:
+            head = f.read(24)
+        assert head[:8] == b"\x89PNG\r\n\x1a\n", name
+        width, height = struct.unpack(">II", head[16:24])
+        assert width >= 512 and height >= 512, (name, width, height)
+    print("analyze CLI matches NumPy; PNGs written")
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "write":
+        write(sys.argv[2])
+    elif sys.argv[1] == "check":
+        check(sys.argv[2], sys.argv[3])
+    else:
+        sys.exit(__doc__)
