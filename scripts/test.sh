@@ -4,6 +4,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh test
 jobs=$(nproc)
+# Idle OpenMP threads sleep instead of spinning, so that tests running side by side
+# (ctest -j) do not starve each other.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j "$jobs"
 ctest --test-dir build --output-on-failure -j "$jobs"
