@@ -9,4 +9,7 @@ cmake --install "$build_dir" --prefix "$work/prefix" >/dev/null
 cmake -S "$source_dir/tests/consumer" -B "$work/build" -DCMAKE_PREFIX_PATH="$work/prefix" \
   -DUSAGE_SOURCE="$source_dir/examples/usage.cpp" >/dev/null
 cmake --build "$work/build" >/dev/null
-"$work/build/usage"
+out=$("$work/build/usage")
+echo "$out"
+# The example must run to its end, not merely start.
+grep -q "updated [0-9]* token rows" <<<"$out"

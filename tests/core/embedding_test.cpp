@@ -9,6 +9,7 @@
 
 #include "core/test_util.h"
 #include "posembed/core/embedding.h"
+#include "posembed/core/error.h"
 #include "posembed/core/parallel.h"
 #include "posembed/core/reference.h"
 
@@ -228,29 +229,8 @@ TEST(Dropout, StepsAndSeedsChangeTheMask) {
   EXPECT_NE(a, forward(prob, {0.5, 2, 1}));
 }
 
-TEST(Determinism, OneTwoAndThreeThreadsGiveTheSameBits) {
-  const Problem prob = make_problem(3, 100, 70, 41);
-  const DropoutSpec dropout{0.1, 3, 9};
-  std::vector<std::vector<float>> outs, toks, poss, sparse_values;
-  for (const int threads : {1, 2, 3}) {
-    set_num_threads(threads);
-    outs.push_back(forward(prob, dropout));
-    std::vector<float> tok(prob.token_table.size(), 0.0f), pos(prob.position_table.size(), 0.0f);
-    embedding_backward(tok, pos, prob.grad_out, prob.tokens, prob.positions, prob.shape, dropout);
-    SparseRowGrad sparse;
-    embedding_backward(sparse, pos, prob.grad_out, prob.tokens, prob.positions, prob.shape, dropout);
-    toks.push_back(tok);
-    poss.push_back(pos);
-    sparse_values.push_back(sparse.values);
-  }
-  set_num_threads(0);
-  for (std::size_t k = 1; k < outs.size(); ++k) {
-    EXPECT_EQ(outs[0], outs[k]);
-    EXPECT_EQ(toks[0], toks[k]);
-    EXPECT_EQ(poss[0], poss[k]);
-    EXPECT_EQ(sparse_values[0], sparse_values[k]);
-  }
-}
+// Determinism across thread counts: threads_test.cpp, at a size where the
+// threads really split the work.
 
 TEST(SparseGrad, AccumulatesAcrossBatchesAndZeroes) {
   const Problem a = make_problem(2, 6, 4, 61), b = make_problem(1, 9, 4, 62);
@@ -271,6 +251,38 @@ TEST(SparseGrad, AccumulatesAcrossBatchesAndZeroes) {
   EXPECT_TRUE(sparse.rows.empty());
   zero_grad(dense);
   EXPECT_EQ(dense, std::vector<float>(dense.size(), 0.0f));
+}
+
+TEST(Embedding, PaddingPositionRowGetsNoGradient) {
+  Problem prob = make_problem(3, 20, 9, 71);
+  for (std::size_t i = 0; i < prob.positions.size(); i += 3) prob.positions[i] = 1;  // padding
+  std::vector<float> plain(prob.position_table.size(), 0.5f), padded(plain), none;
+  embedding_backward(none, plain, prob.grad_out, prob.tokens, prob.positions, prob.shape, {0.2, 1, 1});
+  EmbeddingShape with_padding = prob.shape;
+  with_padding.position_padding_row = 1;
+  embedding_backward(none, padded, prob.grad_out, prob.tokens, prob.positions, with_padding, {0.2, 1, 1});
+  for (std::size_t i = 0; i < plain.size(); ++i) {
+    if (i / 9 == 1) {
+      ASSERT_EQ(padded[i], 0.5f) << "the padding row must keep its gradient";
+    } else {
+      ASSERT_EQ(padded[i], plain[i]);
+    }
+  }
+  EXPECT_NE(std::vector<float>(plain.begin() + 9, plain.begin() + 18), std::vector<float>(9, 0.5f));
+  with_padding.position_padding_row = prob.shape.max_seq_len;
+  EXPECT_THROW(embedding_backward(none, padded, prob.grad_out, prob.tokens, prob.positions,
+                                  with_padding, {}),
+               Error);
+}
+
+TEST(Embedding, ShapesWhoseSizesOverflowAreErrors) {
+  // vocab_size x d wraps to 0 in 64 bits: without a checked product, empty tables
+  // would pass the size check.
+  const EmbeddingShape s{4, 1, 4, 4, std::int64_t{1} << 62};
+  std::vector<float> empty;
+  const std::vector<std::int64_t> ids{0, 1, 2, 3};
+  EXPECT_THROW(embedding_forward(empty, ids, ids, empty, empty, s, {}), Error);
+  EXPECT_THROW(embedding_backward(empty, empty, empty, ids, ids, s, {}), Error);
 }
 
 TEST(Embedding, EmptyBatchIsValid) {

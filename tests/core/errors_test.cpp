@@ -7,6 +7,7 @@
 
 #include "posembed/core/embedding.h"
 #include "posembed/core/error.h"
+#include "posembed/core/optim.h"
 
 namespace posembed {
 namespace {
@@ -141,6 +142,26 @@ TEST(Errors, SparseGradientOfAnotherWidth) {
                Error);
   EXPECT_EQ(sparse.values, std::vector<float>(4, 1.0f));
   EXPECT_EQ(f.grad_pos, Fixture{}.grad_pos);
+}
+
+TEST(Errors, MalformedSparseGradientsAreRejectedNotTrusted) {
+  Fixture f;
+  const SparseRowGrad unsorted{5, {3, 1}, std::vector<float>(10, 1.0f), {}};
+  const SparseRowGrad short_values{5, {1, 3}, std::vector<float>(7, 1.0f), {}};
+  const SparseRowGrad outside{5, {1, 10}, std::vector<float>(10, 1.0f), {}};
+  for (const SparseRowGrad& bad : {unsorted, short_values, outside}) {
+    SparseRowGrad grad = bad;
+    EXPECT_THROW(embedding_backward(grad, f.grad_pos, f.grad_out, f.tokens, f.positions, f.shape,
+                                    f.dropout),
+                 Error);
+    EXPECT_EQ(grad.rows, bad.rows);
+    EXPECT_EQ(grad.values, bad.values);
+    std::vector<float> m(f.token_table.size()), v(m.size());
+    EXPECT_THROW(adamw_step(f.token_table, grad, m, v, 1, {}), Error);
+    EXPECT_THROW(sgd_step(f.token_table, grad, {}), Error);
+  }
+  EXPECT_EQ(f.grad_pos, Fixture{}.grad_pos);
+  EXPECT_EQ(f.token_table, Fixture{}.token_table);
 }
 
 }  // namespace

@@ -60,6 +60,15 @@ TEST(PositionIds, LeftPaddedRowEmbedsLikeTheUnpaddedText) {
   EXPECT_FALSE(std::equal(plain.begin(), plain.end(), out.begin() + 3 * d));
 }
 
+TEST(PositionIds, ShapesWhoseSizesOverflowAreErrors) {
+  // 2^32 x 2^32 wraps to 0: without a checked product, empty buffers would pass.
+  const std::int64_t huge = std::int64_t{1} << 32;
+  Ids empty;
+  EXPECT_THROW(positions_from_eos(empty, empty, huge, huge, 0), Error);
+  EXPECT_THROW(positions_fairseq(empty, empty, huge, huge, 1), Error);
+  EXPECT_THROW(positions_from_attention_mask(empty, empty, huge, huge, huge), Error);
+}
+
 TEST(PositionIds, MaskErrors) {
   Ids out(3);
   EXPECT_THROW(positions_from_attention_mask(out, Ids{1, 2, 1}, 1, 3, 3), Error);   // not 0/1

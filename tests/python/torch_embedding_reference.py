@@ -60,12 +60,13 @@ def main():
     tensors = {}
     case_names = []
 
-    def add_case(name, batch, seq_len, dim, vocab, max_len, tokens, positions, extra, train):
+    def add_case(name, batch, seq_len, dim, vocab, max_len, tokens, positions, extra, train,
+                 padding_idx=None):
         token_table = torch.randn(vocab, dim, generator=g)
         position_table = torch.randn(max_len, dim, generator=g)
         grad_out = torch.randn(batch, seq_len, dim, generator=g)
         tok = torch.nn.Embedding(vocab, dim)
-        pos = torch.nn.Embedding(max_len, dim)
+        pos = torch.nn.Embedding(max_len, dim, padding_idx=padding_idx)
         drop = torch.nn.Dropout(0.0)
         with torch.no_grad():
             tok.weight.copy_(token_table)
@@ -134,8 +135,9 @@ def main():
         padded[torch.rand(batch, seq_len, generator=g) < 0.2] = pad
         positions = fairseq_positions(padded, pad)
         if vocab > pad and int(positions.max()) < max_len:
+            # fairseq's LearnedPositionalEmbedding: the pad row gets no gradient.
             add_case(f"fairseq{k}", batch, seq_len, dim, vocab, max_len, padded, positions,
-                     {"pad_id": torch.tensor([pad])}, train)
+                     {"pad_id": torch.tensor([pad])}, train, padding_idx=pad)
 
     # AdamW: three steps of torch.optim.AdamW on a table with fixed gradients.
     param = torch.randn(37, 5, generator=g)

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
 #include "posembed/core/error.h"
 #include "posembed/core/parallel_for.h"
@@ -30,8 +31,14 @@ std::string shape_text(const EmbeddingShape& s, bool with_dim) {
          (with_dim ? ", d=" + std::to_string(s.embed_dim) : std::string()) + ")";
 }
 
+// Called only after the shape's fields were checked to be non-negative.
 std::uint64_t token_count(const EmbeddingShape& s) {
-  return static_cast<std::uint64_t>(s.batch) * static_cast<std::uint64_t>(s.seq_len);
+  return checked_product(static_cast<std::uint64_t>(s.batch), static_cast<std::uint64_t>(s.seq_len),
+                         "batch x seq_len");
+}
+
+std::uint64_t values(std::uint64_t rows, std::int64_t embed_dim, std::string_view what) {
+  return checked_product(rows, static_cast<std::uint64_t>(embed_dim), what);
 }
 
 simd::DropoutMask dropout_mask(const DropoutSpec& dropout) {
@@ -67,12 +74,20 @@ void backward_strips(float* grad_token_table, const std::int64_t* token_rows,
   const std::int64_t strips = std::max<std::int64_t>(1, (d - shift + strip - 1) / strip);
   const auto edge = [&](std::int64_t s) { return s == 0 ? 0 : s == strips ? d : shift + s * strip; };
   const simd::DropoutMask mask = dropout_mask(dropout);
+  // The padding row is put back afterwards rather than skipped in the SIMD loop:
+  // d floats of copying instead of a branch per token.
+  float* padding_row = grad_position_table && shape.position_padding_row >= 0
+                           ? grad_position_table + shape.position_padding_row * d
+                           : nullptr;
+  std::vector<float> saved_padding_row;
+  if (padding_row) saved_padding_row.assign(padding_row, padding_row + d);
   parallel_for(strips, [&](std::int64_t s) {
     const std::int64_t j0 = edge(s), j1 = edge(s + 1);
     simd::backward_strip(grad_token_table, token_rows, grad_position_table, position_ids.data(),
                          grad_out.data(), static_cast<std::size_t>(d), static_cast<std::size_t>(n),
                          static_cast<std::size_t>(j0), static_cast<std::size_t>(j1), mask);
   });
+  if (padding_row) std::copy(saved_padding_row.begin(), saved_padding_row.end(), padding_row);
 }
 
 // Merges sorted unique `batch_rows` into grad.rows in place, from the back: an
@@ -114,11 +129,14 @@ void validate_backward(std::size_t grad_token_size, std::span<float> grad_positi
                        std::span<const float> grad_out, std::span<const std::int64_t> token_ids,
                        std::span<const std::int64_t> position_ids, const EmbeddingShape& shape,
                        const DropoutSpec& dropout) {
-  const auto d = static_cast<std::uint64_t>(std::max<std::int64_t>(shape.embed_dim, 0));
-  const std::uint64_t vocab_values = static_cast<std::uint64_t>(std::max<std::int64_t>(shape.vocab_size, 0)) * d;
-  const std::uint64_t position_values = static_cast<std::uint64_t>(std::max<std::int64_t>(shape.max_seq_len, 0)) * d;
+  // Clamped so that a negative field reaches the clear error of validate_embedding_inputs.
+  const auto count = [](std::int64_t v) { return static_cast<std::uint64_t>(std::max<std::int64_t>(v, 0)); };
+  const std::int64_t d = std::max<std::int64_t>(shape.embed_dim, 0);
+  const std::uint64_t vocab_values = values(count(shape.vocab_size), d, "vocab_size x embed_dim");
+  const std::uint64_t position_values = values(count(shape.max_seq_len), d, "max_seq_len x embed_dim");
   validate_embedding_inputs(token_ids, position_ids, vocab_values, position_values, shape, dropout);
-  check_size("grad_out", grad_out.size(), token_count(shape) * d, shape_text(shape, true));
+  check_size("grad_out", grad_out.size(), values(token_count(shape), shape.embed_dim, "B x T x d"),
+             shape_text(shape, true));
   // An empty gradient means "frozen table, skip it".
   if (grad_token_size != 0) {
     check_size("grad_token_table", grad_token_size, vocab_values, "(vocab_size, embed_dim)");
@@ -150,6 +168,10 @@ void validate_embedding_inputs(std::span<const std::int64_t> token_ids,
                 std::to_string(shape.max_seq_len) + " and embed_dim " +
                 std::to_string(shape.embed_dim) + " must all be >= 1");
   }
+  if (shape.position_padding_row < -1 || shape.position_padding_row >= shape.max_seq_len) {
+    throw Error("position_padding_row " + std::to_string(shape.position_padding_row) +
+                " must be -1 (none) or a row in [0, " + std::to_string(shape.max_seq_len) + ")");
+  }
   if (!(dropout.p >= 0.0 && dropout.p < 1.0)) {
     throw Error("dropout p = " + std::to_string(dropout.p) +
                 " must lie in [0, 1); use 0 for eval mode");
@@ -159,10 +181,11 @@ void validate_embedding_inputs(std::span<const std::int64_t> token_ids,
                 std::to_string(kMaxRandomStep));
   }
   const auto d = static_cast<std::uint64_t>(shape.embed_dim);
-  check_size("token table", token_table_size, static_cast<std::uint64_t>(shape.vocab_size) * d,
+  check_size("token table", token_table_size,
+             values(static_cast<std::uint64_t>(shape.vocab_size), shape.embed_dim, "vocab_size x embed_dim"),
              "(vocab_size=" + std::to_string(shape.vocab_size) + ", d=" + std::to_string(d) + ")");
   check_size("position table", position_table_size,
-             static_cast<std::uint64_t>(shape.max_seq_len) * d,
+             values(static_cast<std::uint64_t>(shape.max_seq_len), shape.embed_dim, "max_seq_len x embed_dim"),
              "(max_seq_len=" + std::to_string(shape.max_seq_len) + ", d=" + std::to_string(d) + ")");
   check_size("token ids", token_ids.size(), token_count(shape), shape_text(shape, false));
   check_size("position ids", position_ids.size(), token_count(shape), shape_text(shape, false));
@@ -203,7 +226,7 @@ void embedding_forward(std::span<float> out, std::span<const std::int64_t> token
   validate_embedding_inputs(token_ids, position_ids, token_table.size(), position_table.size(),
                             shape, dropout);
   const std::int64_t d = shape.embed_dim;
-  check_size("out", out.size(), token_count(shape) * static_cast<std::uint64_t>(d),
+  check_size("out", out.size(), values(token_count(shape), shape.embed_dim, "B x T x d"),
              shape_text(shape, true));
   // Blocks of rows of at least kGrainElements values each, one SIMD call per block.
   const auto n = static_cast<std::int64_t>(token_count(shape));
@@ -239,6 +262,7 @@ void embedding_backward(SparseRowGrad& grad, std::span<float> grad_position_tabl
     throw Error("sparse token gradient has width " + std::to_string(grad.embed_dim) +
                 " but embed_dim is " + std::to_string(d) + "; zero it or use a new one");
   }
+  validate_sparse_grad(grad, shape.vocab_size);
   grad.embed_dim = d;
   const auto width = static_cast<std::size_t>(d);
   // Rows of this batch, sorted and unique, in the scratch buffer.
@@ -261,6 +285,27 @@ void embedding_backward(SparseRowGrad& grad, std::span<float> grad_position_tabl
   backward_strips(grad.values.empty() ? nullptr : grad.values.data(), grad.slot.data(),
                   grad_position_table.empty() ? nullptr : grad_position_table.data(), grad_out,
                   position_ids, shape, dropout);
+}
+
+void validate_sparse_grad(const SparseRowGrad& grad, std::int64_t table_rows) {
+  if (grad.rows.empty()) return;
+  if (grad.embed_dim < 1) {
+    throw Error("sparse gradient holds rows but its embed_dim is " + std::to_string(grad.embed_dim));
+  }
+  const std::uint64_t expected = checked_product(grad.rows.size(), static_cast<std::uint64_t>(grad.embed_dim),
+                                                 "sparse gradient rows x embed_dim");
+  check_size("sparse gradient values", grad.values.size(), expected, "rows x embed_dim");
+  for (std::size_t k = 0; k < grad.rows.size(); ++k) {
+    const std::int64_t row = grad.rows[k];
+    if (row < 0 || row >= table_rows) {
+      throw Error("sparse gradient row " + std::to_string(row) + " lies outside the table's " +
+                  std::to_string(table_rows) + " rows");
+    }
+    if (k > 0 && row <= grad.rows[k - 1]) {
+      throw Error("sparse gradient rows must be strictly increasing; row " + std::to_string(row) +
+                  " follows " + std::to_string(grad.rows[k - 1]));
+    }
+  }
 }
 
 void zero_grad(std::span<float> grad) {

@@ -18,6 +18,9 @@ struct EmbeddingShape {
   std::int64_t vocab_size = 0;
   std::int64_t max_seq_len = 0;
   std::int64_t embed_dim = 0;  // d
+  // fairseq / RoBERTa: the position row that padding maps to stays fixed, as
+  // nn.Embedding(padding_idx=pad): backward adds nothing to it. -1: none.
+  std::int64_t position_padding_row = -1;
 };
 
 // p == 0 is the identity: that is eval mode, and training without dropout.
@@ -64,6 +67,12 @@ void embedding_backward(SparseRowGrad& grad_token_table, std::span<float> grad_p
                         std::span<const float> grad_out, std::span<const std::int64_t> token_ids,
                         std::span<const std::int64_t> position_ids, const EmbeddingShape& shape,
                         const DropoutSpec& dropout);
+
+// Throws posembed::Error unless grad is a well-formed row-sparse gradient of a
+// table with `table_rows` rows: rows strictly increasing and inside the table,
+// values of rows.size() x embed_dim. The struct is public, so it is checked
+// wherever it is consumed.
+void validate_sparse_grad(const SparseRowGrad& grad, std::int64_t table_rows);
 
 // Zero-grad is explicit and separate from backward.
 void zero_grad(std::span<float> grad);

@@ -3,8 +3,10 @@
 // outputs and gradients exactly as they were.
 #pragma once
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace posembed {
 
@@ -12,5 +14,16 @@ class Error : public std::invalid_argument {
  public:
   using std::invalid_argument::invalid_argument;
 };
+
+// a * b for element counts at API boundaries. A product that wraps around 64 bits
+// would let a huge shape pass a size check against a small buffer, so it is an error.
+inline std::uint64_t checked_product(std::uint64_t a, std::uint64_t b, std::string_view what) {
+  std::uint64_t product = 0;
+  if (__builtin_mul_overflow(a, b, &product)) {
+    throw Error(std::string(what) + ": " + std::to_string(a) + " x " + std::to_string(b) +
+                " elements overflow a 64-bit count");
+  }
+  return product;
+}
 
 }  // namespace posembed

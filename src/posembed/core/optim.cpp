@@ -44,19 +44,13 @@ void validate(const SgdConfig& c) {
 }
 
 void validate_sparse(std::size_t param_size, const SparseRowGrad& grad) {
-  const auto d = static_cast<std::size_t>(grad.embed_dim);
   if (grad.rows.empty()) return;
+  const auto d = static_cast<std::size_t>(std::max<std::int64_t>(grad.embed_dim, 0));
   if (d == 0 || param_size % d != 0) {
     throw Error("parameter of " + std::to_string(param_size) +
-                " values is not a table of rows of width " + std::to_string(d));
+                " values is not a table of rows of width " + std::to_string(grad.embed_dim));
   }
-  check_equal("sparse gradient values", grad.values.size(), grad.rows.size() * d);
-  const auto rows = static_cast<std::int64_t>(param_size / d);
-  if (grad.rows.front() < 0 || grad.rows.back() >= rows) {
-    throw Error("sparse gradient row " +
-                std::to_string(grad.rows.front() < 0 ? grad.rows.front() : grad.rows.back()) +
-                " lies outside the table's " + std::to_string(rows) + " rows");
-  }
+  validate_sparse_grad(grad, static_cast<std::int64_t>(param_size / d));
 }
 
 // The bias-corrected update of one element, shared by the dense and sparse steps.

@@ -12,10 +12,12 @@ void check_shape(std::string_view what, std::size_t actual, std::int64_t rows, s
     throw Error(std::string(what) + ": negative shape (" + std::to_string(rows) + ", " +
                 std::to_string(cols) + ")");
   }
-  if (actual != static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols)) {
+  const std::uint64_t needed = checked_product(static_cast<std::uint64_t>(rows),
+                                               static_cast<std::uint64_t>(cols), what);
+  if (actual != needed) {
     throw Error(std::string(what) + " holds " + std::to_string(actual) +
                 " values but the shape (" + std::to_string(rows) + ", " + std::to_string(cols) +
-                ") needs " + std::to_string(rows * cols));
+                ") needs " + std::to_string(needed));
   }
 }
 
