@@ -303,7 +303,7 @@ TEST(Safetensors, RejectsNestingDeeperThanTheFormatAllows) {
   expect_rejected(pack(deep), "nests deeper than");
   expect_rejected(pack(R"({"t":{"dtype":"F32","shape":[[1]],"data_offsets":[0,4]}})", bytes_of(std::vector<float>{1.0f})),
                   "nests deeper than");
-  expect_rejected(pack(R"({"__metadata__":{"k":{"a":"b"}}})"), "nests deeper than");
+  expect_rejected(pack(R"({"__metadata__":{"k":[["a"]]}})"), "nests deeper than");
 }
 
 // Error messages name a container's kind and size instead of printing it.
