@@ -8,6 +8,7 @@
 #include "cli/commands.h"
 #include "posembed/io/names.h"
 #include "posembed/io/safetensors.h"
+#include "posembed/tools/format.h"
 
 namespace posembed::cli {
 namespace {
@@ -23,16 +24,6 @@ std::string shape_text(const std::vector<std::int64_t>& shape) {
   std::string s = "[";
   for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + "]";
-}
-
-// 22713216 -> "22,713,216"
-std::string grouped(std::int64_t v) {
-  std::string digits = std::to_string(v), out;
-  for (std::size_t i = 0; i < digits.size(); ++i) {
-    if (i && (digits.size() - i) % 3 == 0 && digits[i - 1] != '-') out += ',';
-    out += digits[i];
-  }
-  return out;
 }
 
 void run_inspect(const InspectOptions& options) {
@@ -91,15 +82,15 @@ void run_inspect(const InspectOptions& options) {
   std::size_t width = 4;
   for (const auto& x : file.tensors()) width = std::max(width, x.name.size());
   std::printf("%s: %zu tensors, %s parameters, %s bytes (header %s)\n", options.file.c_str(),
-              file.tensors().size(), grouped(params).c_str(),
-              grouped(static_cast<std::int64_t>(file.file_bytes())).c_str(),
-              grouped(static_cast<std::int64_t>(file.header_bytes())).c_str());
+              file.tensors().size(), tools::with_commas(params).c_str(),
+              tools::with_commas(static_cast<std::int64_t>(file.file_bytes())).c_str(),
+              tools::with_commas(static_cast<std::int64_t>(file.header_bytes())).c_str());
   for (const auto& [k, v] : file.metadata()) std::printf("metadata %s = %s\n", k.c_str(), v.c_str());
   std::printf("\n%-*s  %-7s  %-14s  %s\n", static_cast<int>(width), "name", "dtype", "shape", "bytes");
   for (const auto& x : file.tensors()) {
     std::printf("%-*s  %-7s  %-14s  %s\n", static_cast<int>(width), x.name.c_str(),
                 std::string(io::dtype_name(x.dtype)).c_str(), shape_text(x.shape).c_str(),
-                grouped(static_cast<std::int64_t>(x.data.size())).c_str());
+                tools::with_commas(static_cast<std::int64_t>(x.data.size())).c_str());
   }
   std::printf("\n");
   if (t.position) {
@@ -108,8 +99,8 @@ void run_inspect(const InspectOptions& options) {
     std::printf("  offset rows %lld (%s)\n", static_cast<long long>(t.offset_rows), t.offset_reason.c_str());
     std::printf("  max_seq_len %lld, embed_dim %lld\n", static_cast<long long>(t.max_seq_len),
                 static_cast<long long>(t.embed_dim));
-    std::printf("  %s of %s parameters (%.2f%%)\n", grouped(t.position->numel()).c_str(),
-                grouped(params).c_str(), 100.0 * share);
+    std::printf("  %s of %s parameters (%.2f%%)\n", tools::with_commas(t.position->numel()).c_str(),
+                tools::with_commas(params).c_str(), 100.0 * share);
   } else {
     std::printf("position table: not found\n");
   }

@@ -52,6 +52,9 @@ seeds["bad_duplicate"] = pack('{"a":{"dtype":"F32","shape":[2],"data_offsets":[0
                               '"a":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}}', f32)
 seeds["bad_metadata"] = pack({"__metadata__": {"k": 1}})
 seeds["bad_truncated"] = pack({"t": entry}, f32)[:-3]
+# Nesting past the format's three levels; 1,900 arrays keep it under scripts/fuzz.sh's
+# -max_len=4096 (tests/io checks 100,000 levels, which once overflowed the stack).
+seeds["bad_deep_nesting"] = pack('{"t":' + "[" * 1900 + "]" * 1900 + "}")
 for name, data in seeds.items():
     (out / name).write_bytes(data)
 print(f"wrote {len(seeds)} seeds to {out}")

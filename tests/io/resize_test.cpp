@@ -99,6 +99,20 @@ TEST(Resize, InterpolateMatchesPyTorchsLinearConvention) {
   EXPECT_EQ(convert_to_f32(DType::F32, out), (std::vector<float>{0.0f, 0.25f, 0.75f, 1.0f}));
 }
 
+// Shrinking 8,388,612 rows to 8,388,610 puts the fp32 source index of the last row
+// at exactly 8,388,612 (= old_len, one past the table) after rounding; PyTorch clamps
+// it to old_len - 1 (min(floor(x), in - 1)), so the last row is the old last row.
+TEST(Resize, InterpolateClampsTheSourceIndexToTheTable) {
+  constexpr std::int64_t m = 8388612, n = 8388610;
+  std::vector<float> table(static_cast<std::size_t>(m));  // (m, 1)
+  for (std::size_t i = 0; i < table.size(); ++i) table[i] = static_cast<float>(i % 1000) + 1.0f;
+  const auto out = resize_rows(std::as_bytes(std::span(table)), DType::F32, {0, m, n, 1, ResizeMethod::interpolate, {}, 0});
+  ASSERT_EQ(out.size(), static_cast<std::size_t>(n) * sizeof(float));
+  float last = 0.0f;
+  std::memcpy(&last, out.data() + out.size() - sizeof(float), sizeof(float));
+  EXPECT_EQ(last, table.back());
+}
+
 TEST(Resize, InitKeepsOldRowsAndDrawsNewRowsFromTheResizeStream) {
   const std::int64_t offset = 2, m = 6, n = 11, d = 4;
   const auto old_values = random_values(static_cast<std::size_t>((offset + m) * d), 3);

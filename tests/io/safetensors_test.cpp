@@ -295,6 +295,25 @@ TEST(Safetensors, RejectsMalformedFilesWithClearErrors) {
   }
 }
 
+// safetensors headers nest three levels (header -> entry or __metadata__ -> shape
+// or data_offsets); a crafted header nesting 100,000 arrays (200 KB, well under the
+// header limit) once crashed the error path, which printed the value recursively.
+TEST(Safetensors, RejectsNestingDeeperThanTheFormatAllows) {
+  const std::string deep = R"({"t":)" + std::string(100000, '[') + std::string(100000, ']') + "}";
+  expect_rejected(pack(deep), "nests deeper than");
+  expect_rejected(pack(R"({"t":{"dtype":"F32","shape":[[1]],"data_offsets":[0,4]}})", bytes_of(std::vector<float>{1.0f})),
+                  "nests deeper than");
+  expect_rejected(pack(R"({"__metadata__":{"k":[["a"]]}})"), "nests deeper than");
+}
+
+// Error messages name a container's kind and size instead of printing it.
+TEST(Safetensors, ErrorsSummarizeContainersInsteadOfPrintingThem) {
+  expect_rejected(pack(R"({"__metadata__":{"k":[1,2]}})"), "is not a string: array of 2");
+  expect_rejected(pack(R"({"t":[1,2,3]})"), "is not an object: array of 3");
+  expect_rejected(pack(R"({"t":{"dtype":"F32","shape":{"a":1},"data_offsets":[0,4]}})", bytes_of(std::vector<float>{1.0f})),
+                  "shape is not an array");
+}
+
 TEST(Safetensors, OpenNamesTheFileInErrors) {
   test::TempDir dir;
   test::write_file(dir / "bad.safetensors", pack("[]      "));

@@ -20,8 +20,10 @@ double standard_normal(std::uint64_t seed, RandomStream stream, std::uint64_t in
                        std::uint64_t attempt = 0);
 
 // table: (rows, embed_dim), filled with init. first_index is the flat index of
-// table[0]: a table grown by resize draws its new rows exactly as a table created
-// at the larger size would have.
+// table[0] within its stream, so a table filled in pieces gets the same values as
+// one filled at once. resize grows a table by drawing its new rows from
+// RandomStream::resize_init at their flat index: deterministic for a seed, but not
+// the values a table created at the larger size (position_init) would hold.
 void init_table(std::span<float> table, const TableInit& init, std::int64_t embed_dim,
                 std::uint64_t seed, RandomStream stream, std::uint64_t first_index = 0);
 

@@ -85,7 +85,9 @@ std::vector<std::byte> resize_rows(std::span<const std::byte> table, DType dtype
       const float scale = static_cast<float>(old_len) / static_cast<float>(new_len);
       for (std::size_t i = 0; i < new_len; ++i) {
         const float x = std::max(scale * (static_cast<float>(i) + 0.5f) - 0.5f, 0.0f);
-        const auto i0 = static_cast<std::size_t>(x);
+        // Clamped as PyTorch does (min(floor(x), in - 1)): fp32 rounding can put x
+        // at old_len for tables near 2^23 rows and more.
+        const auto i0 = std::min(static_cast<std::size_t>(x), old_len - 1);
         const std::size_t i1 = i0 + (i0 + 1 < old_len ? 1 : 0);
         const float w1 = std::min(std::max(x - static_cast<float>(i0), 0.0f), 1.0f);
         const float w0 = 1.0f - w1;

@@ -215,7 +215,10 @@ void store(std::vector<std::byte>& out, std::size_t i, T value) {
 
 // ---- reading ----
 
+// Containers are summarized, never dumped: dump() recurses once per nesting level.
 std::string describe(const nlohmann::json& value) {
+  if (value.is_array()) return "array of " + std::to_string(value.size());
+  if (value.is_object()) return "object of " + std::to_string(value.size());
   std::string text = value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
   if (text.size() > 60) text = text.substr(0, 57) + "...";
   return text;
@@ -397,11 +400,20 @@ void SafetensorsFile::parse() {
   std::vector<std::set<std::string>> open_objects;
   std::string duplicate;
   nlohmann::json header;
+  // The format nests three levels: the header object (depth 0) holds entry objects
+  // and __metadata__ (depth 1), entries hold the shape and data_offsets arrays
+  // (depth 2). A container starting deeper is invalid; stopping there keeps a
+  // crafted header from building a value every recursive walk would overflow on.
+  constexpr int kMaxContainerDepth = 2;
   try {
     header = nlohmann::json::parse(
         text, text + n,
-        [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+        [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
           using E = nlohmann::json::parse_event_t;
+          if ((event == E::object_start || event == E::array_start) && depth > kMaxContainerDepth) {
+            fail("header nests deeper than the " + std::to_string(kMaxContainerDepth + 1) +
+                 " levels safetensors uses (header, tensor entry, shape/data_offsets); not a safetensors file");
+          }
           if (event == E::object_start) open_objects.emplace_back();
           if (event == E::object_end && !open_objects.empty()) open_objects.pop_back();
           if (event == E::key && !open_objects.empty() &&
