@@ -242,5 +242,57 @@ TEST(Gpt, RejectsBadTokens) {
   EXPECT_THROW(gpt_forward(model, acts, in, tg, 4, false, 0), Error);
 }
 
+// Buffers sized for another model would be written past their ends: forward,
+// backward and decode must refuse them, naming both values.
+TEST(Gpt, RejectsBuffersMadeForAnotherModel) {
+  Gpt model = make_gpt(tiny_config());
+  const Batch batch = tiny_batch(1, 4);
+  const auto expect_error = [](auto&& call, const std::string& a, const std::string& b) {
+    try {
+      call();
+      ADD_FAILURE() << "no error";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find(a), std::string::npos) << m;
+      EXPECT_NE(m.find(b), std::string::npos) << m;
+    }
+  };
+  GptConfig other = tiny_config();
+  other.n_layer = 1;
+  Activations fewer_layers = make_activations(other, 1, 4);
+  expect_error([&] { gpt_forward(model, fewer_layers, batch.in, batch.tg, 4, false, 0); },
+               "n_layer 1", "n_layer 2");
+  expect_error([&] { gpt_backward(model, fewer_layers, batch.in, batch.tg); }, "n_layer 1",
+               "n_layer 2");
+  other = tiny_config();
+  other.embed_dim = 4;
+  Activations narrower = make_activations(other, 1, 4);
+  expect_error([&] { gpt_forward(model, narrower, batch.in, batch.tg, 4, false, 0); },
+               "embed_dim 4", "embed_dim 8");
+  // Settings that do not size buffers (seed, dropout) do not matter.
+  other = tiny_config();
+  other.seed = 77;
+  other.dropout = 0.0;
+  Activations same_shape = make_activations(other, 1, 4);
+  EXPECT_NO_THROW(gpt_forward(model, same_shape, batch.in, batch.tg, 4, false, 0));
+
+  std::vector<float> logits(256);
+  other = tiny_config();
+  other.embed_dim = 4;
+  KvCache small_cache = make_kv_cache(other);
+  expect_error([&] { gpt_decode_step(model, small_cache, 65, logits); }, "embed_dim 4",
+               "embed_dim 8");
+  other = tiny_config();
+  other.max_seq_len = 3;
+  KvCache short_cache = make_kv_cache(other);
+  expect_error([&] { gpt_decode_step(model, short_cache, 65, logits); }, "max_seq_len 3",
+               "max_seq_len 6");
+  KvCache cache = make_kv_cache(model.config);
+  std::vector<float> few_logits(255);
+  expect_error([&] { gpt_decode_step(model, cache, 65, few_logits); }, "255", "256");
+  EXPECT_EQ(cache.length, 0);  // nothing was appended
+  EXPECT_NO_THROW(gpt_decode_step(model, cache, 65, logits));
+}
+
 }  // namespace
 }  // namespace posembed::model

@@ -3,10 +3,14 @@
 // needs the position table.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <csignal>
 #include <cstring>
+#include <iterator>
 #include <filesystem>
 #include <fstream>
 
+#include "posembed/core/error.h"
 #include "posembed/core/parallel.h"
 #include "posembed/core/philox.h"
 #include "posembed/model/train.h"
@@ -112,6 +116,91 @@ TEST(Train, ResumeMatchesUninterruptedRun) {
   while (std::getline(log, line)) ++lines;
   EXPECT_EQ(lines, 13);
   set_num_threads(0);
+}
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// The step column of log.csv, header skipped.
+std::vector<long long> logged_steps(const fs::path& log_path) {
+  std::ifstream log(log_path);
+  std::string line;
+  std::getline(log, line);
+  std::vector<long long> steps;
+  while (std::getline(log, line)) steps.push_back(std::stoll(line));
+  return steps;
+}
+
+// Bad AdamW settings must fail in validate, before train() opens (and with "w"
+// truncates) an existing log.csv.
+TEST(Train, RejectsBadAdamWSettingsBeforeTouchingTheLog) {
+  const fs::path dir = scratch_dir("badadamw");
+  const TrainOptions good = small_run(dir);
+  fs::create_directories(good.out_dir);
+  const fs::path log_path = good.out_dir / "log.csv";
+  std::ofstream(log_path) << "step,lr\n1,0.1\n";
+  const double bad_decay[] = {-0.1, NAN, INFINITY};
+  const double bad_eps[] = {0.0, -1e-8, NAN, INFINITY};
+  for (double wd : bad_decay) {
+    TrainOptions o = good;
+    o.train.weight_decay = wd;
+    EXPECT_THROW(validate(o.train, o.model), Error) << "weight_decay " << wd;
+    EXPECT_THROW(train(o), Error) << "weight_decay " << wd;
+  }
+  for (double eps : bad_eps) {
+    TrainOptions o = good;
+    o.train.eps = eps;
+    EXPECT_THROW(validate(o.train, o.model), Error) << "eps " << eps;
+    EXPECT_THROW(train(o), Error) << "eps " << eps;
+  }
+  EXPECT_EQ(read_file(log_path), "step,lr\n1,0.1\n");
+  TrainOptions zero_decay = good;
+  zero_decay.train.weight_decay = 0.0;
+  EXPECT_NO_THROW(validate(zero_decay.train, zero_decay.model));
+}
+
+// A run killed after its last checkpoint logged rows the resumed run trains
+// again: the resume must drop them so each step appears once.
+TEST(Train, ResumeAfterCrashLogsEachStepOnce) {
+  const fs::path dir = scratch_dir("crash");
+  TrainOptions o = small_run(dir);
+  o.train.eval_every = 100;  // only the final validation: faster
+  o.stop_after = 4;
+  const TrainResult first = train(o);
+  ASSERT_EQ(first.last_step, 4);
+  const fs::path at4 = dir / "ckpt4.safetensors";
+  fs::copy_file(first.checkpoint, at4);
+  TrainOptions rest;
+  rest.resume = at4;
+  rest.out_dir = o.out_dir;
+  rest.quiet = true;
+  rest.stop_after = 7;  // "killed" at 7: rows 5-7 logged, checkpoint at 4 reused below
+  ASSERT_EQ(train(rest).last_step, 7);
+  EXPECT_EQ(logged_steps(o.out_dir / "log.csv"), (std::vector<long long>{1, 2, 3, 4, 5, 6, 7}));
+  rest.stop_after = 0;
+  const TrainResult last = train(rest);
+  ASSERT_EQ(last.last_step, 12);
+  EXPECT_EQ(logged_steps(o.out_dir / "log.csv"),
+            (std::vector<long long>{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}));
+  EXPECT_EQ(read_file(o.out_dir / "log.csv").rfind("step,", 0), 0u);  // header kept
+}
+
+extern "C" void test_sigint_handler(int) {}
+
+// A run that throws mid-loop (here: the checkpoint path is a directory) must
+// not leave its SIGINT handler installed.
+TEST(Train, ThrowingRunRestoresTheSigintHandler) {
+  const fs::path dir = scratch_dir("throw");
+  TrainOptions o = small_run(dir);
+  o.train.checkpoint_every = 2;
+  fs::create_directories(o.out_dir / "ckpt.safetensors" / "blocker");
+  const auto before = std::signal(SIGINT, test_sigint_handler);
+  EXPECT_THROW(train(o), std::exception);
+  const auto after = std::signal(SIGINT, before);
+  EXPECT_EQ(after, &test_sigint_handler);
+  EXPECT_EQ(logged_steps(o.out_dir / "log.csv"), (std::vector<long long>{1, 2}));  // flushed, closed
 }
 
 // Copy-k-back: inputs are random symbols; the target at position t is the input

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <utility>
 
 #include "posembed/core/error.h"
 #include "posembed/core/init.h"
@@ -170,6 +171,7 @@ Activations make_activations(const GptConfig& c, std::int64_t B, std::int64_t T)
                 std::to_string(c.max_seq_len));
   }
   Activations a;
+  a.config = c;
   a.batch = B;
   a.seq_len = T;
   const std::int64_t C = c.embed_dim, N = B * T, H = c.n_head, V = c.vocab_size;
@@ -198,9 +200,24 @@ Activations make_activations(const GptConfig& c, std::int64_t B, std::int64_t T)
   return a;
 }
 
+void check_buffers_fit(const GptConfig& c, const GptConfig& made, const char* what) {
+  const std::pair<const char*, std::int64_t GptConfig::*> dims[] = {
+      {"vocab_size", &GptConfig::vocab_size}, {"max_seq_len", &GptConfig::max_seq_len},
+      {"embed_dim", &GptConfig::embed_dim},   {"n_layer", &GptConfig::n_layer},
+      {"n_head", &GptConfig::n_head}};
+  for (const auto& [name, field] : dims) {
+    if (made.*field != c.*field) {
+      throw Error(std::string(what) + " were made for a model with " + name + " " +
+                  std::to_string(made.*field) + " but this model has " + name + " " +
+                  std::to_string(c.*field) + "; make them from this model's config");
+    }
+  }
+}
+
 void validate_batch(const GptConfig& c, const Activations& acts,
                     std::span<const std::int64_t> inputs, std::span<const std::int64_t> targets,
                     std::int64_t T) {
+  check_buffers_fit(c, acts.config, "the activations");
   if (T < 1 || T > c.max_seq_len) {
     throw Error("sequence length " + std::to_string(T) + " exceeds max_seq_len " +
                 std::to_string(c.max_seq_len) + " (the position table's rows); use windows of at "
@@ -339,6 +356,7 @@ void gpt_backward(Gpt& model, Activations& a, std::span<const std::int64_t> inpu
 
 KvCache make_kv_cache(const GptConfig& c) {
   KvCache k;
+  k.config = c;
   const std::size_t C = sz(c.embed_dim);
   k.k.assign(sz(c.n_layer * c.max_seq_len) * C, 0.0f);
   k.v.assign(k.k.size(), 0.0f);
@@ -356,6 +374,12 @@ KvCache make_kv_cache(const GptConfig& c) {
 void gpt_decode_step(const Gpt& model, KvCache& k, std::int64_t token, std::span<float> logits) {
   const GptConfig& c = model.config;
   const std::int64_t C = c.embed_dim, H = c.n_head, hd = C / H, V = c.vocab_size;
+  check_buffers_fit(c, k.config, "the KV cache buffers");
+  if (logits.size() != sz(V)) {
+    throw Error("the logits buffer holds " + std::to_string(logits.size()) +
+                " values but the model's vocab_size is " + std::to_string(V) +
+                "; pass a buffer of vocab_size floats");
+  }
   if (k.length >= c.max_seq_len) {
     throw Error("the KV cache holds " + std::to_string(k.length) + " tokens = max_seq_len " +
                 std::to_string(c.max_seq_len) + "; slide the window (recompute the cache) first");

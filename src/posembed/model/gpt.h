@@ -100,6 +100,7 @@ const ParamTensor* find_tensor(const Gpt& model, std::string_view name);
 std::span<float> tensor_view(const Gpt& model, std::span<float> buffer, const ParamTensor& t);
 
 struct Activations {
+  GptConfig config;                     // the model they were sized for (checked on use)
   std::int64_t batch = 0, seq_len = 0;  // the shape they were sized for
   std::vector<float> memory;
   std::vector<std::int64_t> positions;  // (B, T): 0..T-1 per row
@@ -147,19 +148,26 @@ void gpt_backward(Gpt& model, Activations& acts, std::span<const std::int64_t> i
                   std::span<const std::int64_t> targets);
 void gpt_zero_grad(Gpt& model);
 
-// Checks ids and lengths before any kernel runs.
+// Throws unless buffers made for `made` (Activations, KvCache) fit a model of
+// `config`: same vocab_size, max_seq_len, embed_dim, n_layer, n_head.
+void check_buffers_fit(const GptConfig& config, const GptConfig& made, const char* what);
+
+// Checks that acts were made for this config, ids and lengths, before any kernel runs.
 void validate_batch(const GptConfig& config, const Activations& acts,
                     std::span<const std::int64_t> inputs, std::span<const std::int64_t> targets,
                     std::int64_t T);
 
 // Incremental decoding with a KV cache (eval mode). k and v: (n_layer, max_seq_len, C).
 struct KvCache {
+  GptConfig config;         // the model it was sized for (checked on use)
   std::int64_t length = 0;  // tokens cached; the next token's position
   std::vector<float> k, v;
   std::vector<float> x, ln, qkv, atty, attproj, fch, fch_gelu, att;  // one-token scratch
 };
 KvCache make_kv_cache(const GptConfig& config);
 // Appends token at position cache.length and writes its next-token logits (V).
+// Throws (appending nothing) if the cache was made for another model's shape or
+// logits does not hold vocab_size values.
 void gpt_decode_step(const Gpt& model, KvCache& cache, std::int64_t token, std::span<float> logits);
 
 }  // namespace posembed::model

@@ -8,7 +8,6 @@
 
 #include <cblas.h>
 
-#include "posembed/core/parallel_for.h"
 #include "posembed/core/philox.h"
 
 namespace posembed::model {
@@ -21,14 +20,16 @@ constexpr std::int64_t kColStrip = 16;    // columns (one cache line) per column
 
 std::int64_t pieces(std::int64_t n, std::int64_t piece) { return (n + piece - 1) / piece; }
 
-// parallel_for with a grain: tasks whose total work (in multiply-adds or
-// elements) is below kMinParallelWork run on the calling thread. Waking the
+// parallel_pieces(n, work, body): body(i) for i in [0, n), like core's
+// parallel_for(n, body) but with a grain on the total `work` (multiply-adds or
+// elements) of all n tasks: below kMinParallelWork everything runs on the
+// calling thread. Named apart from core's so the two are not confused. Waking the
 // team costs microseconds, and milliseconds when the cores are shared, which
 // dominated small ops and the one-token decoder. Results do not change: the
 // split into tasks is the same either way.
 constexpr double kMinParallelWork = 32768;
 template <class Body>
-void parallel_for(std::int64_t n, double work, Body&& body) {
+void parallel_pieces(std::int64_t n, double work, Body&& body) {
 #pragma omp parallel for schedule(static) if (work >= kMinParallelWork)
   for (std::int64_t i = 0; i < n; ++i) body(i);
 }
@@ -38,7 +39,7 @@ int blas_int(std::int64_t n) { return static_cast<int>(n); }
 // Calls body(j0, j1) for fixed column strips of [0, C).
 template <class Body>
 void for_column_strips(std::int64_t C, double work, Body&& body) {
-  parallel_for(pieces(C, kColStrip), work, [&](std::int64_t s) {
+  parallel_pieces(pieces(C, kColStrip), work, [&](std::int64_t s) {
     body(s * kColStrip, std::min(C, (s + 1) * kColStrip));
   });
 }
@@ -63,7 +64,7 @@ void matmul_forward(std::span<float> out, std::span<const float> inp, std::span<
                     std::span<const float> bias, std::int64_t N, std::int64_t C, std::int64_t OC) {
   assert(out.size() >= static_cast<std::size_t>(N * OC) && inp.size() >= static_cast<std::size_t>(N * C));
   assert(weight.size() == static_cast<std::size_t>(C * OC));
-  parallel_for(pieces(N, kRowPiece), double(N) * double(C) * double(OC), [&](std::int64_t p) {
+  parallel_pieces(pieces(N, kRowPiece), double(N) * double(C) * double(OC), [&](std::int64_t p) {
     const std::int64_t r0 = p * kRowPiece, rows = std::min(N - r0, kRowPiece);
     float* o = out.data() + r0 * OC;
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, blas_int(rows), blas_int(OC),
@@ -83,7 +84,7 @@ void matmul_backward(std::span<float> dinp, std::span<float> dweight, std::span<
                      std::int64_t OC) {
   const double work = double(N) * double(C) * double(OC);
   // dinp (N, C) += dout (N, OC) @ weight^T, by row pieces.
-  parallel_for(pieces(N, kRowPiece), work, [&](std::int64_t p) {
+  parallel_pieces(pieces(N, kRowPiece), work, [&](std::int64_t p) {
     const std::int64_t r0 = p * kRowPiece, rows = std::min(N - r0, kRowPiece);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas_int(rows), blas_int(C),
                 blas_int(OC), 1.0f, dout.data() + r0 * OC, blas_int(OC), weight.data(),
@@ -92,7 +93,7 @@ void matmul_backward(std::span<float> dinp, std::span<float> dweight, std::span<
   // dweight (C, OC) += inp^T @ dout: a sum over all N rows, so split the
   // output's rows instead; each piece does the whole sum in one BLAS call.
   constexpr std::int64_t kWeightPiece = 32;
-  parallel_for(pieces(C, kWeightPiece), work, [&](std::int64_t p) {
+  parallel_pieces(pieces(C, kWeightPiece), work, [&](std::int64_t p) {
     const std::int64_t c0 = p * kWeightPiece, cs = std::min(C - c0, kWeightPiece);
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, blas_int(cs), blas_int(OC), blas_int(N),
                 1.0f, inp.data() + c0, blas_int(C), dout.data(), blas_int(OC), 1.0f,
@@ -104,7 +105,7 @@ void matmul_backward(std::span<float> dinp, std::span<float> dweight, std::span<
 void matmul_tied_forward(std::span<float> out, std::span<const float> inp,
                          std::span<const float> table, std::int64_t N, std::int64_t C,
                          std::int64_t V) {
-  parallel_for(pieces(N, kRowPiece), double(N) * double(C) * double(V), [&](std::int64_t p) {
+  parallel_pieces(pieces(N, kRowPiece), double(N) * double(C) * double(V), [&](std::int64_t p) {
     const std::int64_t r0 = p * kRowPiece, rows = std::min(N - r0, kRowPiece);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas_int(rows), blas_int(V), blas_int(C),
                 1.0f, inp.data() + r0 * C, blas_int(C), table.data(), blas_int(C), 0.0f,
@@ -118,7 +119,7 @@ void matmul_tied_backward(std::span<float> dinp, std::span<float> dtable,
                           std::int64_t V) {
   const double work = double(N) * double(C) * double(V);
   // dinp (N, C) += dout (N, V) @ table (V, C)
-  parallel_for(pieces(N, kRowPiece), work, [&](std::int64_t p) {
+  parallel_pieces(pieces(N, kRowPiece), work, [&](std::int64_t p) {
     const std::int64_t r0 = p * kRowPiece, rows = std::min(N - r0, kRowPiece);
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, blas_int(rows), blas_int(C),
                 blas_int(V), 1.0f, dout.data() + r0 * V, blas_int(V), table.data(), blas_int(C),
@@ -126,7 +127,7 @@ void matmul_tied_backward(std::span<float> dinp, std::span<float> dtable,
   });
   // dtable (V, C) += dout^T @ inp, split over the table's rows.
   constexpr std::int64_t kTablePiece = 32;
-  parallel_for(pieces(V, kTablePiece), work, [&](std::int64_t p) {
+  parallel_pieces(pieces(V, kTablePiece), work, [&](std::int64_t p) {
     const std::int64_t v0 = p * kTablePiece, vs = std::min(V - v0, kTablePiece);
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, blas_int(vs), blas_int(C), blas_int(N),
                 1.0f, dout.data() + v0, blas_int(V), inp.data(), blas_int(C), 1.0f,
@@ -137,7 +138,7 @@ void matmul_tied_backward(std::span<float> dinp, std::span<float> dtable,
 void layernorm_forward(std::span<float> out, std::span<float> mean, std::span<float> rstd,
                        std::span<const float> inp, std::span<const float> weight,
                        std::span<const float> bias, std::int64_t N, std::int64_t C) {
-  parallel_for(N, double(N) * double(C), [&](std::int64_t n) {
+  parallel_pieces(N, double(N) * double(C), [&](std::int64_t n) {
     const float* x = inp.data() + n * C;
     float* o = out.data() + n * C;
     float m = 0.0f;
@@ -159,7 +160,7 @@ void layernorm_backward(std::span<float> dinp, std::span<float> dweight, std::sp
                         std::span<const float> dout, std::span<const float> inp,
                         std::span<const float> weight, std::span<const float> mean,
                         std::span<const float> rstd, std::int64_t N, std::int64_t C) {
-  parallel_for(N, double(N) * double(C), [&](std::int64_t n) {
+  parallel_pieces(N, double(N) * double(C), [&](std::int64_t n) {
     const float* x = inp.data() + n * C;
     const float* g = dout.data() + n * C;
     float* dx = dinp.data() + n * C;
@@ -200,7 +201,7 @@ void attention_forward(std::span<float> out, std::span<float> att, std::span<con
                        std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t H) {
   const std::int64_t hd = C / H, C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  parallel_for(B * H, double(B * H) * double(T * T) * double(C / H), [&](std::int64_t bh) {
+  parallel_pieces(B * H, double(B * H) * double(T * T) * double(C / H), [&](std::int64_t bh) {
     const std::int64_t b = bh / H, h = bh % H;
     const float* q = qkv.data() + b * T * C3 + h * hd;
     const float* k = q + C;
@@ -234,7 +235,7 @@ void attention_backward(std::span<float> dqkv, std::span<float> scratch,
                         std::int64_t C, std::int64_t H) {
   const std::int64_t hd = C / H, C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  parallel_for(B * H, double(B * H) * double(T * T) * double(C / H), [&](std::int64_t bh) {
+  parallel_pieces(B * H, double(B * H) * double(T * T) * double(C / H), [&](std::int64_t bh) {
     const std::int64_t b = bh / H, h = bh % H;
     const float* q = qkv.data() + b * T * C3 + h * hd;
     const float* k = q + C;
@@ -306,7 +307,7 @@ constexpr std::int64_t kElemPiece = 8192;
 
 void gelu_forward(std::span<float> out, std::span<const float> inp) {
   const auto n = static_cast<std::int64_t>(inp.size());
-  parallel_for(pieces(n, kElemPiece), double(n) * 8, [&](std::int64_t p) {
+  parallel_pieces(pieces(n, kElemPiece), double(n) * 8, [&](std::int64_t p) {
     const std::int64_t i0 = p * kElemPiece, i1 = std::min(n, i0 + kElemPiece);
     const float* x = inp.data();
     float* y = out.data();
@@ -317,7 +318,7 @@ void gelu_forward(std::span<float> out, std::span<const float> inp) {
 
 void gelu_backward(std::span<float> dinp, std::span<const float> dout, std::span<const float> inp) {
   const auto n = static_cast<std::int64_t>(inp.size());
-  parallel_for(pieces(n, kElemPiece), double(n) * 8, [&](std::int64_t p) {
+  parallel_pieces(pieces(n, kElemPiece), double(n) * 8, [&](std::int64_t p) {
     const std::int64_t i0 = p * kElemPiece, i1 = std::min(n, i0 + kElemPiece);
     const float* xs = inp.data();
     const float* g = dout.data();
@@ -335,7 +336,7 @@ void gelu_backward(std::span<float> dinp, std::span<const float> dout, std::span
 }
 
 void residual_forward(std::span<float> out, std::span<const float> a, std::span<const float> b) {
-  parallel_for(static_cast<std::int64_t>(out.size()), double(out.size()), [&](std::int64_t i) {
+  parallel_pieces(static_cast<std::int64_t>(out.size()), double(out.size()), [&](std::int64_t i) {
     const auto k = static_cast<std::size_t>(i);
     out[k] = a[k] + b[k];
   });
@@ -350,7 +351,7 @@ void for_dropout_mask(std::size_t n, const DropoutSpec& dropout, std::uint64_t s
   const PhiloxKey key = philox_key(dropout.seed);
   const std::uint64_t base = site * n;
   const auto total = static_cast<std::int64_t>(n);
-  parallel_for(pieces(total, kDropPiece), double(total) * 4, [&](std::int64_t p) {
+  parallel_pieces(pieces(total, kDropPiece), double(total) * 4, [&](std::int64_t p) {
     const std::int64_t i0 = p * kDropPiece, i1 = std::min(total, i0 + kDropPiece);
     std::uint64_t block = ~std::uint64_t{0};
     PhiloxCounter bits{};
@@ -380,7 +381,7 @@ void dropout_forward(std::span<float> out, std::span<const float> inp, const Dro
 void dropout_backward(std::span<float> dinp, std::span<const float> dout,
                       const DropoutSpec& dropout, std::uint64_t site) {
   if (dropout.p == 0.0) {
-    parallel_for(static_cast<std::int64_t>(dout.size()), double(dout.size()), [&](std::int64_t i) {
+    parallel_pieces(static_cast<std::int64_t>(dout.size()), double(dout.size()), [&](std::int64_t i) {
       dinp[static_cast<std::size_t>(i)] += dout[static_cast<std::size_t>(i)];
     });
     return;
@@ -394,7 +395,7 @@ void dropout_backward(std::span<float> dinp, std::span<const float> dout,
 void crossentropy_forward(std::span<float> losses, std::span<float> probs,
                           std::span<const float> logits, std::span<const std::int64_t> targets,
                           std::int64_t N, std::int64_t V) {
-  parallel_for(N, double(N) * double(V) * 4, [&](std::int64_t n) {
+  parallel_pieces(N, double(N) * double(V) * 4, [&](std::int64_t n) {
     const float* z = logits.data() + n * V;
     float* p = probs.data() + n * V;
     float mx = z[0];
@@ -414,7 +415,7 @@ void crossentropy_forward(std::span<float> losses, std::span<float> probs,
 void crossentropy_backward(std::span<float> dlogits, std::span<const float> dloss,
                            std::span<const float> probs, std::span<const std::int64_t> targets,
                            std::int64_t N, std::int64_t V) {
-  parallel_for(N, double(N) * double(V) * 4, [&](std::int64_t n) {
+  parallel_pieces(N, double(N) * double(V) * 4, [&](std::int64_t n) {
     const float g = dloss[static_cast<std::size_t>(n)];
     const float* p = probs.data() + n * V;
     float* d = dlogits.data() + n * V;

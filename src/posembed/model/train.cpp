@@ -10,7 +10,11 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <bit>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <memory>
 #include <numbers>
 
 #include "posembed/core/error.h"
@@ -31,6 +35,51 @@ constexpr std::int64_t kChunkBytes = 4096;  // granularity of the train/validati
 
 std::atomic<bool> g_interrupted{false};
 extern "C" void on_sigint(int) { g_interrupted.store(true); }
+
+// Closes the log and restores the previous SIGINT handler however train()
+// leaves (return or exception).
+struct FileCloser {
+  void operator()(std::FILE* f) const { std::fclose(f); }
+};
+using FilePtr = std::unique_ptr<std::FILE, FileCloser>;
+class SigintGuard {
+ public:
+  SigintGuard() : previous_(std::signal(SIGINT, on_sigint)) {}
+  ~SigintGuard() { std::signal(SIGINT, previous_); }
+  SigintGuard(const SigintGuard&) = delete;
+  SigintGuard& operator=(const SigintGuard&) = delete;
+
+ private:
+  void (*previous_)(int);
+};
+
+// On resume, rows after the checkpoint's step were logged by a run that died
+// before its next checkpoint and will be trained (and logged) again: keep the
+// header and rows with step <= `step`, written to a temporary file and renamed
+// over the log so a crash here leaves either the old or the new log.
+void truncate_log(const std::filesystem::path& log_path, std::int64_t step) {
+  std::ifstream in(log_path);
+  if (!in) throw Error("cannot read " + log_path.string());
+  const std::filesystem::path tmp = log_path.string() + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    if (!out) throw Error("cannot write " + tmp.string());
+    std::string line;
+    bool header = true;
+    while (std::getline(in, line)) {
+      if (!header) {
+        char* end = nullptr;
+        const long long row = std::strtoll(line.c_str(), &end, 10);
+        if (end == line.c_str() || *end != ',' || row > step) continue;
+      }
+      header = false;
+      out << line << '\n';
+    }
+    out.flush();
+    if (!out) throw Error("cannot write " + tmp.string());
+  }
+  std::filesystem::rename(tmp, log_path);
+}
 
 std::string seconds_text(double s) {
   char buf[32];
@@ -69,8 +118,16 @@ void validate(const TrainConfig& t, const GptConfig& m) {
   if (!(t.val_fraction > 0 && t.val_fraction < 1)) {
     throw Error("val_fraction = " + std::to_string(t.val_fraction) + " must lie in (0, 1)");
   }
-  if (!(t.beta1 >= 0 && t.beta1 < 1 && t.beta2 >= 0 && t.beta2 < 1) || !(t.eps > 0)) {
-    throw Error("AdamW needs 0 <= beta1, beta2 < 1 and eps > 0");
+  if (!(t.beta1 >= 0 && t.beta1 < 1 && t.beta2 >= 0 && t.beta2 < 1)) {
+    throw Error("AdamW needs 0 <= beta1, beta2 < 1 (beta1 = " + std::to_string(t.beta1) +
+                ", beta2 = " + std::to_string(t.beta2) + ")");
+  }
+  if (!(t.eps > 0) || !std::isfinite(t.eps)) {
+    throw Error("eps = " + std::to_string(t.eps) + " must be finite and > 0 (AdamW epsilon)");
+  }
+  if (!(t.weight_decay >= 0) || !std::isfinite(t.weight_decay)) {
+    throw Error("weight_decay = " + std::to_string(t.weight_decay) +
+                " must be finite and >= 0 (0 disables it)");
   }
 }
 
@@ -339,9 +396,14 @@ Gpt load_checkpoint(const std::filesystem::path& path, Checkpoint* info_out, boo
     for (const auto& t : model.tensors) want("optimizer.exp_avg." + t.name, t, model.m);
     for (const auto& t : model.tensors) want("optimizer.exp_avg_sq." + t.name, t, model.v);
   }
+  // Shape and dtype (F32) are checked above: copy the little-endian bytes as they are.
+  static_assert(std::endian::native == std::endian::little, "checkpoints are little-endian F32");
   for (auto& [ti, dst] : plan) {
-    const std::vector<float> values = file.to_f32(*ti);
-    std::copy(values.begin(), values.end(), dst.begin());
+    if (ti->data.size() != dst.size_bytes()) {
+      throw Error(file.source() + ": tensor data holds " + std::to_string(ti->data.size()) +
+                  " bytes, expected " + std::to_string(dst.size_bytes()));
+    }
+    std::memcpy(dst.data(), ti->data.data(), dst.size_bytes());
   }
   if (info_out) *info_out = info;
   return model;
@@ -405,8 +467,10 @@ TrainResult train(const TrainOptions& options) {
   const std::filesystem::path ckpt = options.out_dir / "ckpt.safetensors";
   const std::filesystem::path log_path = options.out_dir / "log.csv";
   const bool fresh_log = options.resume.empty() || !std::filesystem::exists(log_path);
-  std::FILE* log = std::fopen(log_path.c_str(), fresh_log ? "w" : "a");
-  if (!log) throw Error("cannot write " + log_path.string());
+  if (!fresh_log) truncate_log(log_path, info.step);
+  FilePtr log_file(std::fopen(log_path.c_str(), fresh_log ? "w" : "a"));
+  if (!log_file) throw Error("cannot write " + log_path.string());
+  std::FILE* const log = log_file.get();
   if (fresh_log) std::fprintf(log, "step,lr,train_loss,val_loss,grad_norm,tokens_per_s,elapsed_s\n");
 
   const bool tty = !options.quiet && isatty(fileno(stdout));
@@ -430,7 +494,7 @@ TrainResult train(const TrainOptions& options) {
   }
 
   g_interrupted.store(false);
-  const auto previous = std::signal(SIGINT, on_sigint);
+  const SigintGuard sigint;  // restored on return and on exceptions
   TrainResult result;
   result.first_step = info.step;
   result.unigram_entropy = corpus.unigram_entropy;
@@ -490,7 +554,7 @@ TrainResult train(const TrainOptions& options) {
       break;
     }
   }
-  std::fclose(log);
+  log_file.reset();
   result.last_step = step;
   result.checkpoint = ckpt;
   result.tokens_per_second = tokens / elapsed();
@@ -509,8 +573,7 @@ TrainResult train(const TrainOptions& options) {
       std::printf("checkpoint: %s, log: %s\n", ckpt.c_str(), log_path.c_str());
     }
   }
-  std::signal(SIGINT, previous);  // Ctrl-C during the final evaluation only skips it
-  return result;
+  return result;  // the handler stays until here: Ctrl-C during the final evaluation only skips it
 }
 
 }  // namespace posembed::model
