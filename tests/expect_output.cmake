@@ -1,9 +1,9 @@
-# Runs a command that must fail in a specific way: exit status EXPECT_RC and
+# Runs a command that must end in a specific way: exit status EXPECT_RC and
 # stdout+stderr matching EXPECT_REGEX. PASS_REGULAR_EXPRESSION alone ignores the
-# exit status, so a crash that printed the message first would pass.
-#   cmake -DEXPECT_RC=2 -DEXPECT_REGEX=... -P expect_error.cmake COMMAND ARGS...
+# exit status, so a crash that printed the expected line first would pass.
+#   cmake -DEXPECT_RC=2 -DEXPECT_REGEX=... -P expect_output.cmake COMMAND ARGS...
 if(NOT DEFINED EXPECT_RC OR NOT DEFINED EXPECT_REGEX)
-  message(FATAL_ERROR "expect_error.cmake needs -DEXPECT_RC=... and -DEXPECT_REGEX=...")
+  message(FATAL_ERROR "expect_output.cmake needs -DEXPECT_RC=... and -DEXPECT_REGEX=...")
 endif()
 set(command)
 set(after_script FALSE)
@@ -18,7 +18,7 @@ foreach(i RANGE ${last})
   endif()
 endforeach()
 if(NOT command)
-  message(FATAL_ERROR "expect_error.cmake: no command given after the script")
+  message(FATAL_ERROR "expect_output.cmake: no command given after the script")
 endif()
 execute_process(COMMAND ${command} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 message("exit status: ${rc}\nstdout:\n${out}\nstderr:\n${err}")
