@@ -11,6 +11,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   posembed::cli::add_config_command(app);
   posembed::cli::add_demo_command(app);
+  posembed::cli::add_train_command(app);
+  posembed::cli::add_sample_command(app);
   posembed::cli::add_inspect_command(app);
   posembed::cli::add_resize_command(app);
   posembed::cli::add_plan_command(app);

@@ -1,0 +1,139 @@
+// `posembed train`: trains the GPT on text (default: the fortunes package), and
+// `posembed sample`: generates text from a checkpoint with a KV cache.
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "cli/config_flags.h"
+#include "posembed/core/error.h"
+#include "posembed/core/parallel.h"
+#include "posembed/core/philox.h"
+#include "posembed/model/train.h"
+
+namespace posembed::cli {
+namespace {
+
+struct SampleOptions {
+  std::string checkpoint;
+  std::string prompt = "\n";
+  std::int64_t tokens = 400;
+  double temperature = 0.8;
+  std::int64_t top_k = 0;
+  std::uint64_t seed = 1;
+  int threads = 1;
+};
+
+// Samples a byte from softmax(logits / temperature), optionally restricted to
+// the top k, with one Philox draw keyed by (seed, index).
+std::int64_t sample_byte(std::span<const float> logits, const SampleOptions& o, std::uint64_t index,
+                         std::vector<double>& probs) {
+  const std::size_t V = logits.size();
+  if (o.temperature == 0.0) {
+    std::size_t best = 0;
+    for (std::size_t i = 1; i < V; ++i) best = logits[i] > logits[best] ? i : best;
+    return static_cast<std::int64_t>(best);
+  }
+  float cutoff = -INFINITY;
+  if (o.top_k > 0 && static_cast<std::size_t>(o.top_k) < V) {
+    std::vector<float> sorted(logits.begin(), logits.end());
+    std::nth_element(sorted.begin(), sorted.begin() + o.top_k - 1, sorted.end(), std::greater<>());
+    cutoff = sorted[static_cast<std::size_t>(o.top_k - 1)];
+  }
+  double mx = -INFINITY, sum = 0;
+  for (float z : logits) mx = std::max(mx, static_cast<double>(z));
+  for (std::size_t i = 0; i < V; ++i) {
+    probs[i] = logits[i] < cutoff ? 0.0 : std::exp((logits[i] - mx) / o.temperature);
+    sum += probs[i];
+  }
+  const PhiloxCounter w = philox4x32_10(philox_counter(index, 0, RandomStream::data_sampling),
+                                        philox_key(o.seed));
+  const double u = static_cast<double>(((std::uint64_t{w[0]} << 32 | w[1]) >> 11)) * 0x1.0p-53 * sum;
+  double acc = 0;
+  for (std::size_t i = 0; i < V; ++i) {
+    acc += probs[i];
+    if (u < acc) return static_cast<std::int64_t>(i);
+  }
+  return static_cast<std::int64_t>(V - 1);
+}
+
+void run_sample(const SampleOptions& o) {
+  if (o.tokens < 0) throw Error("--tokens must be >= 0");
+  if (!(o.temperature >= 0)) throw Error("--temperature must be >= 0 (0 = greedy)");
+  set_num_threads(o.threads);
+  model::Checkpoint info;
+  const model::Gpt gpt = model::load_checkpoint(o.checkpoint, &info, false);
+  const std::int64_t max_len = gpt.config.max_seq_len;
+  if (o.prompt.empty()) throw Error("--prompt must hold at least one byte");
+  std::vector<std::int64_t> context(o.prompt.begin(), o.prompt.end());
+  for (auto& t : context) t = static_cast<unsigned char>(t);
+  model::KvCache cache = model::make_kv_cache(gpt.config);
+  std::vector<float> logits(static_cast<std::size_t>(gpt.config.vocab_size));
+  std::vector<double> probs(logits.size());
+  // Sliding window: when the cache is full, keep the last max_seq_len/2 tokens
+  // and recompute their cache at positions 0.. (the model never saw positions
+  // past max_seq_len - 1).
+  const auto refill = [&] {
+    const std::size_t keep = std::min<std::size_t>(context.size(), static_cast<std::size_t>(std::max<std::int64_t>(1, max_len / 2)));
+    cache.length = 0;
+    for (std::size_t i = context.size() - keep; i < context.size(); ++i) {
+      model::gpt_decode_step(gpt, cache, context[i], logits);
+    }
+  };
+  refill();
+  std::fwrite(o.prompt.data(), 1, o.prompt.size(), stdout);
+  for (std::int64_t n = 0; n < o.tokens; ++n) {
+    const std::int64_t next = sample_byte(logits, o, static_cast<std::uint64_t>(n), probs);
+    const char c = static_cast<char>(next);
+    std::fwrite(&c, 1, 1, stdout);
+    std::fflush(stdout);
+    context.push_back(next);
+    if (cache.length == max_len) refill();
+    else model::gpt_decode_step(gpt, cache, next, logits);
+  }
+  std::printf("\n");
+}
+
+}  // namespace
+
+void add_train_command(CLI::App& app) {
+  auto options = std::make_shared<model::TrainOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "train", "train a small GPT (byte-level, learned position table) on text; default corpus: "
+               "the Debian 'fortunes' package");
+  add_config_flags(*cmd, options->model);
+  add_config_flags(*cmd, options->train);
+  cmd->add_option("--data", options->data,
+                  "text file, or directory of text files (regular files, not *.dat, name order)")
+      ->capture_default_str();
+  cmd->add_option("--out", options->out_dir, "directory for ckpt.safetensors and log.csv")
+      ->capture_default_str();
+  cmd->add_option("--resume", options->resume,
+                  "continue from this checkpoint (its settings and data path win; bitwise the "
+                  "same losses as an uninterrupted run)");
+  cmd->add_flag("--freeze-positions", options->freeze_positions,
+                "give the position table no gradient (pair with --position-init zeros to train "
+                "without position information)");
+  cmd->add_option("--threads", options->threads, "threads (0 = all cores; results are identical)")
+      ->capture_default_str();
+  cmd->callback([options] { model::train(*options); });
+}
+
+void add_sample_command(CLI::App& app) {
+  auto o = std::make_shared<SampleOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "sample", "generate text from a checkpoint (KV cache; the window slides past max_seq_len)");
+  cmd->add_option("checkpoint", o->checkpoint, "checkpoint written by posembed train")->required();
+  cmd->add_option("--prompt", o->prompt, "text to continue")->capture_default_str();
+  cmd->add_option("--tokens", o->tokens, "bytes to generate")->capture_default_str();
+  cmd->add_option("--temperature", o->temperature, "softmax temperature; 0 = greedy")
+      ->capture_default_str();
+  cmd->add_option("--top-k", o->top_k, "sample among the k most likely bytes; 0 = all")
+      ->capture_default_str();
+  cmd->add_option("--seed", o->seed, "seed of the sampling draws")->capture_default_str();
+  cmd->add_option("--threads", o->threads, "threads")->capture_default_str();
+  cmd->callback([o] { run_sample(*o); });
+}
+
+}  // namespace posembed::cli

@@ -1,0 +1,410 @@
+#include "posembed/model/gpt.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "posembed/core/error.h"
+#include "posembed/core/init.h"
+#include "posembed/core/parallel_for.h"
+#include "posembed/core/position_ids.h"
+#include "posembed/model/ops.h"
+
+namespace posembed::model {
+namespace {
+
+std::size_t sz(std::int64_t n) { return static_cast<std::size_t>(n); }
+
+// Carves consecutive spans out of one buffer: first a counting pass (base ==
+// nullptr), then the real one.
+struct Carver {
+  float* base = nullptr;
+  std::size_t used = 0;
+  std::span<float> take(std::int64_t n) {
+    std::span<float> s = base ? std::span<float>(base + used, sz(n)) : std::span<float>();
+    used += sz(n);
+    return s;
+  }
+};
+
+constexpr std::int64_t kSitesPerLayer = 2;  // residual dropout after attention and after the MLP
+
+}  // namespace
+
+void validate(const GptConfig& c) {
+  validate(embedding_config(c));
+  if (c.vocab_size != 256) {
+    throw Error("vocab_size = " + std::to_string(c.vocab_size) +
+                " but the trainer's vocabulary is bytes: use 256");
+  }
+  if (c.n_layer < 1 || c.n_layer > 1024) {
+    throw Error("n_layer = " + std::to_string(c.n_layer) + " must lie in [1, 1024]");
+  }
+  if (c.n_head < 1 || c.embed_dim % c.n_head != 0) {
+    throw Error("n_head = " + std::to_string(c.n_head) + " must be >= 1 and divide embed_dim = " +
+                std::to_string(c.embed_dim) + "; pick a divisor such as " +
+                std::to_string(std::gcd(c.embed_dim, std::int64_t{4})));
+  }
+  if (c.max_seq_len > 65536 || c.embed_dim > 65536) {
+    throw Error("max_seq_len " + std::to_string(c.max_seq_len) + " and embed_dim " +
+                std::to_string(c.embed_dim) + " must be <= 65536 for this trainer");
+  }
+}
+
+EmbeddingConfig embedding_config(const GptConfig& c) {
+  return {.vocab_size = c.vocab_size, .max_seq_len = c.max_seq_len, .embed_dim = c.embed_dim,
+          .dropout = c.dropout, .seed = c.seed, .token_init = c.token_init,
+          .position_init = c.position_init};
+}
+
+Gpt make_gpt(const GptConfig& config) {
+  validate(config);
+  set_blas_single_threaded();
+  Gpt model;
+  model.config = config;
+  const std::int64_t C = config.embed_dim, V = config.vocab_size;
+  // Canonical (Hugging Face) order, then laid out with every decayed 2-D weight
+  // first: the optimizer then runs over two contiguous ranges, not 4 + 12 L tensors.
+  std::vector<std::pair<std::string, std::vector<std::int64_t>>> specs;
+  const auto add = [&](std::string name, std::vector<std::int64_t> shape) {
+    specs.emplace_back(std::move(name), std::move(shape));
+  };
+  add("wte.weight", {V, C});
+  add("wpe.weight", {config.max_seq_len, C});
+  for (std::int64_t l = 0; l < config.n_layer; ++l) {
+    const std::string h = "h." + std::to_string(l) + ".";
+    add(h + "ln_1.weight", {C});
+    add(h + "ln_1.bias", {C});
+    add(h + "attn.c_attn.weight", {C, 3 * C});
+    add(h + "attn.c_attn.bias", {3 * C});
+    add(h + "attn.c_proj.weight", {C, C});
+    add(h + "attn.c_proj.bias", {C});
+    add(h + "ln_2.weight", {C});
+    add(h + "ln_2.bias", {C});
+    add(h + "mlp.c_fc.weight", {C, 4 * C});
+    add(h + "mlp.c_fc.bias", {4 * C});
+    add(h + "mlp.c_proj.weight", {4 * C, C});
+    add(h + "mlp.c_proj.bias", {C});
+  }
+  add("ln_f.weight", {C});
+  add("ln_f.bias", {C});
+  std::size_t offset = 0;
+  for (const bool decay : {true, false}) {
+    for (const auto& [name, shape] : specs) {
+      if ((shape.size() == 2) != decay) continue;
+      std::size_t n = 1;
+      for (auto d : shape) n *= sz(d);
+      model.tensors.push_back({name, shape, offset, n, decay});
+      offset += n;
+    }
+    if (decay) model.num_decayed = offset;
+  }
+  model.num_params = offset;
+  model.memory.assign(4 * offset, 0.0f);
+  float* base = model.memory.data();
+  model.params = {base, offset};
+  model.grads = {base + offset, offset};
+  model.m = {base + 2 * offset, offset};
+  model.v = {base + 3 * offset, offset};
+
+  for (auto* views : {&model.p, &model.g}) {
+    const std::span<float> buf = views == &model.p ? model.params : model.grads;
+    const auto view = [&](const std::string& name) {
+      const ParamTensor* t = find_tensor(model, name);
+      return buf.subspan(t->offset, t->numel);
+    };
+    views->wte = view("wte.weight");
+    views->wpe = view("wpe.weight");
+    views->h.resize(sz(config.n_layer));
+    for (std::int64_t l = 0; l < config.n_layer; ++l) {
+      BlockViews& b = views->h[sz(l)];
+      const std::string h = "h." + std::to_string(l) + ".";
+      b.ln_1_w = view(h + "ln_1.weight"); b.ln_1_b = view(h + "ln_1.bias");
+      b.c_attn_w = view(h + "attn.c_attn.weight"); b.c_attn_b = view(h + "attn.c_attn.bias");
+      b.attn_proj_w = view(h + "attn.c_proj.weight"); b.attn_proj_b = view(h + "attn.c_proj.bias");
+      b.ln_2_w = view(h + "ln_2.weight"); b.ln_2_b = view(h + "ln_2.bias");
+      b.c_fc_w = view(h + "mlp.c_fc.weight"); b.c_fc_b = view(h + "mlp.c_fc.bias");
+      b.mlp_proj_w = view(h + "mlp.c_proj.weight"); b.mlp_proj_b = view(h + "mlp.c_proj.bias");
+    }
+    views->ln_f_w = view("ln_f.weight");
+    views->ln_f_b = view("ln_f.bias");
+  }
+
+  // Initialisation. Every tensor draws from its own range of Philox indices.
+  init_table(model.p.wte, config.token_init, C, config.seed, RandomStream::token_init);
+  init_table(model.p.wpe, config.position_init, C, config.seed, RandomStream::position_init);
+  const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config.n_layer));
+  for (const ParamTensor& t : model.tensors) {
+    if (t.name == "wte.weight" || t.name == "wpe.weight") continue;
+    std::span<float> view = model.params.subspan(t.offset, t.numel);
+    if (t.decay) {
+      const bool proj = t.name.ends_with("c_proj.weight");  // GPT-2's scaled residual init
+      init_table(view, TableInit{InitKind::normal, proj ? proj_std : 0.02}, C, config.seed,
+                 RandomStream::model_init, t.offset);
+    } else {
+      std::fill(view.begin(), view.end(), t.name.ends_with("ln_1.weight") ||
+                                                  t.name.ends_with("ln_2.weight") ||
+                                                  t.name == "ln_f.weight"
+                                              ? 1.0f
+                                              : 0.0f);
+    }
+  }
+  return model;
+}
+
+const ParamTensor* find_tensor(const Gpt& model, std::string_view name) {
+  for (const auto& t : model.tensors) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+std::span<float> tensor_view(const Gpt&, std::span<float> buffer, const ParamTensor& t) {
+  return buffer.subspan(t.offset, t.numel);
+}
+
+Activations make_activations(const GptConfig& c, std::int64_t B, std::int64_t T) {
+  if (B < 1 || T < 1 || T > c.max_seq_len) {
+    throw Error("activations for batch " + std::to_string(B) + " x seq_len " + std::to_string(T) +
+                ": need batch >= 1 and 1 <= seq_len <= max_seq_len = " +
+                std::to_string(c.max_seq_len));
+  }
+  Activations a;
+  a.batch = B;
+  a.seq_len = T;
+  const std::int64_t C = c.embed_dim, N = B * T, H = c.n_head, V = c.vocab_size;
+  a.layers.resize(sz(c.n_layer));
+  for (int pass = 0; pass < 2; ++pass) {
+    Carver k{pass == 0 ? nullptr : a.memory.data(), 0};
+    a.encoded = k.take(N * C);
+    for (auto& l : a.layers) {
+      l.ln_1 = k.take(N * C); l.ln_1_mean = k.take(N); l.ln_1_rstd = k.take(N);
+      l.qkv = k.take(N * 3 * C); l.atty = k.take(N * C); l.att = k.take(B * H * T * T);
+      l.attproj = k.take(N * C); l.residual2 = k.take(N * C);
+      l.ln_2 = k.take(N * C); l.ln_2_mean = k.take(N); l.ln_2_rstd = k.take(N);
+      l.fch = k.take(N * 4 * C); l.fch_gelu = k.take(N * 4 * C);
+      l.mlpproj = k.take(N * C); l.residual3 = k.take(N * C);
+    }
+    a.ln_f = k.take(N * C); a.ln_f_mean = k.take(N); a.ln_f_rstd = k.take(N);
+    a.logits = k.take(N * V); a.probs = k.take(N * V); a.losses = k.take(N);
+    a.d_residual = k.take(N * C); a.d_ln = k.take(N * C); a.d_atty = k.take(N * C);
+    a.d_attproj = k.take(N * C); a.d_qkv = k.take(N * 3 * C); a.d_att = k.take(B * H * T * T);
+    a.d_fch = k.take(N * 4 * C); a.d_fch_gelu = k.take(N * 4 * C); a.d_mlpproj = k.take(N * C);
+    a.d_logits = k.take(N * V); a.d_losses = k.take(N);
+    if (pass == 0) a.memory.assign(k.used, 0.0f);
+  }
+  a.positions.resize(sz(N));
+  positions_contiguous(a.positions, B, T, 0);
+  return a;
+}
+
+void validate_batch(const GptConfig& c, const Activations& acts,
+                    std::span<const std::int64_t> inputs, std::span<const std::int64_t> targets,
+                    std::int64_t T) {
+  if (T < 1 || T > c.max_seq_len) {
+    throw Error("sequence length " + std::to_string(T) + " exceeds max_seq_len " +
+                std::to_string(c.max_seq_len) + " (the position table's rows); use windows of at "
+                "most " + std::to_string(c.max_seq_len) + " tokens or train a model with a longer "
+                "--max-seq-len");
+  }
+  if (T > acts.seq_len) {
+    throw Error("sequence length " + std::to_string(T) + " exceeds the " +
+                std::to_string(acts.seq_len) + " the activations were sized for");
+  }
+  const std::size_t n = sz(acts.batch * T);
+  if (inputs.size() != n || targets.size() != n) {
+    throw Error("inputs hold " + std::to_string(inputs.size()) + " and targets " +
+                std::to_string(targets.size()) + " ids but batch " + std::to_string(acts.batch) +
+                " x seq_len " + std::to_string(T) + " needs " + std::to_string(n) + " each");
+  }
+  for (auto ids : {inputs, targets}) {
+    for (std::size_t i = 0; i < n; ++i) {
+      if (ids[i] < 0 || ids[i] >= c.vocab_size) {
+        throw Error("token id " + std::to_string(ids[i]) + " at index " + std::to_string(i) +
+                    " lies outside [0, " + std::to_string(c.vocab_size) + ")");
+      }
+    }
+  }
+}
+
+double gpt_forward(const Gpt& model, Activations& a, std::span<const std::int64_t> inputs,
+                   std::span<const std::int64_t> targets, std::int64_t T, bool train,
+                   std::uint64_t step) {
+  const GptConfig& c = model.config;
+  validate_batch(c, a, inputs, targets, T);
+  const std::int64_t B = a.batch, C = c.embed_dim, N = B * T, H = c.n_head, V = c.vocab_size;
+  const auto nc = sz(N * C);
+  const DropoutSpec dropout{train ? c.dropout : 0.0, c.seed, step};
+  a.last_dropout = dropout;
+  a.last_seq_len = T;
+  const ParamViews& p = model.p;
+  // The position ids of a (B, T) batch are its first B*T entries only when T
+  // equals the sized length; rebuild them for shorter T (no allocation).
+  std::span<std::int64_t> pos(a.positions.data(), sz(N));
+  positions_contiguous(pos, B, T, 0);
+  embedding_forward(a.encoded.first(nc), inputs, pos, p.wte, p.wpe,
+                    {B, T, c.vocab_size, c.max_seq_len, C}, dropout);
+  std::span<const float> residual = a.encoded.first(nc);
+  for (std::int64_t l = 0; l < c.n_layer; ++l) {
+    const BlockViews& w = p.h[sz(l)];
+    Activations::Layer& L = a.layers[sz(l)];
+    layernorm_forward(L.ln_1, L.ln_1_mean, L.ln_1_rstd, residual, w.ln_1_w, w.ln_1_b, N, C);
+    matmul_forward(L.qkv, L.ln_1, w.c_attn_w, w.c_attn_b, N, C, 3 * C);
+    attention_forward(L.atty, L.att, L.qkv, B, T, C, H);
+    matmul_forward(L.attproj, L.atty, w.attn_proj_w, w.attn_proj_b, N, C, C);
+    dropout_forward(L.attproj.first(nc), L.attproj.first(nc), dropout,
+                    static_cast<std::uint64_t>(l * kSitesPerLayer));
+    residual_forward(L.residual2.first(nc), residual, L.attproj.first(nc));
+    layernorm_forward(L.ln_2, L.ln_2_mean, L.ln_2_rstd, L.residual2, w.ln_2_w, w.ln_2_b, N, C);
+    matmul_forward(L.fch, L.ln_2, w.c_fc_w, w.c_fc_b, N, C, 4 * C);
+    gelu_forward(L.fch_gelu.first(4 * nc), L.fch.first(4 * nc));
+    matmul_forward(L.mlpproj, L.fch_gelu, w.mlp_proj_w, w.mlp_proj_b, N, 4 * C, C);
+    dropout_forward(L.mlpproj.first(nc), L.mlpproj.first(nc), dropout,
+                    static_cast<std::uint64_t>(l * kSitesPerLayer + 1));
+    residual_forward(L.residual3.first(nc), L.residual2.first(nc), L.mlpproj.first(nc));
+    residual = L.residual3.first(nc);
+  }
+  layernorm_forward(a.ln_f, a.ln_f_mean, a.ln_f_rstd, residual, p.ln_f_w, p.ln_f_b, N, C);
+  matmul_tied_forward(a.logits, a.ln_f, p.wte, N, C, V);
+  crossentropy_forward(a.losses, a.probs, a.logits, targets, N, V);
+  double sum = 0.0;  // fixed order, any thread count
+  for (std::int64_t i = 0; i < N; ++i) sum += a.losses[sz(i)];
+  return sum / static_cast<double>(N);
+}
+
+void gpt_zero_grad(Gpt& model) { zero_grad(model.grads); }
+
+void gpt_backward(Gpt& model, Activations& a, std::span<const std::int64_t> inputs,
+                  std::span<const std::int64_t> targets) {
+  const GptConfig& c = model.config;
+  const std::int64_t T = a.last_seq_len;
+  validate_batch(c, a, inputs, targets, T);
+  const std::int64_t B = a.batch, C = c.embed_dim, N = B * T, H = c.n_head, V = c.vocab_size;
+  const auto nc = sz(N * C);
+  const DropoutSpec& dropout = a.last_dropout;
+  const ParamViews& p = model.p;
+  ParamViews& g = model.g;
+  const auto zero = [](std::span<float> s) { std::fill(s.begin(), s.end(), 0.0f); };
+
+  std::fill(a.d_losses.begin(), a.d_losses.begin() + N, 1.0f / static_cast<float>(N));
+  zero(a.d_logits.first(sz(N * V)));
+  crossentropy_backward(a.d_logits, a.d_losses, a.probs, targets, N, V);
+  zero(a.d_residual.first(nc));
+  zero(a.d_ln.first(nc));
+  matmul_tied_backward(a.d_ln, g.wte, a.d_logits, a.ln_f, p.wte, N, C, V);
+  const std::span<const float> last =
+      c.n_layer > 0 ? a.layers.back().residual3.first(nc) : a.encoded.first(nc);
+  layernorm_backward(a.d_residual, g.ln_f_w, g.ln_f_b, a.d_ln, last, p.ln_f_w, a.ln_f_mean,
+                     a.ln_f_rstd, N, C);
+  for (std::int64_t l = c.n_layer - 1; l >= 0; --l) {
+    const BlockViews& w = p.h[sz(l)];
+    BlockViews& dw = g.h[sz(l)];
+    const Activations::Layer& L = a.layers[sz(l)];
+    const std::span<const float> layer_in =
+        l == 0 ? a.encoded.first(nc) : a.layers[sz(l - 1)].residual3.first(nc);
+    // residual3 = residual2 + dropout(mlp_proj(gelu(fc(ln_2(residual2)))))
+    zero(a.d_mlpproj.first(nc));
+    dropout_backward(a.d_mlpproj.first(nc), a.d_residual.first(nc), dropout,
+                     static_cast<std::uint64_t>(l * kSitesPerLayer + 1));
+    zero(a.d_fch_gelu.first(4 * nc));
+    matmul_backward(a.d_fch_gelu, dw.mlp_proj_w, dw.mlp_proj_b, a.d_mlpproj, L.fch_gelu,
+                    w.mlp_proj_w, N, 4 * C, C);
+    zero(a.d_fch.first(4 * nc));
+    gelu_backward(a.d_fch.first(4 * nc), a.d_fch_gelu.first(4 * nc), L.fch.first(4 * nc));
+    zero(a.d_ln.first(nc));
+    matmul_backward(a.d_ln, dw.c_fc_w, dw.c_fc_b, a.d_fch, L.ln_2, w.c_fc_w, N, C, 4 * C);
+    layernorm_backward(a.d_residual, dw.ln_2_w, dw.ln_2_b, a.d_ln, L.residual2, w.ln_2_w,
+                       L.ln_2_mean, L.ln_2_rstd, N, C);
+    // residual2 = layer_in + dropout(attn_proj(attention(c_attn(ln_1(layer_in)))))
+    zero(a.d_attproj.first(nc));
+    dropout_backward(a.d_attproj.first(nc), a.d_residual.first(nc), dropout,
+                     static_cast<std::uint64_t>(l * kSitesPerLayer));
+    zero(a.d_atty.first(nc));
+    matmul_backward(a.d_atty, dw.attn_proj_w, dw.attn_proj_b, a.d_attproj, L.atty,
+                    w.attn_proj_w, N, C, C);
+    zero(a.d_qkv.first(3 * nc));
+    attention_backward(a.d_qkv, a.d_att, a.d_atty, L.qkv, L.att, B, T, C, H);
+    zero(a.d_ln.first(nc));
+    matmul_backward(a.d_ln, dw.c_attn_w, dw.c_attn_b, a.d_qkv, L.ln_1, w.c_attn_w, N, C, 3 * C);
+    layernorm_backward(a.d_residual, dw.ln_1_w, dw.ln_1_b, a.d_ln, layer_in, w.ln_1_w,
+                       L.ln_1_mean, L.ln_1_rstd, N, C);
+  }
+  // The core layer's backward, dense token gradient shared with the tied output
+  // layer; an empty position span freezes the table.
+  const std::span<const std::int64_t> pos(a.positions.data(), sz(N));
+  embedding_backward(g.wte, model.freeze_positions ? std::span<float>() : g.wpe,
+                     a.d_residual.first(nc), inputs, pos, {B, T, c.vocab_size, c.max_seq_len, C},
+                     dropout);
+}
+
+KvCache make_kv_cache(const GptConfig& c) {
+  KvCache k;
+  const std::size_t C = sz(c.embed_dim);
+  k.k.assign(sz(c.n_layer * c.max_seq_len) * C, 0.0f);
+  k.v.assign(k.k.size(), 0.0f);
+  k.x.assign(C, 0.0f);
+  k.ln.assign(C, 0.0f);
+  k.qkv.assign(3 * C, 0.0f);
+  k.atty.assign(C, 0.0f);
+  k.attproj.assign(C, 0.0f);
+  k.fch.assign(4 * C, 0.0f);
+  k.fch_gelu.assign(4 * C, 0.0f);
+  k.att.assign(sz(c.max_seq_len), 0.0f);
+  return k;
+}
+
+void gpt_decode_step(const Gpt& model, KvCache& k, std::int64_t token, std::span<float> logits) {
+  const GptConfig& c = model.config;
+  const std::int64_t C = c.embed_dim, H = c.n_head, hd = C / H, V = c.vocab_size;
+  if (k.length >= c.max_seq_len) {
+    throw Error("the KV cache holds " + std::to_string(k.length) + " tokens = max_seq_len " +
+                std::to_string(c.max_seq_len) + "; slide the window (recompute the cache) first");
+  }
+  const std::int64_t t = k.length;  // this token's position: the offset scheme
+  std::int64_t pos = 0;
+  positions_contiguous(std::span<std::int64_t>(&pos, 1), 1, 1, t);
+  const std::int64_t tok = token;
+  const ParamViews& p = model.p;
+  embedding_forward(k.x, std::span<const std::int64_t>(&tok, 1), std::span<const std::int64_t>(&pos, 1),
+                    p.wte, p.wpe, {1, 1, V, c.max_seq_len, C}, {});
+  float mean = 0, rstd = 0;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  for (std::int64_t l = 0; l < c.n_layer; ++l) {
+    const BlockViews& w = p.h[sz(l)];
+    layernorm_forward(k.ln, {&mean, 1}, {&rstd, 1}, k.x, w.ln_1_w, w.ln_1_b, 1, C);
+    matmul_forward(k.qkv, k.ln, w.c_attn_w, w.c_attn_b, 1, C, 3 * C);
+    float* kc = k.k.data() + sz(l * c.max_seq_len * C);
+    float* vc = k.v.data() + sz(l * c.max_seq_len * C);
+    std::copy_n(k.qkv.begin() + C, C, kc + t * C);
+    std::copy_n(k.qkv.begin() + 2 * C, C, vc + t * C);
+    for (std::int64_t h = 0; h < H; ++h) {
+      const float* q = k.qkv.data() + h * hd;
+      float mx = -INFINITY;
+      for (std::int64_t u = 0; u <= t; ++u) {
+        float s = 0;
+        for (std::int64_t i = 0; i < hd; ++i) s += q[i] * kc[u * C + h * hd + i];
+        k.att[sz(u)] = s * scale;
+        mx = std::max(mx, k.att[sz(u)]);
+      }
+      float sum = 0;
+      for (std::int64_t u = 0; u <= t; ++u) sum += (k.att[sz(u)] = std::exp(k.att[sz(u)] - mx));
+      for (std::int64_t i = 0; i < hd; ++i) {
+        float y = 0;
+        for (std::int64_t u = 0; u <= t; ++u) y += k.att[sz(u)] * vc[u * C + h * hd + i];
+        k.atty[sz(h * hd + i)] = y / sum;
+      }
+    }
+    matmul_forward(k.attproj, k.atty, w.attn_proj_w, w.attn_proj_b, 1, C, C);
+    for (std::int64_t i = 0; i < C; ++i) k.x[sz(i)] += k.attproj[sz(i)];
+    layernorm_forward(k.ln, {&mean, 1}, {&rstd, 1}, k.x, w.ln_2_w, w.ln_2_b, 1, C);
+    matmul_forward(k.fch, k.ln, w.c_fc_w, w.c_fc_b, 1, C, 4 * C);
+    gelu_forward(k.fch_gelu, k.fch);
+    matmul_forward(k.attproj, k.fch_gelu, w.mlp_proj_w, w.mlp_proj_b, 1, 4 * C, C);
+    for (std::int64_t i = 0; i < C; ++i) k.x[sz(i)] += k.attproj[sz(i)];
+  }
+  layernorm_forward(k.ln, {&mean, 1}, {&rstd, 1}, k.x, p.ln_f_w, p.ln_f_b, 1, C);
+  matmul_tied_forward(logits, k.ln, p.wte, 1, C, V);
+  ++k.length;
+}
+
+}  // namespace posembed::model

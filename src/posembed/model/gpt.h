@@ -1,0 +1,163 @@
+// A GPT-2-architecture decoder around the core layer: token + learned position
+// embedding + dropout (posembed core), n_layer pre-LayerNorm blocks (causal
+// multi-head self-attention, GELU MLP, residual dropout), a final LayerNorm and
+// an output layer tied to the token table. Byte vocabulary (256).
+//
+// Parameters, gradients and AdamW moments live in one allocation with typed
+// views; activations in a second one sized once for (batch, seq_len). Nothing
+// is allocated by gpt_forward, gpt_backward or the optimizer step.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "posembed/core/config.h"
+#include "posembed/core/embedding.h"
+
+namespace posembed::model {
+
+struct GptConfig {
+  std::int64_t vocab_size = 256;  // bytes; not a flag
+  std::int64_t max_seq_len = 128;
+  std::int64_t embed_dim = 128;
+  std::int64_t n_layer = 4;
+  std::int64_t n_head = 4;
+  double dropout = 0.1;
+  std::uint64_t seed = 1337;
+  TableInit token_init{};
+  TableInit position_init{};
+  bool operator==(const GptConfig&) const = default;
+};
+
+template <class Visitor>
+void visit_fields(GptConfig& c, Visitor&& visitor) {
+  visitor("max_seq_len", c.max_seq_len,
+          "rows of the position table: the longest context the model can see");
+  visitor("embed_dim", c.embed_dim, "model width (both embedding tables, every block)");
+  visitor("n_layer", c.n_layer, "transformer blocks");
+  visitor("n_head", c.n_head, "attention heads per block; must divide embed_dim");
+  visitor("dropout", c.dropout,
+          "dropout on the embedding sum and on each residual branch in training (GPT-2: 0.1)");
+  visitor("seed", c.seed, "seed of the initialisation, the dropout masks and the batch sampling");
+  visitor("token_init", c.token_init, "token table init: normal:STD, trunc_normal:STD, scaled, zeros");
+  visitor("position_init", c.position_init,
+          "position table init: normal:STD (GPT-2 0.02), trunc_normal:STD, scaled (1/sqrt(embed_dim)) "
+          "or zeros");
+}
+void validate(const GptConfig& config);
+EmbeddingConfig embedding_config(const GptConfig& config);
+
+// One parameter tensor: its Hugging Face GPT-2 name, shape, place in the flat
+// buffers, whether AdamW decays it (2-D weights yes; biases, LayerNorm gains no).
+struct ParamTensor {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  std::size_t offset = 0;
+  std::size_t numel = 0;
+  bool decay = false;
+};
+
+struct BlockViews {
+  std::span<float> ln_1_w, ln_1_b;        // (C)
+  std::span<float> c_attn_w, c_attn_b;    // (C, 3C), (3C)
+  std::span<float> attn_proj_w, attn_proj_b;  // (C, C), (C)
+  std::span<float> ln_2_w, ln_2_b;        // (C)
+  std::span<float> c_fc_w, c_fc_b;        // (C, 4C), (4C)
+  std::span<float> mlp_proj_w, mlp_proj_b;    // (4C, C), (C)
+};
+struct ParamViews {
+  std::span<float> wte;  // (V, C)
+  std::span<float> wpe;  // (max_seq_len, C)
+  std::vector<BlockViews> h;
+  std::span<float> ln_f_w, ln_f_b;  // (C)
+};
+
+struct Gpt {
+  GptConfig config;
+  std::vector<ParamTensor> tensors;  // in buffer order: wte, wpe, other 2-D weights, then 1-D
+  std::size_t num_params = 0;
+  std::size_t num_decayed = 0;       // params [0, num_decayed) are the decayed 2-D weights
+  std::vector<float> memory;         // params | grads | m | v, each num_params
+  std::span<float> params, grads, m, v;
+  ParamViews p, g;                   // views into params and grads
+  bool freeze_positions = false;     // backward skips the position table's gradient
+
+  Gpt() = default;
+  Gpt(Gpt&&) noexcept = default;  // the views stay valid: vector moves keep their storage
+  Gpt& operator=(Gpt&&) noexcept = default;
+  Gpt(const Gpt&) = delete;
+};
+
+// Validates the config, lays out the buffers and initialises the parameters
+// (GPT-2: weights N(0, 0.02), residual projections N(0, 0.02/sqrt(2 n_layer)),
+// biases 0, LayerNorm gains 1; the tables from the core layer's init).
+Gpt make_gpt(const GptConfig& config);
+const ParamTensor* find_tensor(const Gpt& model, std::string_view name);
+std::span<float> tensor_view(const Gpt& model, std::span<float> buffer, const ParamTensor& t);
+
+struct Activations {
+  std::int64_t batch = 0, seq_len = 0;  // the shape they were sized for
+  std::vector<float> memory;
+  std::vector<std::int64_t> positions;  // (B, T): 0..T-1 per row
+  // Forward, per layer l at [l]: (B,T,C) unless noted.
+  std::span<float> encoded;
+  struct Layer {
+    std::span<float> ln_1, ln_1_mean, ln_1_rstd;  // mean, rstd: (B,T)
+    std::span<float> qkv;                          // (B,T,3C)
+    std::span<float> atty;
+    std::span<float> att;                          // (B,H,T,T)
+    std::span<float> attproj;                      // after dropout
+    std::span<float> residual2;
+    std::span<float> ln_2, ln_2_mean, ln_2_rstd;
+    std::span<float> fch, fch_gelu;                // (B,T,4C)
+    std::span<float> mlpproj;                      // after dropout
+    std::span<float> residual3;
+  };
+  std::vector<Layer> layers;
+  std::span<float> ln_f, ln_f_mean, ln_f_rstd;
+  std::span<float> logits, probs;                  // (B,T,V)
+  std::span<float> losses;                         // (B,T)
+  // Backward scratch, shared by all layers.
+  std::span<float> d_residual, d_ln, d_atty, d_attproj, d_qkv, d_att, d_fch, d_fch_gelu,
+      d_mlpproj, d_logits, d_losses;
+  DropoutSpec last_dropout;  // what the last forward applied
+  std::int64_t last_seq_len = 0;
+
+  Activations() = default;
+  Activations(Activations&&) noexcept = default;
+  Activations& operator=(Activations&&) noexcept = default;
+  Activations(const Activations&) = delete;
+};
+
+Activations make_activations(const GptConfig& config, std::int64_t batch, std::int64_t seq_len);
+
+// inputs, targets: (B, T) byte ids. step keys the dropout masks of a training
+// forward; train == false is eval (no dropout). Returns the mean loss over the
+// B*T targets (per-position losses stay in acts.losses). T may be shorter than
+// the seq_len the activations were made for (then only rows 0..B*T use them).
+double gpt_forward(const Gpt& model, Activations& acts, std::span<const std::int64_t> inputs,
+                   std::span<const std::int64_t> targets, std::int64_t T, bool train,
+                   std::uint64_t step);
+// Accumulates d(mean loss)/d(params) into model.grads for the last forward.
+void gpt_backward(Gpt& model, Activations& acts, std::span<const std::int64_t> inputs,
+                  std::span<const std::int64_t> targets);
+void gpt_zero_grad(Gpt& model);
+
+// Checks ids and lengths before any kernel runs.
+void validate_batch(const GptConfig& config, const Activations& acts,
+                    std::span<const std::int64_t> inputs, std::span<const std::int64_t> targets,
+                    std::int64_t T);
+
+// Incremental decoding with a KV cache (eval mode). k and v: (n_layer, max_seq_len, C).
+struct KvCache {
+  std::int64_t length = 0;  // tokens cached; the next token's position
+  std::vector<float> k, v;
+  std::vector<float> x, ln, qkv, atty, attproj, fch, fch_gelu, att;  // one-token scratch
+};
+KvCache make_kv_cache(const GptConfig& config);
+// Appends token at position cache.length and writes its next-token logits (V).
+void gpt_decode_step(const Gpt& model, KvCache& cache, std::int64_t token, std::span<float> logits);
+
+}  // namespace posembed::model

@@ -1,0 +1,426 @@
+#include "posembed/model/ops.h"
+
+#include <algorithm>
+#include <bit>
+#include <cassert>
+#include <cmath>
+#include <numbers>
+
+#include <cblas.h>
+
+#include "posembed/core/parallel_for.h"
+#include "posembed/core/philox.h"
+
+namespace posembed::model {
+namespace {
+
+// Piece sizes: constants, so the partition (and every sum's order) never
+// depends on the thread count.
+constexpr std::int64_t kRowPiece = 64;    // rows of a matrix product per task
+constexpr std::int64_t kColStrip = 16;    // columns (one cache line) per column-reduction task
+
+std::int64_t pieces(std::int64_t n, std::int64_t piece) { return (n + piece - 1) / piece; }
+
+// parallel_for with a grain: tasks whose total work (in multiply-adds or
+// elements) is below kMinParallelWork run on the calling thread. Waking the
+// team costs microseconds, and milliseconds when the cores are shared, which
+// dominated small ops and the one-token decoder. Results do not change: the
+// split into tasks is the same either way.
+constexpr double kMinParallelWork = 32768;
+template <class Body>
+void parallel_for(std::int64_t n, double work, Body&& body) {
+#pragma omp parallel for schedule(static) if (work >= kMinParallelWork)
+  for (std::int64_t i = 0; i < n; ++i) body(i);
+}
+
+int blas_int(std::int64_t n) { return static_cast<int>(n); }
+
+// Calls body(j0, j1) for fixed column strips of [0, C).
+template <class Body>
+void for_column_strips(std::int64_t C, double work, Body&& body) {
+  parallel_for(pieces(C, kColStrip), work, [&](std::int64_t s) {
+    body(s * kColStrip, std::min(C, (s + 1) * kColStrip));
+  });
+}
+
+// dbias (OC) += sum over rows of dout (N, OC), rows in order.
+void bias_backward(float* dbias, const float* dout, std::int64_t N, std::int64_t OC) {
+  for_column_strips(OC, double(N) * double(OC), [&](std::int64_t j0, std::int64_t j1) {
+    float acc[kColStrip] = {};
+    for (std::int64_t n = 0; n < N; ++n) {
+      const float* row = dout + n * OC;
+      for (std::int64_t j = j0; j < j1; ++j) acc[j - j0] += row[j];
+    }
+    for (std::int64_t j = j0; j < j1; ++j) dbias[j] += acc[j - j0];
+  });
+}
+
+}  // namespace
+
+void set_blas_single_threaded() { openblas_set_num_threads(1); }
+
+void matmul_forward(std::span<float> out, std::span<const float> inp, std::span<const float> weight,
+                    std::span<const float> bias, std::int64_t N, std::int64_t C, std::int64_t OC) {
+  assert(out.size() >= static_cast<std::size_t>(N * OC) && inp.size() >= static_cast<std::size_t>(N * C));
+  assert(weight.size() == static_cast<std::size_t>(C * OC));
+  parallel_for(pieces(N, kRowPiece), double(N) * double(C) * double(OC), [&](std::int64_t p) {
+    const std::int64_t r0 = p * kRowPiece, rows = std::min(N - r0, kRowPiece);
+    float* o = out.data() + r0 * OC;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, blas_int(rows), blas_int(OC),
+                blas_int(C), 1.0f, inp.data() + r0 * C, blas_int(C), weight.data(), blas_int(OC),
+                0.0f, o, blas_int(OC));
+    if (!bias.empty()) {
+      for (std::int64_t r = 0; r < rows; ++r) {
+        for (std::int64_t j = 0; j < OC; ++j) o[r * OC + j] += bias[static_cast<std::size_t>(j)];
+      }
+    }
+  });
+}
+
+void matmul_backward(std::span<float> dinp, std::span<float> dweight, std::span<float> dbias,
+                     std::span<const float> dout, std::span<const float> inp,
+                     std::span<const float> weight, std::int64_t N, std::int64_t C,
+                     std::int64_t OC) {
+  const double work = double(N) * double(C) * double(OC);
+  // dinp (N, C) += dout (N, OC) @ weight^T, by row pieces.
+  parallel_for(pieces(N, kRowPiece), work, [&](std::int64_t p) {
+    const std::int64_t r0 = p * kRowPiece, rows = std::min(N - r0, kRowPiece);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas_int(rows), blas_int(C),
+                blas_int(OC), 1.0f, dout.data() + r0 * OC, blas_int(OC), weight.data(),
+                blas_int(OC), 1.0f, dinp.data() + r0 * C, blas_int(C));
+  });
+  // dweight (C, OC) += inp^T @ dout: a sum over all N rows, so split the
+  // output's rows instead; each piece does the whole sum in one BLAS call.
+  constexpr std::int64_t kWeightPiece = 32;
+  parallel_for(pieces(C, kWeightPiece), work, [&](std::int64_t p) {
+    const std::int64_t c0 = p * kWeightPiece, cs = std::min(C - c0, kWeightPiece);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, blas_int(cs), blas_int(OC), blas_int(N),
+                1.0f, inp.data() + c0, blas_int(C), dout.data(), blas_int(OC), 1.0f,
+                dweight.data() + c0 * OC, blas_int(OC));
+  });
+  if (!dbias.empty()) bias_backward(dbias.data(), dout.data(), N, OC);
+}
+
+void matmul_tied_forward(std::span<float> out, std::span<const float> inp,
+                         std::span<const float> table, std::int64_t N, std::int64_t C,
+                         std::int64_t V) {
+  parallel_for(pieces(N, kRowPiece), double(N) * double(C) * double(V), [&](std::int64_t p) {
+    const std::int64_t r0 = p * kRowPiece, rows = std::min(N - r0, kRowPiece);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas_int(rows), blas_int(V), blas_int(C),
+                1.0f, inp.data() + r0 * C, blas_int(C), table.data(), blas_int(C), 0.0f,
+                out.data() + r0 * V, blas_int(V));
+  });
+}
+
+void matmul_tied_backward(std::span<float> dinp, std::span<float> dtable,
+                          std::span<const float> dout, std::span<const float> inp,
+                          std::span<const float> table, std::int64_t N, std::int64_t C,
+                          std::int64_t V) {
+  const double work = double(N) * double(C) * double(V);
+  // dinp (N, C) += dout (N, V) @ table (V, C)
+  parallel_for(pieces(N, kRowPiece), work, [&](std::int64_t p) {
+    const std::int64_t r0 = p * kRowPiece, rows = std::min(N - r0, kRowPiece);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, blas_int(rows), blas_int(C),
+                blas_int(V), 1.0f, dout.data() + r0 * V, blas_int(V), table.data(), blas_int(C),
+                1.0f, dinp.data() + r0 * C, blas_int(C));
+  });
+  // dtable (V, C) += dout^T @ inp, split over the table's rows.
+  constexpr std::int64_t kTablePiece = 32;
+  parallel_for(pieces(V, kTablePiece), work, [&](std::int64_t p) {
+    const std::int64_t v0 = p * kTablePiece, vs = std::min(V - v0, kTablePiece);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, blas_int(vs), blas_int(C), blas_int(N),
+                1.0f, dout.data() + v0, blas_int(V), inp.data(), blas_int(C), 1.0f,
+                dtable.data() + v0 * C, blas_int(C));
+  });
+}
+
+void layernorm_forward(std::span<float> out, std::span<float> mean, std::span<float> rstd,
+                       std::span<const float> inp, std::span<const float> weight,
+                       std::span<const float> bias, std::int64_t N, std::int64_t C) {
+  parallel_for(N, double(N) * double(C), [&](std::int64_t n) {
+    const float* x = inp.data() + n * C;
+    float* o = out.data() + n * C;
+    float m = 0.0f;
+    for (std::int64_t i = 0; i < C; ++i) m += x[i];
+    m /= static_cast<float>(C);
+    float var = 0.0f;
+    for (std::int64_t i = 0; i < C; ++i) var += (x[i] - m) * (x[i] - m);
+    var /= static_cast<float>(C);
+    const float s = 1.0f / std::sqrt(var + kLayerNormEps);
+    for (std::int64_t i = 0; i < C; ++i) {
+      o[i] = (x[i] - m) * s * weight[static_cast<std::size_t>(i)] + bias[static_cast<std::size_t>(i)];
+    }
+    mean[static_cast<std::size_t>(n)] = m;
+    rstd[static_cast<std::size_t>(n)] = s;
+  });
+}
+
+void layernorm_backward(std::span<float> dinp, std::span<float> dweight, std::span<float> dbias,
+                        std::span<const float> dout, std::span<const float> inp,
+                        std::span<const float> weight, std::span<const float> mean,
+                        std::span<const float> rstd, std::int64_t N, std::int64_t C) {
+  parallel_for(N, double(N) * double(C), [&](std::int64_t n) {
+    const float* x = inp.data() + n * C;
+    const float* g = dout.data() + n * C;
+    float* dx = dinp.data() + n * C;
+    const float m = mean[static_cast<std::size_t>(n)], s = rstd[static_cast<std::size_t>(n)];
+    float mean_dnorm = 0.0f, mean_dnorm_norm = 0.0f;
+    for (std::int64_t i = 0; i < C; ++i) {
+      const float dnorm = weight[static_cast<std::size_t>(i)] * g[i];
+      mean_dnorm += dnorm;
+      mean_dnorm_norm += dnorm * (x[i] - m) * s;
+    }
+    mean_dnorm /= static_cast<float>(C);
+    mean_dnorm_norm /= static_cast<float>(C);
+    for (std::int64_t i = 0; i < C; ++i) {
+      const float norm = (x[i] - m) * s;
+      const float dnorm = weight[static_cast<std::size_t>(i)] * g[i];
+      dx[i] += (dnorm - mean_dnorm - norm * mean_dnorm_norm) * s;
+    }
+  });
+  for_column_strips(C, double(N) * double(C), [&](std::int64_t j0, std::int64_t j1) {
+    float dw[kColStrip] = {}, db[kColStrip] = {};
+    for (std::int64_t n = 0; n < N; ++n) {
+      const float* x = inp.data() + n * C;
+      const float* g = dout.data() + n * C;
+      const float m = mean[static_cast<std::size_t>(n)], s = rstd[static_cast<std::size_t>(n)];
+      for (std::int64_t j = j0; j < j1; ++j) {
+        dw[j - j0] += (x[j] - m) * s * g[j];
+        db[j - j0] += g[j];
+      }
+    }
+    for (std::int64_t j = j0; j < j1; ++j) {
+      dweight[static_cast<std::size_t>(j)] += dw[j - j0];
+      dbias[static_cast<std::size_t>(j)] += db[j - j0];
+    }
+  });
+}
+
+void attention_forward(std::span<float> out, std::span<float> att, std::span<const float> qkv,
+                       std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t H) {
+  const std::int64_t hd = C / H, C3 = 3 * C;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  parallel_for(B * H, double(B * H) * double(T * T) * double(C / H), [&](std::int64_t bh) {
+    const std::int64_t b = bh / H, h = bh % H;
+    const float* q = qkv.data() + b * T * C3 + h * hd;
+    const float* k = q + C;
+    const float* v = q + 2 * C;
+    float* a = att.data() + bh * T * T;  // (T, T)
+    // Scores for the whole square; the causal mask is applied in the softmax.
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas_int(T), blas_int(T), blas_int(hd),
+                scale, q, blas_int(C3), k, blas_int(C3), 0.0f, a, blas_int(T));
+    for (std::int64_t t = 0; t < T; ++t) {
+      float* row = a + t * T;
+      float mx = row[0];
+      for (std::int64_t u = 1; u <= t; ++u) mx = std::max(mx, row[u]);
+      float sum = 0.0f;
+      for (std::int64_t u = 0; u <= t; ++u) {
+        row[u] = std::exp(row[u] - mx);
+        sum += row[u];
+      }
+      const float inv = 1.0f / sum;
+      for (std::int64_t u = 0; u <= t; ++u) row[u] *= inv;
+      for (std::int64_t u = t + 1; u < T; ++u) row[u] = 0.0f;
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, blas_int(T), blas_int(hd), blas_int(T),
+                1.0f, a, blas_int(T), v, blas_int(C3), 0.0f, out.data() + b * T * C + h * hd,
+                blas_int(C));
+  });
+}
+
+void attention_backward(std::span<float> dqkv, std::span<float> scratch,
+                        std::span<const float> dout, std::span<const float> qkv,
+                        std::span<const float> att, std::int64_t B, std::int64_t T,
+                        std::int64_t C, std::int64_t H) {
+  const std::int64_t hd = C / H, C3 = 3 * C;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  parallel_for(B * H, double(B * H) * double(T * T) * double(C / H), [&](std::int64_t bh) {
+    const std::int64_t b = bh / H, h = bh % H;
+    const float* q = qkv.data() + b * T * C3 + h * hd;
+    const float* k = q + C;
+    const float* v = q + 2 * C;
+    float* dq = dqkv.data() + b * T * C3 + h * hd;
+    float* dk = dq + C;
+    float* dv = dq + 2 * C;
+    const float* a = att.data() + bh * T * T;
+    const float* dy = dout.data() + b * T * C + h * hd;
+    float* da = scratch.data() + bh * T * T;
+    // datt = dy @ v^T; dv += att^T @ dy
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas_int(T), blas_int(T), blas_int(hd),
+                1.0f, dy, blas_int(C), v, blas_int(C3), 0.0f, da, blas_int(T));
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, blas_int(T), blas_int(hd), blas_int(T),
+                1.0f, a, blas_int(T), dy, blas_int(C), 1.0f, dv, blas_int(C3));
+    // Softmax backward in place: dscore = att * (datt - sum(att * datt)), zero above the diagonal.
+    for (std::int64_t t = 0; t < T; ++t) {
+      const float* arow = a + t * T;
+      float* drow = da + t * T;
+      float dot = 0.0f;
+      for (std::int64_t u = 0; u <= t; ++u) dot += arow[u] * drow[u];
+      for (std::int64_t u = 0; u <= t; ++u) drow[u] = arow[u] * (drow[u] - dot);
+      for (std::int64_t u = t + 1; u < T; ++u) drow[u] = 0.0f;
+    }
+    // dq += scale * dscore @ k; dk += scale * dscore^T @ q
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, blas_int(T), blas_int(hd), blas_int(T),
+                scale, da, blas_int(T), k, blas_int(C3), 1.0f, dq, blas_int(C3));
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, blas_int(T), blas_int(hd), blas_int(T),
+                scale, da, blas_int(T), q, blas_int(C3), 1.0f, dk, blas_int(C3));
+  });
+}
+
+namespace {
+constexpr float kGeluA = 0.044715f;
+const float kGeluS = static_cast<float>(std::sqrt(2.0 / std::numbers::pi));
+
+// exp(x) for float without a library call, so the GELU loops vectorise:
+// x = n ln2 + r with |r| <= ln2/2, exp(r) by Cephes' degree-6 polynomial
+// (relative error ~2 ulp), times 2^n built in the exponent bits. Inputs are
+// clamped to [-87, 88]: the results there are tiny or huge but finite, which
+// is all GELU's sigmoid needs.
+inline float exp_poly(float x) {
+  x = std::min(88.0f, std::max(-87.0f, x));
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const float n = (x * 1.44269504088896341f + kRound) - kRound;
+  const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const auto bits = static_cast<std::uint32_t>(static_cast<std::int32_t>(n) + 127) << 23;
+  return p * std::bit_cast<float>(bits);
+}
+}  // namespace
+
+// 0.5 x (1 + tanh(u)) = x * sigmoid(2u): one exp instead of tanhf, which is
+// several times slower in glibc and dominated the step's profile.
+inline float sigmoid_2u(float x) {
+  const float u = kGeluS * (x + kGeluA * x * x * x);
+  return 1.0f / (1.0f + exp_poly(-2.0f * u));
+}
+
+// Elementwise ops run over fixed pieces of kElemPiece, each a plain pointer loop
+// that the compiler vectorises.
+constexpr std::int64_t kElemPiece = 8192;
+
+void gelu_forward(std::span<float> out, std::span<const float> inp) {
+  const auto n = static_cast<std::int64_t>(inp.size());
+  parallel_for(pieces(n, kElemPiece), double(n) * 8, [&](std::int64_t p) {
+    const std::int64_t i0 = p * kElemPiece, i1 = std::min(n, i0 + kElemPiece);
+    const float* x = inp.data();
+    float* y = out.data();
+#pragma omp simd
+    for (std::int64_t i = i0; i < i1; ++i) y[i] = x[i] * sigmoid_2u(x[i]);
+  });
+}
+
+void gelu_backward(std::span<float> dinp, std::span<const float> dout, std::span<const float> inp) {
+  const auto n = static_cast<std::int64_t>(inp.size());
+  parallel_for(pieces(n, kElemPiece), double(n) * 8, [&](std::int64_t p) {
+    const std::int64_t i0 = p * kElemPiece, i1 = std::min(n, i0 + kElemPiece);
+    const float* xs = inp.data();
+    const float* g = dout.data();
+    float* dx = dinp.data();
+#pragma omp simd
+    for (std::int64_t i = i0; i < i1; ++i) {
+      const float x = xs[i];
+      const float th = 2.0f * sigmoid_2u(x) - 1.0f;  // tanh(u)
+      const float sech2 = 1.0f - th * th;
+      const float grad =
+          0.5f * (1.0f + th) + 0.5f * x * sech2 * kGeluS * (1.0f + 3.0f * kGeluA * x * x);
+      dx[i] += grad * g[i];
+    }
+  });
+}
+
+void residual_forward(std::span<float> out, std::span<const float> a, std::span<const float> b) {
+  parallel_for(static_cast<std::int64_t>(out.size()), double(out.size()), [&](std::int64_t i) {
+    const auto k = static_cast<std::size_t>(i);
+    out[k] = a[k] + b[k];
+  });
+}
+
+namespace {
+constexpr std::int64_t kDropPiece = 4096;  // elements per task; a multiple of 4 (one Philox block)
+
+template <class Body>
+void for_dropout_mask(std::size_t n, const DropoutSpec& dropout, std::uint64_t site, Body&& body) {
+  const std::uint32_t threshold = dropout_threshold(dropout.p);
+  const PhiloxKey key = philox_key(dropout.seed);
+  const std::uint64_t base = site * n;
+  const auto total = static_cast<std::int64_t>(n);
+  parallel_for(pieces(total, kDropPiece), double(total) * 4, [&](std::int64_t p) {
+    const std::int64_t i0 = p * kDropPiece, i1 = std::min(total, i0 + kDropPiece);
+    std::uint64_t block = ~std::uint64_t{0};
+    PhiloxCounter bits{};
+    for (std::int64_t i = i0; i < i1; ++i) {
+      const std::uint64_t index = base + static_cast<std::uint64_t>(i);
+      if ((index >> 2) != block) {
+        block = index >> 2;
+        bits = philox4x32_10(philox_counter(block, dropout.step, RandomStream::model_dropout), key);
+      }
+      body(static_cast<std::size_t>(i), bits[index & 3] >= threshold);
+    }
+  });
+}
+}  // namespace
+
+void dropout_forward(std::span<float> out, std::span<const float> inp, const DropoutSpec& dropout,
+                     std::uint64_t site) {
+  if (dropout.p == 0.0) {
+    if (out.data() != inp.data()) std::copy(inp.begin(), inp.end(), out.begin());
+    return;
+  }
+  const float scale = dropout_scale(dropout.p);
+  for_dropout_mask(inp.size(), dropout, site,
+                   [&](std::size_t i, bool keep) { out[i] = keep ? inp[i] * scale : 0.0f; });
+}
+
+void dropout_backward(std::span<float> dinp, std::span<const float> dout,
+                      const DropoutSpec& dropout, std::uint64_t site) {
+  if (dropout.p == 0.0) {
+    parallel_for(static_cast<std::int64_t>(dout.size()), double(dout.size()), [&](std::int64_t i) {
+      dinp[static_cast<std::size_t>(i)] += dout[static_cast<std::size_t>(i)];
+    });
+    return;
+  }
+  const float scale = dropout_scale(dropout.p);
+  for_dropout_mask(dout.size(), dropout, site, [&](std::size_t i, bool keep) {
+    if (keep) dinp[i] += dout[i] * scale;
+  });
+}
+
+void crossentropy_forward(std::span<float> losses, std::span<float> probs,
+                          std::span<const float> logits, std::span<const std::int64_t> targets,
+                          std::int64_t N, std::int64_t V) {
+  parallel_for(N, double(N) * double(V) * 4, [&](std::int64_t n) {
+    const float* z = logits.data() + n * V;
+    float* p = probs.data() + n * V;
+    float mx = z[0];
+    for (std::int64_t i = 1; i < V; ++i) mx = std::max(mx, z[i]);
+    float sum = 0.0f;
+    for (std::int64_t i = 0; i < V; ++i) {
+      p[i] = std::exp(z[i] - mx);
+      sum += p[i];
+    }
+    const float inv = 1.0f / sum;
+    for (std::int64_t i = 0; i < V; ++i) p[i] *= inv;
+    const std::int64_t target = targets[static_cast<std::size_t>(n)];
+    losses[static_cast<std::size_t>(n)] = std::log(sum) + mx - z[target];  // log-sum-exp form
+  });
+}
+
+void crossentropy_backward(std::span<float> dlogits, std::span<const float> dloss,
+                           std::span<const float> probs, std::span<const std::int64_t> targets,
+                           std::int64_t N, std::int64_t V) {
+  parallel_for(N, double(N) * double(V) * 4, [&](std::int64_t n) {
+    const float g = dloss[static_cast<std::size_t>(n)];
+    const float* p = probs.data() + n * V;
+    float* d = dlogits.data() + n * V;
+    const std::int64_t target = targets[static_cast<std::size_t>(n)];
+    for (std::int64_t i = 0; i < V; ++i) d[i] += (p[i] - (i == target ? 1.0f : 0.0f)) * g;
+  });
+}
+
+}  // namespace posembed::model

@@ -1,0 +1,94 @@
+// The GPT's operations on flat fp32 buffers: each op's forward, then its
+// backward (the vector-Jacobian product), side by side. Arguments go outputs
+// first, then inputs, then dimensions. Backward accumulates (+=) into every
+// gradient it writes; zeroing is the caller's job.
+//
+// Threads: every op splits its work into pieces fixed by the shapes alone
+// (never by the thread count), and each output element is reduced in a fixed
+// order inside one piece. Matrix products go to OpenBLAS with OpenBLAS's own
+// threading pinned to 1 (set_blas_single_threaded); the pieces run in
+// parallel_for. So results are bitwise identical for any thread count.
+#pragma once
+
+#include <cstdint>
+#include <span>
+
+#include "posembed/core/embedding.h"
+
+namespace posembed::model {
+
+// Pins OpenBLAS to one thread per call. Called once by make_gpt; idempotent.
+void set_blas_single_threaded();
+
+// out (N, OC) = inp (N, C) @ weight (C, OC) + bias (OC). bias may be empty.
+// weight is stored (in, out) as GPT-2's Conv1D.
+void matmul_forward(std::span<float> out, std::span<const float> inp, std::span<const float> weight,
+                    std::span<const float> bias, std::int64_t N, std::int64_t C, std::int64_t OC);
+// dinp (N, C), dweight (C, OC), dbias (OC, may be empty) += VJP of dout (N, OC).
+void matmul_backward(std::span<float> dinp, std::span<float> dweight, std::span<float> dbias,
+                     std::span<const float> dout, std::span<const float> inp,
+                     std::span<const float> weight, std::int64_t N, std::int64_t C,
+                     std::int64_t OC);
+
+// The tied output layer: out (N, V) = inp (N, C) @ table (V, C)^T, no bias.
+void matmul_tied_forward(std::span<float> out, std::span<const float> inp,
+                         std::span<const float> table, std::int64_t N, std::int64_t C,
+                         std::int64_t V);
+// dinp (N, C), dtable (V, C) += VJP of dout (N, V).
+void matmul_tied_backward(std::span<float> dinp, std::span<float> dtable,
+                          std::span<const float> dout, std::span<const float> inp,
+                          std::span<const float> table, std::int64_t N, std::int64_t C,
+                          std::int64_t V);
+
+inline constexpr float kLayerNormEps = 1e-5f;  // GPT-2's layer_norm_epsilon
+
+// out (N, C) = (inp - mean) * rstd * weight + bias; mean, rstd (N) saved for backward.
+void layernorm_forward(std::span<float> out, std::span<float> mean, std::span<float> rstd,
+                       std::span<const float> inp, std::span<const float> weight,
+                       std::span<const float> bias, std::int64_t N, std::int64_t C);
+// dinp (N, C), dweight, dbias (C) += VJP of dout (N, C).
+void layernorm_backward(std::span<float> dinp, std::span<float> dweight, std::span<float> dbias,
+                        std::span<const float> dout, std::span<const float> inp,
+                        std::span<const float> weight, std::span<const float> mean,
+                        std::span<const float> rstd, std::int64_t N, std::int64_t C);
+
+// Causal multi-head self-attention, softmax(q k^T / sqrt(hd)) v per head.
+// out (B, T, C); att (B, H, T, T): the softmax, zero above the diagonal, saved
+// for backward; qkv (B, T, 3C): q, k, v side by side, head h in columns
+// [h*hd, (h+1)*hd) of each third.
+void attention_forward(std::span<float> out, std::span<float> att, std::span<const float> qkv,
+                       std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t H);
+// dqkv (B, T, 3C) += VJP of dout (B, T, C); scratch (B, H, T, T) is overwritten.
+void attention_backward(std::span<float> dqkv, std::span<float> scratch,
+                        std::span<const float> dout, std::span<const float> qkv,
+                        std::span<const float> att, std::int64_t B, std::int64_t T,
+                        std::int64_t C, std::int64_t H);
+
+// GELU, tanh approximation (GPT-2's gelu_new). out, inp: (N)
+void gelu_forward(std::span<float> out, std::span<const float> inp);
+void gelu_backward(std::span<float> dinp, std::span<const float> dout, std::span<const float> inp);
+
+// out = a + b, all (N). Backward is the identity into both; callers that keep a
+// residual-stream gradient buffer simply keep accumulating into it.
+void residual_forward(std::span<float> out, std::span<const float> a, std::span<const float> b);
+
+// Residual dropout (inverted): element i of site `site` is kept when
+// philox_bits(seed, step, model_dropout, site * N + i) >= dropout_threshold(p).
+// out may alias inp. The mask is recomputed in backward, never stored.
+void dropout_forward(std::span<float> out, std::span<const float> inp, const DropoutSpec& dropout,
+                     std::uint64_t site);
+// dinp += mask * scale * dout. dinp must not alias dout.
+void dropout_backward(std::span<float> dinp, std::span<const float> dout,
+                      const DropoutSpec& dropout, std::uint64_t site);
+
+// Softmax cross-entropy. losses (N) = -log softmax(logits)[target];
+// probs (N, V) saved for backward; logits (N, V); targets (N) in [0, V).
+void crossentropy_forward(std::span<float> losses, std::span<float> probs,
+                          std::span<const float> logits, std::span<const std::int64_t> targets,
+                          std::int64_t N, std::int64_t V);
+// dlogits (N, V) += dloss[n] * (probs - onehot(target)); dloss (N).
+void crossentropy_backward(std::span<float> dlogits, std::span<const float> dloss,
+                           std::span<const float> probs, std::span<const std::int64_t> targets,
+                           std::int64_t N, std::int64_t V);
+
+}  // namespace posembed::model

@@ -1,0 +1,141 @@
+// Training the GPT on a byte stream: AdamW with GPT-2 decay groups, gradient-norm
+// clipping, a cosine learning-rate schedule with linear warmup, random training
+// windows from the train split, a held-out validation split, a CSV log,
+// safetensors checkpoints, bitwise-identical --resume and Ctrl-C handling.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "posembed/model/gpt.h"
+
+namespace posembed::model {
+
+struct TrainConfig {
+  std::int64_t steps = 1000;
+  std::int64_t batch_size = 16;
+  std::int64_t seq_len = 0;  // training window length; 0 = max_seq_len
+  double lr = 2e-3;          // peak learning rate
+  double min_lr_ratio = 0.1; // cosine decays to lr * min_lr_ratio
+  std::int64_t warmup_steps = 100;
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;  // 0 disables
+  double val_fraction = 0.1;
+  std::int64_t eval_every = 200;
+  std::int64_t eval_batches = 8;
+  std::int64_t checkpoint_every = 500;
+  bool operator==(const TrainConfig&) const = default;
+};
+
+template <class Visitor>
+void visit_fields(TrainConfig& c, Visitor&& visitor) {
+  visitor("steps", c.steps, "optimizer steps in total (a resumed run continues to this count)");
+  visitor("batch_size", c.batch_size, "windows per step");
+  visitor("seq_len", c.seq_len,
+          "training window length in bytes, at most max_seq_len; 0 = max_seq_len");
+  visitor("lr", c.lr, "peak learning rate, reached after the warmup");
+  visitor("min_lr_ratio", c.min_lr_ratio, "the cosine schedule ends at lr * min_lr_ratio");
+  visitor("warmup_steps", c.warmup_steps, "linear warmup from lr/warmup_steps to lr");
+  visitor("weight_decay", c.weight_decay,
+          "AdamW decoupled weight decay on 2-D weights (both embedding tables included); biases "
+          "and LayerNorm gains are not decayed");
+  visitor("beta1", c.beta1, "AdamW beta1");
+  visitor("beta2", c.beta2, "AdamW beta2 (GPT-2 style 0.95)");
+  visitor("eps", c.eps, "AdamW epsilon");
+  visitor("grad_clip", c.grad_clip, "clip the global gradient L2 norm to this; 0 disables");
+  visitor("val_fraction", c.val_fraction,
+          "share of the text held out for validation, as interleaved 4 KiB chunks");
+  visitor("eval_every", c.eval_every, "steps between validation estimates");
+  visitor("eval_batches", c.eval_batches,
+          "batches per periodic validation estimate (the final one uses the whole split)");
+  visitor("checkpoint_every", c.checkpoint_every, "steps between checkpoints (and one at the end)");
+}
+
+void validate(const TrainConfig& train, const GptConfig& model);
+std::int64_t effective_seq_len(const TrainConfig& train, const GptConfig& model);
+
+// The learning rate of 0-based step `step`.
+double lr_at(const TrainConfig& c, std::int64_t step);
+
+// Global L2 norm of the gradients, summed in double in a fixed order.
+double grad_norm(const Gpt& model);
+
+struct StepStats {
+  double loss = 0, grad_norm = 0, lr = 0;
+};
+// One optimizer step on a batch: zero-grad, forward (train, dropout keyed by
+// step), backward, clip, AdamW with lr_at(step). step is 0-based.
+StepStats train_step(Gpt& model, Activations& acts, std::span<const std::int64_t> inputs,
+                     std::span<const std::int64_t> targets, std::int64_t T, std::int64_t step,
+                     const TrainConfig& config);
+
+// The text, split into train and validation bytes.
+struct Corpus {
+  std::vector<std::uint8_t> train, val;
+  double unigram_entropy = 0;  // nats per byte, over the whole text
+  std::uint64_t total_bytes = 0;
+};
+// path: a file, or a directory whose regular files (not symlinks, not *.dat
+// index files) are concatenated in name order: the fortunes package's layout.
+std::vector<std::uint8_t> read_text(const std::filesystem::path& path);
+Corpus split_corpus(std::vector<std::uint8_t> text, double val_fraction);
+
+// Training window of batch row `row` at `step`: a random offset in the train split.
+void fill_train_batch(std::span<std::int64_t> inputs, std::span<std::int64_t> targets,
+                      std::span<const std::uint8_t> text, std::int64_t B, std::int64_t T,
+                      std::uint64_t seed, std::uint64_t step);
+
+// Checkpoints: parameters under GPT-2 Hugging Face names, the AdamW moments under
+// "optimizer.exp_avg.<name>" / "optimizer.exp_avg_sq.<name>" and every setting
+// in __metadata__.
+struct Checkpoint {
+  GptConfig model;
+  TrainConfig train;
+  std::int64_t step = 0;  // optimizer steps done
+  std::string data;
+  bool freeze_positions = false;
+};
+void save_checkpoint(const std::filesystem::path& path, const Gpt& model, const Checkpoint& info,
+                     bool with_optimizer);
+// Reads the settings, builds the model and loads its parameters (and the AdamW
+// moments when present and wanted).
+Checkpoint read_checkpoint_info(const std::filesystem::path& path);
+Gpt load_checkpoint(const std::filesystem::path& path, Checkpoint* info, bool with_optimizer);
+
+struct TrainOptions {
+  GptConfig model;
+  TrainConfig train;
+  std::string data = "/usr/share/games/fortunes";
+  std::filesystem::path out_dir = "out";
+  std::filesystem::path resume;   // a checkpoint to continue from
+  bool freeze_positions = false;  // position table gets no gradient (and no update)
+  int threads = 0;
+  bool quiet = false;             // no progress output (tests)
+  std::int64_t stop_after = -1;   // tests: stop (saving a checkpoint) after this many steps
+};
+
+struct TrainResult {
+  std::vector<double> losses;  // per step, this run
+  std::int64_t first_step = 0, last_step = 0;
+  double final_train_loss = 0, final_val_loss = 0;  // eval mode, nats per byte
+  double unigram_entropy = 0;
+  double tokens_per_second = 0;
+  bool interrupted = false;
+  std::filesystem::path checkpoint;
+};
+
+TrainResult train(const TrainOptions& options);
+
+// Mean eval-mode loss over the given windows (start offsets) of text.
+double evaluate(const Gpt& model, Activations& acts, std::span<const std::uint8_t> text,
+                std::span<const std::int64_t> starts, std::int64_t T,
+                std::vector<std::int64_t>& inputs, std::vector<std::int64_t>& targets);
+
+}  // namespace posembed::model

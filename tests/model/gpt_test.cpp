@@ -1,0 +1,246 @@
+// The whole model: gradients against central finite differences of a double
+// reference model built from the reference ops (dropout on, so the masks are
+// checked too), the KV-cache decoder against the full forward, checkpoints,
+// and the errors at the boundary.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "posembed/core/error.h"
+#include "posembed/core/reference.h"
+#include "posembed/model/gpt.h"
+#include "posembed/model/ops.h"
+#include "posembed/model/reference.h"
+#include "posembed/model/train.h"
+#include "test_util.h"
+
+namespace posembed::model {
+namespace {
+
+using namespace testing;
+namespace ref = reference;
+using Vd = std::vector<double>;
+
+GptConfig tiny_config() {
+  GptConfig c;
+  c.max_seq_len = 6;
+  c.embed_dim = 8;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.dropout = 0.1;
+  c.seed = 5;
+  return c;
+}
+
+// The mean loss of the model with parameters `w` (the flat buffer, in double).
+double reference_loss(const Gpt& model, const Vd& w, const std::vector<std::int64_t>& in,
+                      const std::vector<std::int64_t>& tg, std::int64_t B, std::int64_t T,
+                      const DropoutSpec& dropout) {
+  const GptConfig& c = model.config;
+  const std::int64_t C = c.embed_dim, N = B * T, V = c.vocab_size, H = c.n_head;
+  const auto t = [&](const std::string& name) {
+    const ParamTensor* p = find_tensor(model, name);
+    return Vd(w.begin() + static_cast<std::ptrdiff_t>(p->offset),
+              w.begin() + static_cast<std::ptrdiff_t>(p->offset + p->numel));
+  };
+  std::vector<std::int64_t> pos(static_cast<std::size_t>(N));
+  for (std::int64_t i = 0; i < N; ++i) pos[static_cast<std::size_t>(i)] = i % T;
+  Vd x = posembed::reference::embedding_forward<double>(
+      in, pos, t("wte.weight"), t("wpe.weight"), {B, T, V, c.max_seq_len, C}, dropout);
+  const auto n = static_cast<std::size_t>(N * C);
+  const auto drop = [&](Vd& y, std::uint64_t site) {
+    for (std::size_t i = 0; i < y.size(); ++i) y[i] *= ref::dropout_factor<double>(dropout, site, n, i);
+  };
+  for (std::int64_t l = 0; l < c.n_layer; ++l) {
+    const std::string h = "h." + std::to_string(l) + ".";
+    Vd ln(n), qkv(3 * n), y(n), proj(n), fc(4 * n), fcp(n);
+    ref::layernorm_forward(ln, x, t(h + "ln_1.weight"), t(h + "ln_1.bias"), N, C, kLayerNormEps);
+    ref::matmul_forward(qkv, ln, t(h + "attn.c_attn.weight"), t(h + "attn.c_attn.bias"), N, C, 3 * C);
+    ref::attention_forward(y, qkv, B, T, C, H);
+    ref::matmul_forward(proj, y, t(h + "attn.c_proj.weight"), t(h + "attn.c_proj.bias"), N, C, C);
+    drop(proj, static_cast<std::uint64_t>(2 * l));
+    for (std::size_t i = 0; i < n; ++i) x[i] += proj[i];
+    ref::layernorm_forward(ln, x, t(h + "ln_2.weight"), t(h + "ln_2.bias"), N, C, kLayerNormEps);
+    ref::matmul_forward(fc, ln, t(h + "mlp.c_fc.weight"), t(h + "mlp.c_fc.bias"), N, C, 4 * C);
+    for (auto& v : fc) v = ref::gelu(v);
+    ref::matmul_forward(fcp, fc, t(h + "mlp.c_proj.weight"), t(h + "mlp.c_proj.bias"), N, 4 * C, C);
+    drop(fcp, static_cast<std::uint64_t>(2 * l + 1));
+    for (std::size_t i = 0; i < n; ++i) x[i] += fcp[i];
+  }
+  Vd ln(n), logits(static_cast<std::size_t>(N * V)), losses(static_cast<std::size_t>(N));
+  ref::layernorm_forward(ln, x, t("ln_f.weight"), t("ln_f.bias"), N, C, kLayerNormEps);
+  ref::matmul_tied_forward(logits, ln, t("wte.weight"), N, C, V);
+  ref::crossentropy_forward(losses, logits, tg, N, V);
+  double sum = 0;
+  for (double v : losses) sum += v;
+  return sum / static_cast<double>(N);
+}
+
+struct Batch {
+  std::vector<std::int64_t> in, tg;
+};
+Batch tiny_batch(std::int64_t B, std::int64_t T) {
+  Batch b;
+  const std::string text = "position matters!";
+  for (std::int64_t i = 0; i < B * T; ++i) {
+    b.in.push_back(static_cast<unsigned char>(text[static_cast<std::size_t>(i) % text.size()]));
+    b.tg.push_back(static_cast<unsigned char>(text[static_cast<std::size_t>(i + 1) % text.size()]));
+  }
+  return b;
+}
+
+TEST(Gpt, GradientsMatchFiniteDifferencesOfDoubleReference) {
+  Gpt model = make_gpt(tiny_config());
+  // Non-trivial LayerNorm gains and biases, so their gradients are exercised.
+  auto noise = random_floats(model.num_params, 77, 0.05);
+  for (std::size_t i = 0; i < model.num_params; ++i) model.params[i] += noise[i];
+  const std::int64_t B = 2, T = 5;
+  const Batch batch = tiny_batch(B, T);
+  Activations acts = make_activations(model.config, B, T);
+  const std::uint64_t step = 3;
+  gpt_zero_grad(model);
+  const double loss = gpt_forward(model, acts, batch.in, batch.tg, T, true, step);
+  gpt_backward(model, acts, batch.in, batch.tg);
+
+  Vd w(model.params.begin(), model.params.end());
+  const DropoutSpec dropout = acts.last_dropout;
+  const double ref_loss = reference_loss(model, w, batch.in, batch.tg, B, T, dropout);
+  // fp32 forward of a few hundred roundings on O(5) values.
+  EXPECT_NEAR(loss, ref_loss, 1e-5 * ref_loss);
+  // Central differences in double, h = 1e-4 on O(0.1) weights: truncation
+  // ~h^2 = 1e-8, rounding ~1e-16/h. The fp32 gradients carry ~1e-6 relative
+  // error (the mean over 10 tokens of fp32 sums), so 1e-5 of the largest
+  // gradient, plus 1e-6 absolute for entries that are zero up to rounding.
+  const double h = 1e-4;
+  double worst = 0;
+  std::string worst_name;
+  for (const ParamTensor& t : model.tensors) {
+    double gmax = 0;
+    for (std::size_t i = t.offset; i < t.offset + t.numel; ++i) gmax = std::max(gmax, std::abs(static_cast<double>(model.grads[i])));
+    for (std::size_t i = t.offset; i < t.offset + t.numel; ++i) {
+      const double keep = w[i];
+      w[i] = keep + h;
+      const double up = reference_loss(model, w, batch.in, batch.tg, B, T, dropout);
+      w[i] = keep - h;
+      const double down = reference_loss(model, w, batch.in, batch.tg, B, T, dropout);
+      w[i] = keep;
+      const double fd = (up - down) / (2 * h);
+      const double err = std::abs(fd - model.grads[i]);
+      ASSERT_LE(err, 1e-5 * gmax + 1e-6) << t.name << " element " << i - t.offset << ": analytic "
+                                         << model.grads[i] << ", finite difference " << fd;
+      if (err > worst) { worst = err; worst_name = t.name; }
+    }
+  }
+  RecordProperty("worst_gradient_error", std::to_string(worst) + " in " + worst_name);
+}
+
+TEST(Gpt, FrozenPositionsGetNoGradient) {
+  Gpt model = make_gpt(tiny_config());
+  model.freeze_positions = true;
+  const Batch batch = tiny_batch(2, 5);
+  Activations acts = make_activations(model.config, 2, 5);
+  gpt_zero_grad(model);
+  gpt_forward(model, acts, batch.in, batch.tg, 5, true, 0);
+  gpt_backward(model, acts, batch.in, batch.tg);
+  for (float g : model.g.wpe) ASSERT_EQ(g, 0.0f);
+  double tok = 0;
+  for (float g : model.g.wte) tok += std::abs(g);
+  EXPECT_GT(tok, 0.0);
+}
+
+TEST(Gpt, KvCacheDecodingMatchesFullForward) {
+  GptConfig c = tiny_config();
+  c.max_seq_len = 9;
+  c.dropout = 0.0;
+  Gpt model = make_gpt(c);
+  auto noise = random_floats(model.num_params, 78, 0.05);
+  for (std::size_t i = 0; i < model.num_params; ++i) model.params[i] += noise[i];
+  const std::int64_t T = 9;
+  const Batch batch = tiny_batch(1, T);
+  Activations acts = make_activations(c, 1, T);
+  gpt_forward(model, acts, batch.in, batch.tg, T, false, 0);
+  KvCache cache = make_kv_cache(c);
+  std::vector<float> logits(256);
+  for (std::int64_t t = 0; t < T; ++t) {
+    gpt_decode_step(model, cache, batch.in[static_cast<std::size_t>(t)], logits);
+    for (std::size_t v = 0; v < 256; ++v) {
+      // Same math, different summation order (BLAS blocks vs plain loops): O(1)
+      // logits agree to a few hundred eps.
+      ASSERT_NEAR(logits[v], acts.logits[static_cast<std::size_t>(t) * 256 + v], 1e-5)
+          << "position " << t << " byte " << v;
+    }
+  }
+  EXPECT_THROW(gpt_decode_step(model, cache, 65, logits), Error);
+}
+
+TEST(Gpt, CheckpointRoundTripsBitwise) {
+  GptConfig c = tiny_config();
+  c.position_init = parse_table_init("scaled");
+  Gpt model = make_gpt(c);
+  auto noise = random_floats(model.num_params * 3, 79);
+  for (std::size_t i = 0; i < model.num_params; ++i) {
+    model.m[i] = noise[i];
+    model.v[i] = std::abs(noise[model.num_params + i]);
+  }
+  const auto path = std::filesystem::temp_directory_path() / "posembed_gpt_ckpt_test.safetensors";
+  Checkpoint info{c, TrainConfig{}, 17, "some/data.txt", false};
+  info.train.lr = 3.5e-4;
+  save_checkpoint(path, model, info, true);
+  Checkpoint back;
+  Gpt loaded = load_checkpoint(path, &back, true);
+  EXPECT_EQ(back.model, c);
+  EXPECT_EQ(back.train, info.train);
+  EXPECT_EQ(back.step, 17);
+  EXPECT_EQ(back.data, "some/data.txt");
+  EXPECT_EQ(loaded.memory, model.memory);  // params, grads (zero), m and v
+  std::filesystem::remove(path);
+}
+
+TEST(Gpt, InitialisationFollowsGpt2) {
+  const GptConfig c{};
+  Gpt model = make_gpt(c);
+  EXPECT_EQ(model.tensors.front().name, "wte.weight");
+  ASSERT_NE(find_tensor(model, "h.3.mlp.c_proj.weight"), nullptr);
+  EXPECT_EQ(find_tensor(model, "h.0.attn.c_attn.weight")->shape, (std::vector<std::int64_t>{128, 384}));
+  EXPECT_TRUE(find_tensor(model, "wpe.weight")->decay);
+  EXPECT_FALSE(find_tensor(model, "h.0.ln_1.weight")->decay);
+  EXPECT_FALSE(find_tensor(model, "h.0.attn.c_attn.bias")->decay);
+  const auto std_of = [&](const std::string& name) {
+    const ParamTensor* t = find_tensor(model, name);
+    double s = 0;
+    for (std::size_t i = t->offset; i < t->offset + t->numel; ++i) s += double(model.params[i]) * model.params[i];
+    return std::sqrt(s / static_cast<double>(t->numel));
+  };
+  // Sample std of 16k-65k normals is within 2% of the truth with overwhelming probability.
+  EXPECT_NEAR(std_of("h.0.attn.c_attn.weight"), 0.02, 0.02 * 0.02);
+  EXPECT_NEAR(std_of("h.1.mlp.c_proj.weight"), 0.02 / std::sqrt(8.0), 0.02 / std::sqrt(8.0) * 0.02);
+  EXPECT_EQ(std_of("h.2.ln_2.weight"), 1.0);
+  EXPECT_EQ(std_of("h.2.ln_2.bias"), 0.0);
+}
+
+TEST(Gpt, RejectsContextLongerThanTheTable) {
+  GptConfig c = tiny_config();
+  TrainConfig t;
+  t.seq_len = 7;
+  try {
+    validate(t, c);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("seq_len 7"), std::string::npos) << m;
+    EXPECT_NE(m.find("max_seq_len 6"), std::string::npos) << m;
+  }
+  EXPECT_THROW(make_activations(c, 1, 7), Error);
+  c.n_head = 3;
+  EXPECT_THROW(make_gpt(c), Error);
+}
+
+TEST(Gpt, RejectsBadTokens) {
+  Gpt model = make_gpt(tiny_config());
+  Activations acts = make_activations(model.config, 1, 4);
+  std::vector<std::int64_t> in{1, 2, 256, 3}, tg{1, 2, 3, 4};
+  EXPECT_THROW(gpt_forward(model, acts, in, tg, 4, false, 0), Error);
+}
+
+}  // namespace
+}  // namespace posembed::model

@@ -1,0 +1,263 @@
+// Each op: the fast fp32 kernel against the double plain-loop reference (forward
+// and backward, awkward sizes crossing the 16-column strips and 64-row pieces),
+// and the reference backward against central finite differences of the
+// reference forward, all in double.
+#include <gtest/gtest.h>
+
+#include <functional>
+
+#include "posembed/model/ops.h"
+#include "posembed/model/reference.h"
+#include "test_util.h"
+
+namespace posembed::model {
+namespace {
+
+using namespace testing;
+namespace ref = reference;
+using Vd = std::vector<double>;
+
+// Checks grad == d/dx sum(dout * f(x)) by central differences, in double.
+// h = 1e-5: truncation error O(h^2 f''') ~ 1e-10 and rounding ~1e-16/h ~ 1e-11
+// for these O(1) functions, so 1e-7 relative to the gradient's size is ample.
+void check_fd(const std::function<double(const Vd&)>& loss, Vd x, const Vd& grad,
+              const std::string& what) {
+  const double h = 1e-5;
+  const double scale = std::max(1.0, max_abs(grad));
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const double keep = x[i];
+    x[i] = keep + h;
+    const double up = loss(x);
+    x[i] = keep - h;
+    const double down = loss(x);
+    x[i] = keep;
+    const double fd = (up - down) / (2 * h);
+    ASSERT_NEAR(grad[i], fd, 1e-7 * scale) << what << " element " << i;
+  }
+}
+
+double dot(const Vd& a, const Vd& b) {
+  double s = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+
+struct MatmulCase { std::int64_t N, C, OC; bool bias; };
+
+class MatmulTest : public ::testing::TestWithParam<MatmulCase> {};
+
+TEST_P(MatmulTest, MatchesReferenceAndFiniteDifferences) {
+  const auto [N, C, OC, has_bias] = GetParam();
+  const auto n = [](std::int64_t v) { return static_cast<std::size_t>(v); };
+  auto inp = random_floats(n(N * C), 1), w = random_floats(n(C * OC), 2, 0.5);
+  auto bias = has_bias ? random_floats(n(OC), 3) : std::vector<float>();
+  auto dout = random_floats(n(N * OC), 4);
+  std::vector<float> out(n(N * OC), 7.0f);
+  matmul_forward(out, inp, w, bias, N, C, OC);
+  Vd out_ref(out.size());
+  ref::matmul_forward(out_ref, to_double(inp), to_double(w), to_double(bias), N, C, OC);
+  // fp32 dot products of length C over N(0,1) x N(0,0.25) terms: error <= C eps sum|terms|,
+  // sum|terms| <= C * max|a| * max|w| (<~ C * 4 * 2); we use that worst-case bound.
+  const double bound = static_cast<double>(C + 1) * kEps32 *
+                       (static_cast<double>(C) * max_abs(inp) * max_abs(w) + max_abs(bias));
+  expect_all_near(out, out_ref, bound, "matmul forward");
+
+  std::vector<float> dinp(inp.size(), 0.5f), dw(w.size(), 0.25f), db(bias.size(), 0.125f);
+  matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC);
+  Vd dinp_ref(inp.size(), 0.5), dw_ref(w.size(), 0.25), db_ref(bias.size(), 0.125);
+  ref::matmul_backward(dinp_ref, dw_ref, db_ref, to_double(dout), to_double(inp), to_double(w), N,
+                       C, OC);
+  const double K = static_cast<double>(std::max({N, C, OC}) + 1);
+  const double gbound = K * kEps32 * (K * max_abs(dout) * std::max(max_abs(w), max_abs(inp)) + 1);
+  expect_all_near(dinp, dinp_ref, gbound, "matmul dinp (accumulated onto 0.5)");
+  expect_all_near(dw, dw_ref, gbound, "matmul dweight (accumulated onto 0.25)");
+  expect_all_near(db, db_ref, gbound, "matmul dbias (accumulated onto 0.125)");
+
+  // Reference backward vs finite differences (small cases only: cost N*C*OC*(NC+C*OC)).
+  if (N * C * OC > 4000) return;
+  const Vd dd = to_double(dout), wd = to_double(w), bd = to_double(bias), xd = to_double(inp);
+  Vd gx(xd.size()), gw(wd.size()), gb(bd.size());
+  ref::matmul_backward(gx, gw, gb, dd, xd, wd, N, C, OC);
+  Vd o(dd.size());
+  check_fd([&](const Vd& x) { ref::matmul_forward(o, x, wd, bd, N, C, OC); return dot(o, dd); }, xd, gx, "dinp");
+  check_fd([&](const Vd& x) { ref::matmul_forward(o, xd, x, bd, N, C, OC); return dot(o, dd); }, wd, gw, "dweight");
+  if (has_bias) {
+    check_fd([&](const Vd& x) { ref::matmul_forward(o, xd, wd, x, N, C, OC); return dot(o, dd); }, bd, gb, "dbias");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, MatmulTest,
+                         ::testing::Values(MatmulCase{1, 1, 1, true}, MatmulCase{3, 5, 7, true},
+                                           MatmulCase{7, 17, 3, false}, MatmulCase{65, 33, 17, true},
+                                           MatmulCase{130, 70, 40, true}));
+
+TEST(MatmulTied, MatchesReferenceAndFiniteDifferences) {
+  for (const auto [N, C, V] : {std::array<std::int64_t, 3>{1, 1, 1}, {5, 7, 3}, {67, 17, 33}, {3, 4, 70}}) {
+    const auto n = [](std::int64_t v) { return static_cast<std::size_t>(v); };
+    auto inp = random_floats(n(N * C), 5), table = random_floats(n(V * C), 6, 0.5);
+    auto dout = random_floats(n(N * V), 7);
+    std::vector<float> out(n(N * V));
+    matmul_tied_forward(out, inp, table, N, C, V);
+    Vd out_ref(out.size());
+    ref::matmul_tied_forward(out_ref, to_double(inp), to_double(table), N, C, V);
+    const double K = static_cast<double>(std::max({N, C, V}) + 1);
+    const double bound = K * kEps32 * K * std::max(1.0, max_abs(inp)) * std::max(1.0, max_abs(table)) * std::max(1.0, max_abs(dout));
+    expect_all_near(out, out_ref, bound, "tied forward");
+    std::vector<float> dinp(inp.size(), 1.0f), dt(table.size(), -1.0f);
+    matmul_tied_backward(dinp, dt, dout, inp, table, N, C, V);
+    Vd dinp_ref(inp.size(), 1.0), dt_ref(table.size(), -1.0);
+    ref::matmul_tied_backward(dinp_ref, dt_ref, to_double(dout), to_double(inp), to_double(table), N, C, V);
+    expect_all_near(dinp, dinp_ref, bound, "tied dinp");
+    expect_all_near(dt, dt_ref, bound, "tied dtable");
+    if (N * C * V > 2000) continue;
+    const Vd dd = to_double(dout), xd = to_double(inp), td = to_double(table);
+    Vd gx(xd.size()), gt(td.size()), o(dd.size());
+    ref::matmul_tied_backward(gx, gt, dd, xd, td, N, C, V);
+    check_fd([&](const Vd& x) { ref::matmul_tied_forward(o, x, td, N, C, V); return dot(o, dd); }, xd, gx, "tied dinp");
+    check_fd([&](const Vd& x) { ref::matmul_tied_forward(o, xd, x, N, C, V); return dot(o, dd); }, td, gt, "tied dtable");
+  }
+}
+
+TEST(LayerNorm, MatchesReferenceAndFiniteDifferences) {
+  for (const auto [N, C] : {std::array<std::int64_t, 2>{1, 2}, {3, 5}, {9, 17}, {70, 33}}) {
+    const auto n = [](std::int64_t v) { return static_cast<std::size_t>(v); };
+    auto inp = random_floats(n(N * C), 8, 2.0), w = random_floats(n(C), 9), b = random_floats(n(C), 10);
+    for (auto& x : inp) x += 3.0f;  // an offset mean, as in a residual stream
+    auto dout = random_floats(n(N * C), 11);
+    std::vector<float> out(inp.size()), mean(n(N)), rstd(n(N));
+    layernorm_forward(out, mean, rstd, inp, w, b, N, C);
+    Vd out_ref(out.size());
+    ref::layernorm_forward(out_ref, to_double(inp), to_double(w), to_double(b), N, C, kLayerNormEps);
+    // Normalised values are O(1); the mean and variance sums of C terms carry
+    // C eps relative error, amplified by |x|/std (<= ~3 here): 8 C eps * |x|max.
+    const double bound = 8.0 * static_cast<double>(C) * kEps32 * max_abs(inp) * max_abs(w) + 4 * kEps32 * max_abs(b);
+    expect_all_near(out, out_ref, bound, "layernorm forward");
+    std::vector<float> dinp(inp.size(), 0.0f), dw(n(C), 1.0f), db(n(C), 2.0f);
+    layernorm_backward(dinp, dw, db, dout, inp, w, mean, rstd, N, C);
+    Vd dinp_ref(inp.size()), dw_ref(n(C), 1.0), db_ref(n(C), 2.0);
+    ref::layernorm_backward(dinp_ref, dw_ref, db_ref, to_double(dout), to_double(inp), to_double(w), N, C, kLayerNormEps);
+    const double gbound = 16.0 * static_cast<double>(std::max(N, C)) * kEps32 * max_abs(dout) *
+                          std::max(1.0, max_abs(w)) * std::max(1.0, max_abs(inp));
+    expect_all_near(dinp, dinp_ref, gbound, "layernorm dinp");
+    expect_all_near(dw, dw_ref, gbound, "layernorm dweight");
+    expect_all_near(db, db_ref, gbound, "layernorm dbias");
+    if (N * C > 200) continue;
+    const Vd dd = to_double(dout), xd = to_double(inp), wd = to_double(w), bd = to_double(b);
+    Vd gx(xd.size()), gw(wd.size()), gb(bd.size()), o(xd.size());
+    ref::layernorm_backward(gx, gw, gb, dd, xd, wd, N, C, kLayerNormEps);
+    check_fd([&](const Vd& x) { ref::layernorm_forward(o, x, wd, bd, N, C, kLayerNormEps); return dot(o, dd); }, xd, gx, "ln dinp");
+    check_fd([&](const Vd& x) { ref::layernorm_forward(o, xd, x, bd, N, C, kLayerNormEps); return dot(o, dd); }, wd, gw, "ln dweight");
+    check_fd([&](const Vd& x) { ref::layernorm_forward(o, xd, wd, x, N, C, kLayerNormEps); return dot(o, dd); }, bd, gb, "ln dbias");
+  }
+}
+
+TEST(Attention, MatchesReferenceAndFiniteDifferences) {
+  struct Case { std::int64_t B, T, C, H; };
+  for (const Case c : {Case{1, 1, 4, 1}, Case{2, 5, 12, 3}, Case{1, 9, 8, 2}, Case{3, 33, 16, 4}}) {
+    const auto n = [](std::int64_t v) { return static_cast<std::size_t>(v); };
+    auto qkv = random_floats(n(c.B * c.T * 3 * c.C), 12, 1.0);
+    auto dout = random_floats(n(c.B * c.T * c.C), 13);
+    std::vector<float> out(n(c.B * c.T * c.C)), att(n(c.B * c.H * c.T * c.T)), scratch(att.size());
+    attention_forward(out, att, qkv, c.B, c.T, c.C, c.H);
+    Vd out_ref(out.size());
+    ref::attention_forward(out_ref, to_double(qkv), c.B, c.T, c.C, c.H);
+    // Scores: dot products of hd terms; softmax and the weighted sum of T values.
+    const double K = static_cast<double>(c.T + c.C);
+    const double bound = 8.0 * K * kEps32 * max_abs(qkv) * max_abs(qkv) * max_abs(qkv);
+    expect_all_near(out, out_ref, bound, "attention forward");
+    std::vector<float> dqkv(qkv.size(), 0.5f);
+    attention_backward(dqkv, scratch, dout, qkv, att, c.B, c.T, c.C, c.H);
+    Vd dqkv_ref(qkv.size(), 0.5);
+    ref::attention_backward(dqkv_ref, to_double(dout), to_double(qkv), c.B, c.T, c.C, c.H);
+    expect_all_near(dqkv, dqkv_ref, bound * K * max_abs(dout), "attention dqkv");
+    if (c.T > 9) continue;
+    const Vd dd = to_double(dout), xd = to_double(qkv);
+    Vd g(xd.size()), o(dd.size());
+    ref::attention_backward(g, dd, xd, c.B, c.T, c.C, c.H);
+    check_fd([&](const Vd& x) { ref::attention_forward(o, x, c.B, c.T, c.C, c.H); return dot(o, dd); }, xd, g, "attention");
+  }
+}
+
+TEST(Attention, IsCausal) {
+  // Changing a later token's k and v must not change an earlier output.
+  const std::int64_t B = 1, T = 6, C = 8, H = 2;
+  auto qkv = random_floats(static_cast<std::size_t>(B * T * 3 * C), 14);
+  std::vector<float> out(static_cast<std::size_t>(B * T * C)), out2(out.size()), att(static_cast<std::size_t>(B * H * T * T));
+  attention_forward(out, att, qkv, B, T, C, H);
+  for (std::int64_t j = 0; j < 3 * C; ++j) qkv[static_cast<std::size_t>((T - 1) * 3 * C + j)] += 1.0f;
+  attention_forward(out2, att, qkv, B, T, C, H);
+  for (std::int64_t i = 0; i < (T - 1) * C; ++i) EXPECT_EQ(out[static_cast<std::size_t>(i)], out2[static_cast<std::size_t>(i)]);
+}
+
+TEST(Gelu, MatchesReferenceAndFiniteDifferences) {
+  auto x = random_floats(1001, 15, 3.0);
+  x.push_back(0.0f); x.push_back(30.0f); x.push_back(-30.0f);
+  auto dout = random_floats(x.size(), 16);
+  std::vector<float> out(x.size()), dx(x.size(), 1.0f);
+  gelu_forward(out, x);
+  gelu_backward(dx, dout, x);
+  Vd want(x.size()), dwant(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    want[i] = ref::gelu<double>(x[i]);
+    dwant[i] = 1.0 + dout[i] * ref::gelu_derivative<double>(x[i]);
+    // The derivative's formula, checked once in double by finite differences.
+    const double h = 1e-5, fd = (ref::gelu<double>(x[i] + h) - ref::gelu<double>(x[i] - h)) / (2 * h);
+    ASSERT_NEAR(ref::gelu_derivative<double>(x[i]), fd, 1e-8);
+  }
+  // A few float roundings of O(|x|) values (exp, the sigmoid's division): 8 eps |x|.
+  expect_all_near(out, want, 8 * kEps32 * max_abs(x), "gelu");
+  expect_all_near(dx, dwant, 16 * kEps32 * max_abs(x) * max_abs(dout) + 4 * kEps32, "gelu backward");
+}
+
+TEST(Dropout, MatchesReferenceMaskAndBackwardIsItsTranspose) {
+  const DropoutSpec spec{0.25, 99, 7};
+  const std::size_t n = 10007;
+  auto x = random_floats(n, 17), g = random_floats(n, 18);
+  std::vector<float> out(n), dx(n, 0.0f);
+  dropout_forward(out, x, spec, 3);
+  dropout_backward(dx, g, spec, 3);
+  std::size_t dropped = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const double f = ref::dropout_factor<double>(spec, 3, n, i);
+    EXPECT_FLOAT_EQ(out[i], static_cast<float>(x[i] * f));
+    EXPECT_FLOAT_EQ(dx[i], static_cast<float>(g[i] * f));
+    dropped += f == 0.0;
+  }
+  // Binomial(10007, 0.25): mean 2502, sd 43; 6 sd either side fails with p ~ 1e-9.
+  EXPECT_NEAR(static_cast<double>(dropped), 0.25 * n, 6 * 43.3);
+  // Another site draws a different mask.
+  std::vector<float> other(n);
+  dropout_forward(other, x, spec, 4);
+  EXPECT_NE(out, other);
+  // In place equals out of place.
+  std::vector<float> inplace = x;
+  dropout_forward(inplace, inplace, spec, 3);
+  EXPECT_EQ(inplace, out);
+}
+
+TEST(CrossEntropy, MatchesReferenceAndFiniteDifferences) {
+  for (const auto [N, V] : {std::array<std::int64_t, 2>{1, 1}, {3, 5}, {17, 256}}) {
+    const auto n = [](std::int64_t v) { return static_cast<std::size_t>(v); };
+    auto logits = random_floats(n(N * V), 19, 3.0);
+    std::vector<std::int64_t> targets(n(N));
+    for (std::int64_t i = 0; i < N; ++i) targets[n(i)] = (i * 7 + 3) % V;
+    auto dloss = random_floats(n(N), 20);
+    std::vector<float> losses(n(N)), probs(n(N * V)), dlogits(n(N * V), 0.0f);
+    crossentropy_forward(losses, probs, logits, targets, N, V);
+    crossentropy_backward(dlogits, dloss, probs, targets, N, V);
+    Vd want(n(N)), dwant(n(N * V));
+    ref::crossentropy_forward(want, to_double(logits), targets, N, V);
+    ref::crossentropy_backward(dwant, to_double(dloss), to_double(logits), targets, N, V);
+    // log-sum-exp of V terms in fp32: V eps relative on the sum, plus |max logit| eps.
+    expect_all_near(losses, want, 4 * kEps32 * (static_cast<double>(V) + max_abs(logits)), "loss");
+    expect_all_near(dlogits, dwant, 4 * kEps32 * static_cast<double>(V) * max_abs(dloss), "dlogits");
+    const Vd ld = to_double(logits), dd = to_double(dloss);
+    Vd g(ld.size()), o(n(N));
+    ref::crossentropy_backward(g, dd, ld, targets, N, V);
+    if (N * V > 100) continue;
+    check_fd([&](const Vd& x) { ref::crossentropy_forward(o, x, targets, N, V); return dot(o, dd); }, ld, g, "ce");
+  }
+}
+
+}  // namespace
+}  // namespace posembed::model

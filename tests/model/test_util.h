@@ -1,0 +1,54 @@
+// Helpers shared by the model tests: seeded data, float <-> double, comparisons
+// with tolerances derived from float epsilon.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "posembed/core/init.h"
+
+namespace posembed::model::testing {
+
+inline constexpr double kEps32 = std::numeric_limits<float>::epsilon();  // 1.19e-7
+
+inline std::vector<float> random_floats(std::size_t n, std::uint64_t seed, double scale = 1.0) {
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    v[i] = static_cast<float>(scale * standard_normal(seed, RandomStream::model_init, i));
+  }
+  return v;
+}
+
+inline std::vector<double> to_double(const std::vector<float>& v) {
+  return std::vector<double>(v.begin(), v.end());
+}
+
+template <class T>
+double max_abs(const std::vector<T>& v) {
+  double m = 0;
+  for (auto x : v) m = std::max(m, std::abs(static_cast<double>(x)));
+  return m;
+}
+
+// Every element within tol; reports the worst one.
+template <class A, class B>
+void expect_all_near(const std::vector<A>& got, const std::vector<B>& want, double tol,
+                     const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double worst = 0;
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double e = std::abs(static_cast<double>(got[i]) - static_cast<double>(want[i]));
+    if (!(e <= worst)) { worst = e; at = i; }
+  }
+  EXPECT_LE(worst, tol) << what << ": worst error at " << at << " (got " << got[at] << ", want "
+                        << want[at] << ")";
+}
+
+}  // namespace posembed::model::testing

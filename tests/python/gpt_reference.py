@@ -1,0 +1,128 @@
+#!/usr/bin/python3
+"""PyTorch reference for posembed's GPT trainer (run with Debian's /usr/bin/python3).
+
+Reads our initial checkpoint (safetensors, GPT-2 Hugging Face names, config in
+__metadata__) and a batches file written by gpt_torch_export, builds the same
+model in plain PyTorch (Conv1D layout: y = x @ W + b, tied output layer, tanh
+GELU, pre-LayerNorm blocks, dropout 0), and writes:
+  logits (B, T, V), loss () and grad.<name> for every parameter at step 0, and
+  losses (S,): the loss before each of S AdamW steps (GPT-2 decay groups,
+  clip_grad_norm_, the learning rates given in the batches file).
+The output carries format/version metadata and the torch version.
+
+usage: gpt_reference.py CHECKPOINT BATCHES OUT
+"""
+import json
+import math
+import struct
+import sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+FORMAT, VERSION = "posembed-torch-reference", "1"
+DTYPES = {"F32": np.float32, "F64": np.float64, "I64": np.int64}
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    meta = header.pop("__metadata__", {})
+    body = data[8 + n:]
+    tensors = {}
+    for name, e in header.items():
+        b, end = e["data_offsets"]
+        tensors[name] = np.frombuffer(body[b:end], dtype=DTYPES[e["dtype"]]).reshape(e["shape"]).copy()
+    return tensors, meta
+
+
+def write_safetensors(path, tensors, meta):
+    names = {np.dtype(np.float32): "F32", np.dtype(np.float64): "F64", np.dtype(np.int64): "I64"}
+    header, blobs, offset = {"__metadata__": meta}, [], 0
+    for name, a in tensors.items():
+        a = np.ascontiguousarray(a)
+        raw = a.tobytes()
+        header[name] = {"dtype": names[a.dtype], "shape": list(a.shape),
+                        "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def forward(p, idx, cfg):
+    B, T = idx.shape
+    C, H, L = cfg["embed_dim"], cfg["n_head"], cfg["n_layer"]
+    x = p["wte.weight"][idx] + p["wpe.weight"][torch.arange(T)]
+    mask = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    for l in range(L):
+        h = f"h.{l}."
+        a = F.layer_norm(x, (C,), p[h + "ln_1.weight"], p[h + "ln_1.bias"], 1e-5)
+        qkv = a @ p[h + "attn.c_attn.weight"] + p[h + "attn.c_attn.bias"]
+        q, k, v = qkv.split(C, dim=2)
+        q, k, v = (t.view(B, T, H, C // H).transpose(1, 2) for t in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(C // H)
+        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+        x = x + y @ p[h + "attn.c_proj.weight"] + p[h + "attn.c_proj.bias"]
+        a = F.layer_norm(x, (C,), p[h + "ln_2.weight"], p[h + "ln_2.bias"], 1e-5)
+        m = F.gelu(a @ p[h + "mlp.c_fc.weight"] + p[h + "mlp.c_fc.bias"], approximate="tanh")
+        x = x + m @ p[h + "mlp.c_proj.weight"] + p[h + "mlp.c_proj.bias"]
+    x = F.layer_norm(x, (C,), p["ln_f.weight"], p["ln_f.bias"], 1e-5)
+    return x @ p["wte.weight"].t()
+
+
+def main():
+    ckpt, batches_path, out = sys.argv[1:4]
+    torch.manual_seed(0)
+    weights, meta = read_safetensors(ckpt)
+    batches, bmeta = read_safetensors(batches_path)
+    assert meta["format"] == "posembed-gpt", meta.get("format")
+    cfg = {k: int(meta["model." + k]) for k in ("embed_dim", "n_head", "n_layer")}
+    assert float(meta["model.dropout"]) == 0.0, "the comparison runs at dropout 0"
+    params = {n: torch.tensor(w, requires_grad=True) for n, w in weights.items()}
+    inputs, targets = torch.from_numpy(batches["inputs"]), torch.from_numpy(batches["targets"])
+    lrs = batches["lr"]
+    wd, clip = float(bmeta["weight_decay"]), float(bmeta["grad_clip"])
+    b1, b2, eps = float(bmeta["beta1"]), float(bmeta["beta2"]), float(bmeta["eps"])
+
+    result = {}
+    logits = forward(params, inputs[0], cfg)
+    loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets[0].reshape(-1))
+    loss.backward()
+    result["logits"] = logits.detach().numpy()
+    result["loss"] = np.array(loss.item(), dtype=np.float64)
+    for n, t in params.items():
+        result["grad." + n] = t.grad.numpy().copy()
+
+    decay = [t for t in params.values() if t.dim() == 2]
+    no_decay = [t for t in params.values() if t.dim() != 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": wd},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=float(lrs[0]), betas=(b1, b2), eps=eps)
+    losses = []
+    for s in range(len(lrs)):
+        for g in opt.param_groups:
+            g["lr"] = float(lrs[s])
+        opt.zero_grad(set_to_none=True)
+        logits = forward(params, inputs[s], cfg)
+        loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets[s].reshape(-1))
+        loss.backward()
+        if clip > 0:
+            torch.nn.utils.clip_grad_norm_(list(params.values()), clip)
+        opt.step()
+        losses.append(loss.item())
+    result["losses"] = np.array(losses, dtype=np.float64)
+    write_safetensors(out, result, {"format": FORMAT, "version": VERSION,
+                                    "torch": torch.__version__})
+    print(f"gpt_reference: loss {losses[0]:.6f} -> {losses[-1]:.6f} over {len(losses)} steps, "
+          f"torch {torch.__version__}")
+
+
+if __name__ == "__main__":
+    main()
