@@ -204,12 +204,12 @@ class Context {
     if (!full_) full_ = model::split_corpus(text(), 0.1);
     return *full_;
   }
-  // A slice small enough to overfit; a fifth held out (interleaved 4 KiB chunks).
+  // A slice small enough to overfit; a quarter held out (interleaved 4 KiB chunks).
   const model::Corpus& small_corpus(std::size_t bytes) {
     if (!small_) {
       const auto& t = text();
       std::vector<std::uint8_t> slice(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(std::min(bytes, t.size())));
-      small_ = model::split_corpus(std::move(slice), 0.2);
+      small_ = model::split_corpus(std::move(slice), 0.25);
     }
     return *small_;
   }
@@ -339,8 +339,8 @@ class Context {
 
 constexpr std::uint64_t kSeeds[] = {1, 2, 3};
 
-// Claim 2's slice: the first 64 KiB of the text (32 KiB in --quick).
-std::size_t small_slice_bytes(bool quick) { return quick ? 32768 : 65536; }
+// Claim 2's slice: the first 32 KiB of the text, a quarter held out.
+std::size_t small_slice_bytes(bool) { return 32768; }
 
 // The text model of claims 1, 4 and 6: GPT-2 architecture on bytes, small
 // enough for a 2-core machine. Dropout 0 so that only the compared setting varies.
@@ -573,8 +573,11 @@ ClaimResult claim_dropout(Context& ctx) {
   RunSpec base = base_text_spec(ctx);
   base.corpus = &ctx.small_corpus(small_slice_bytes(q));
   base.data_tag = "small";
-  base.train.steps = q ? 30 : 1200;
-  base.eval_every = q ? 10 : 60;
+  // Wider than the text model of claim 1 (about 4x the parameters) so that it
+  // overfits 24 KiB of training text within the budget.
+  if (!q) base.model.embed_dim = 128;
+  base.train.steps = q ? 30 : 1000;
+  base.eval_every = q ? 10 : 50;
   base.eval_windows = 128;        // periodic: up to 128 windows per split
   base.final_windows = 1 << 20;   // final: every window of both splits
   const std::vector<double> rates = {0.0, 0.1};
@@ -623,7 +626,12 @@ ClaimResult claim_dropout(Context& ctx) {
   const Row& r1 = rows[1];
   const bool smaller_gap = separated(r1.gap, r0.gap);
   const bool better_best = separated(r1.best_val, r0.best_val);
-  const bool overfit = r0.rise.mean > 0.02;  // validation loss rose by more than 0.02 nats after its best
+  // Overfitting shows as a train/validation gap well above the seed noise
+  // (0.1 nats/byte) or a validation loss that rises after its best (0.02).
+  const bool overfit = r0.gap.mean > 0.1 || r0.rise.mean > 0.02;
+  const auto compare = [](const Spread& a, const Spread& b, const char* lower, const char* higher) {
+    return separated(a, b) ? lower : separated(b, a) ? higher : "not separable: the seed ranges overlap";
+  };
   out.verdict = verdict_word(smaller_gap && better_best ? 2 : (smaller_gap || better_best) ? 1 : 0);
   out.summary = format("gap val-train %.3f (dropout 0.1) vs %.3f (0); best val loss %.3f vs %.3f",
                        r1.gap.mean, r0.gap.mean, r1.best_val.mean, r0.best_val.mean);
@@ -650,8 +658,9 @@ ClaimResult claim_dropout(Context& ctx) {
   md += format("Without dropout the model %s (validation loss %.3f above its best at the end, "
                "gap %.3f). Dropout 0.1: gap %.3f vs %.3f (%s), best validation loss %.3f vs %.3f (%s). ",
                overfit ? "overfits" : "barely overfits", r0.rise.mean, r0.gap.mean, r1.gap.mean,
-               r0.gap.mean, smaller_gap ? "smaller beyond the seed spread" : "not separable",
-               r1.best_val.mean, r0.best_val.mean, better_best ? "lower beyond the seed spread" : "not separable");
+               r0.gap.mean, compare(r1.gap, r0.gap, "smaller beyond the seed spread", "larger beyond the seed spread"),
+               r1.best_val.mean, r0.best_val.mean,
+               compare(r1.best_val, r0.best_val, "lower beyond the seed spread", "higher beyond the seed spread"));
   md += "Rule: *holds* when dropout 0.1 gives both a smaller gap and a lower best validation "
         "loss with non-overlapping seed ranges; *partly* when only one; otherwise *does not hold*.\n";
   out.markdown = md;
@@ -1044,14 +1053,14 @@ ClaimResult claim_no_position(Context& ctx) {
   out.name = "no-position";
   out.title = "Ablation: no position embedding";
   const bool q = ctx.options().quick;
-  // The copy-k-back task (the model tests' setting, which learns it in ~400-600 steps).
+  // The copy-k-back task (the model tests' setting).
   RunSpec copy;
   copy.model.max_seq_len = 16;
   copy.model.embed_dim = 32;
   copy.model.n_layer = 1;
   copy.model.n_head = 2;
   copy.model.dropout = 0.0;
-  copy.train.steps = q ? 30 : 800;
+  copy.train.steps = q ? 30 : 1500;  // the jump comes at ~400-600 steps for seed 3; margin for other seeds
   copy.train.batch_size = 32;
   copy.train.lr = 1e-2;
   copy.train.warmup_steps = 20;
