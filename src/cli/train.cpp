@@ -117,7 +117,9 @@ void add_train_command(CLI::App& app) {
                 "without position information)");
   cmd->add_option("--threads", options->threads, "threads (0 = all cores; results are identical)")
       ->capture_default_str();
-  cmd->callback([options] { model::train(*options); });
+  cmd->callback([options] {
+    if (model::train(*options).interrupted) throw CLI::RuntimeError(130);  // as a shell's Ctrl-C
+  });
 }
 
 void add_sample_command(CLI::App& app) {

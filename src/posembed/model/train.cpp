@@ -458,7 +458,8 @@ TrainResult train(const TrainOptions& options) {
     std::fprintf(log, "%lld,%.6g,%.6f,%s,%.6f,%.1f,%.2f\n", static_cast<long long>(step), s.lr,
                  s.loss, std::isnan(val) ? "" : std::to_string(val).c_str(), s.grad_norm, tps, secs);
     if (tty) {
-      const double left = secs / static_cast<double>(step - info.step) * static_cast<double>(tc.steps - step);
+      const double left = secs / static_cast<double>(step - result.first_step) *
+                          static_cast<double>(tc.steps - step);
       const int width = 24, filled = static_cast<int>(width * step / tc.steps);
       std::printf("\r[%s%s] step %lld/%lld  loss %.4f  %.0f tok/s  %s left   ",
                   std::string(sz(filled), '#').c_str(), std::string(sz(width - filled), '.').c_str(),
@@ -489,12 +490,12 @@ TrainResult train(const TrainOptions& options) {
       break;
     }
   }
-  std::signal(SIGINT, previous);
   std::fclose(log);
   result.last_step = step;
   result.checkpoint = ckpt;
   result.tokens_per_second = tokens / elapsed();
   if (step == tc.steps && !result.interrupted) {
+    // (the checkpoint is already written; an interrupt here just ends the run)
     result.final_val_loss = evaluate(model, acts, corpus.val, val_all, T, inputs, targets);
     result.final_train_loss = evaluate(model, acts, corpus.train, train_some, T, inputs, targets);
     if (!options.quiet) {
@@ -508,6 +509,7 @@ TrainResult train(const TrainOptions& options) {
       std::printf("checkpoint: %s, log: %s\n", ckpt.c_str(), log_path.c_str());
     }
   }
+  std::signal(SIGINT, previous);  // Ctrl-C during the final evaluation only skips it
   return result;
 }
 
