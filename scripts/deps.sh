@@ -9,7 +9,7 @@ want=(cmake ninja-build g++ libgtest-dev libbenchmark-dev libcli11-dev nlohmann-
       libhwy-dev libopenblas-dev libeigen3-dev libpng-dev)
 case "${1:-build}" in
   build) ;;
-  test) want+=(python3-torch python3-numpy clang libclang-rt-14-dev python3-pip) ;;
+  test) want+=(python3-torch libopenblas0-pthread python3-numpy clang libclang-rt-14-dev python3-pip) ;;
   run) want+=(fortunes) ;;
   *) echo "usage: scripts/deps.sh [build|test|run]" >&2; exit 2 ;;
 esac
@@ -23,4 +23,10 @@ if ((${#missing[@]})); then
   "${sudo_cmd[@]}" apt-get update -qq
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends \
     "${missing[@]}" >/dev/null
+fi
+# PyPI packages for the tests, on the default python3 (pip only when missing):
+# the reference safetensors library and numpy for the checkpoint interop tests.
+if [ "${1:-build}" = test ]; then
+  python3 -c "import safetensors, numpy" 2>/dev/null ||
+    python3 -m pip install --quiet --disable-pip-version-check safetensors numpy
 fi

@@ -7,3 +7,14 @@ jobs=$(nproc)
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j "$jobs"
 ctest --test-dir build --output-on-failure -j "$jobs"
+# The same suite under AddressSanitizer + UndefinedBehaviorSanitizer (-O1, no
+# benchmarks); it shares the main build's download cache.
+cmake -S . -B build-asan -G Ninja -DPOSEMBED_SANITIZE=ON -DPOSEMBED_BUILD_BENCH=OFF \
+  -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" \
+  -DPOSEMBED_TEST_CACHE="$PWD/build/test-cache" >/dev/null
+cmake --build build-asan -j "$jobs"
+# install_consumer is left out: it links an uninstrumented program against the
+# instrumented library, which ASan refuses; the main build runs it.
+ctest --test-dir build-asan --output-on-failure -j "$jobs" -E '^install_consumer$'
+# The safetensors parser under libFuzzer (clang, ASan + UBSan) for a bounded time.
+scripts/fuzz.sh 45

@@ -10,6 +10,7 @@ void add_config_command(CLI::App& app);
 void add_demo_command(CLI::App& app);
 void add_train_command(CLI::App& app);
 void add_sample_command(CLI::App& app);
+void add_bench_command(CLI::App& app);
 void add_inspect_command(CLI::App& app);
 void add_resize_command(CLI::App& app);
 void add_plan_command(CLI::App& app);

@@ -217,7 +217,7 @@ TEST(Safetensors, WriterRoundTripsEveryDTypeAndOddShapes) {
     EXPECT_EQ(got->dtype, t.dtype);
     EXPECT_EQ(got->shape, t.shape);
     ASSERT_EQ(got->data.size(), t.data.size());
-    EXPECT_EQ(std::memcmp(got->data.data(), t.data.data(), t.data.size()), 0) << t.name;
+    EXPECT_TRUE(std::equal(got->data.begin(), got->data.end(), t.data.begin())) << t.name;
   }
   EXPECT_EQ(dir.entries(), 1u) << "no temporary file left behind";
 }

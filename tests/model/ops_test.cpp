@@ -89,7 +89,18 @@ TEST_P(MatmulTest, MatchesReferenceAndFiniteDifferences) {
 INSTANTIATE_TEST_SUITE_P(Sizes, MatmulTest,
                          ::testing::Values(MatmulCase{1, 1, 1, true}, MatmulCase{3, 5, 7, true},
                                            MatmulCase{7, 17, 3, false}, MatmulCase{65, 33, 17, true},
-                                           MatmulCase{130, 70, 40, true}));
+                                           MatmulCase{130, 70, 40, true}),
+                         [](const ::testing::TestParamInfo<MatmulCase>& param_info) {
+                           const MatmulCase& c = param_info.param;
+                           std::string name = "N";  // appended piecewise: GCC 12's -Wrestrict
+                           name += std::to_string(c.N);  // misfires on "literal" + string&&
+                           name += "_C";
+                           name += std::to_string(c.C);
+                           name += "_OC";
+                           name += std::to_string(c.OC);
+                           if (c.bias) name += "_bias";
+                           return name;
+                         });
 
 TEST(MatmulTied, MatchesReferenceAndFiniteDifferences) {
   for (const auto [N, C, V] : {std::array<std::int64_t, 3>{1, 1, 1}, {5, 7, 3}, {67, 17, 33}, {3, 4, 70}}) {

@@ -15,11 +15,13 @@ namespace {
 
 std::string quoted(std::string_view text) { return "'" + std::string(text) + "'"; }
 
-double parse_double(std::string_view name, std::string_view text) {
-  double value = 0;
+// Whole-string number parsing: "12abc" and "" are errors, not 12 and 0.
+template <class T>
+T parse_number(std::string_view name, std::string_view text, const char* kind) {
+  T value{};
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (ec != std::errc{} || end != text.data() + text.size()) {
-    throw Error(std::string(name) + ": " + quoted(text) + " is not a number");
+  if (text.empty() || ec != std::errc{} || end != text.data() + text.size()) {
+    throw Error(std::string(name) + ": " + quoted(text) + " is not " + kind);
   }
   return value;
 }
@@ -49,16 +51,11 @@ TableInit parse_table_init(std::string_view text) {
   }
   if (kind == "normal" || kind == "trunc_normal") {
     init.kind = kind == "normal" ? InitKind::normal : InitKind::trunc_normal;
-    if (!arg.empty()) init.std = parse_double("init std", arg);
+    if (!arg.empty()) init.std = parse_number<double>("init std", arg, "a number");
   } else {
     // A bare number is the common case on the command line: --position-init 0.01.
-    double std = 0;
-    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), std);
-    if (text.empty() || ec != std::errc{} || end != text.data() + text.size()) {
-      throw Error("init " + quoted(text) +
-                  " is not one of normal:STD, trunc_normal:STD, scaled, zeros or a number");
-    }
-    init.std = std;
+    init.std = parse_number<double>(
+        "init", text, "one of normal:STD, trunc_normal:STD, scaled, zeros or a number");
   }
   if (!std::isfinite(init.std) || init.std < 0) {
     throw Error("init " + quoted(text) + ": std " + field_to_string(init.std) +
@@ -87,23 +84,13 @@ std::string field_to_string(double value) {
 std::string field_to_string(const TableInit& value) { return to_string(value); }
 
 void field_from_string(std::string_view name, std::string_view text, std::int64_t& value) {
-  std::int64_t parsed = 0;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), parsed);
-  if (ec != std::errc{} || end != text.data() + text.size()) {
-    throw Error(std::string(name) + ": " + quoted(text) + " is not an integer");
-  }
-  value = parsed;
+  value = parse_number<std::int64_t>(name, text, "an integer");
 }
 void field_from_string(std::string_view name, std::string_view text, std::uint64_t& value) {
-  std::uint64_t parsed = 0;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), parsed);
-  if (ec != std::errc{} || end != text.data() + text.size()) {
-    throw Error(std::string(name) + ": " + quoted(text) + " is not a non-negative integer");
-  }
-  value = parsed;
+  value = parse_number<std::uint64_t>(name, text, "a non-negative integer");
 }
 void field_from_string(std::string_view name, std::string_view text, double& value) {
-  value = parse_double(name, text);
+  value = parse_number<double>(name, text, "a number");
 }
 void field_from_string(std::string_view, std::string_view text, TableInit& value) {
   value = parse_table_init(text);

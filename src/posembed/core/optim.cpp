@@ -1,10 +1,12 @@
 #include "posembed/core/optim.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
 #include "posembed/core/error.h"
 #include "posembed/core/parallel_for.h"
+#include "posembed/core/simd.h"
 
 namespace posembed {
 namespace {
@@ -70,13 +72,18 @@ struct AdamWUpdate {
         sqrt_correction2(
             static_cast<float>(std::sqrt(1.0 - std::pow(c.beta2, static_cast<double>(step))))),
         eps(static_cast<float>(c.eps)) {}
-  void operator()(float& p, float g, float& m, float& v) const {
-    p *= decay;
-    m = beta1 * m + one_minus_beta1 * g;
-    v = beta2 * v + one_minus_beta2 * g * g;
-    p -= step_size * m / (std::sqrt(v) / sqrt_correction2 + eps);
+  // The vectorised loop (simd.cpp) applies, element by element and in this order:
+  //   p *= decay; m = beta1 * m + one_minus_beta1 * g; v = beta2 * v + one_minus_beta2 * g * g;
+  //   p -= step_size * m / (sqrt(v) / sqrt_correction2 + eps);
+  void operator()(float* p, const float* g, float* m, float* v, std::size_t n) const {
+    simd::adamw(p, g, m, v, n,
+                {decay, beta1, one_minus_beta1, beta2, one_minus_beta2, step_size,
+                 sqrt_correction2, eps});
   }
 };
+
+// Dense loops run in chunks of whole cache lines, one vector call each.
+constexpr std::size_t kChunk = 4096;
 
 }  // namespace
 
@@ -87,10 +94,11 @@ void adamw_step(std::span<float> param, std::span<const float> grad, std::span<f
   check_equal("AdamW first moment", m.size(), param.size());
   check_equal("AdamW second moment", v.size(), param.size());
   const AdamWUpdate update(config, step);
-  parallel_for(static_cast<std::int64_t>(param.size()), [&](std::int64_t i) {
-    const auto k = static_cast<std::size_t>(i);
-    update(param[k], grad[k], m[k], v[k]);
-  });
+  const std::size_t n = param.size();
+  parallel_for(static_cast<std::int64_t>((n + kChunk - 1) / kChunk), [&](std::int64_t c) {
+    const std::size_t k = static_cast<std::size_t>(c) * kChunk;
+    update(param.data() + k, grad.data() + k, m.data() + k, v.data() + k, std::min(kChunk, n - k));
+  }, kGrainElements / kChunk);
 }
 
 void adamw_step(std::span<float> param, const SparseRowGrad& grad, std::span<float> m,
@@ -101,11 +109,11 @@ void adamw_step(std::span<float> param, const SparseRowGrad& grad, std::span<flo
   check_equal("AdamW second moment", v.size(), param.size());
   const AdamWUpdate update(config, step);
   const auto d = static_cast<std::size_t>(grad.embed_dim);
-  parallel_for(static_cast<std::int64_t>(grad.rows.size() * d), [&](std::int64_t i) {
-    const auto k = static_cast<std::size_t>(i);
-    const std::size_t at = static_cast<std::size_t>(grad.rows[k / d]) * d + k % d;
-    update(param[at], grad.values[k], m[at], v[at]);
-  });
+  parallel_for(static_cast<std::int64_t>(grad.rows.size()), [&](std::int64_t r) {
+    const auto k = static_cast<std::size_t>(r);
+    const std::size_t at = static_cast<std::size_t>(grad.rows[k]) * d;
+    update(param.data() + at, grad.values.data() + k * d, m.data() + at, v.data() + at, d);
+  }, std::max<std::int64_t>(1, kGrainElements / static_cast<std::int64_t>(d)));
 }
 
 void sgd_step(std::span<float> param, std::span<const float> grad,
@@ -123,7 +131,7 @@ void sgd_step(std::span<float> param, std::span<const float> grad,
       g = momentum_buffer[k];
     }
     param[k] -= lr * g;
-  });
+  }, kGrainElements);
 }
 
 void sgd_step(std::span<float> param, const SparseRowGrad& grad, const SgdConfig& config) {
@@ -140,7 +148,7 @@ void sgd_step(std::span<float> param, const SparseRowGrad& grad, const SgdConfig
     const auto k = static_cast<std::size_t>(i);
     float& p = param[static_cast<std::size_t>(grad.rows[k / d]) * d + k % d];
     p -= lr * (grad.values[k] + wd * p);
-  });
+  }, kGrainElements);
 }
 
 }  // namespace posembed

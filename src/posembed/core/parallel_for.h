@@ -2,16 +2,26 @@
 // files built with OpenMP, so the public headers need no -fopenmp.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "posembed/core/parallel.h"
 
 namespace posembed {
 
-// Calls body(i) for i in [0, n), spread over the threads in static chunks.
+// Elements of a memory-bound loop worth a thread of their own (PyTorch's
+// at::internal::GRAIN_SIZE): below this, waking the team costs more than it
+// saves, and on a loaded machine a descheduled team member stalls the loop.
+inline constexpr std::int64_t kGrainElements = 32768;
+
+// Calls body(i) for i in [0, n), spread over the threads in static chunks, with
+// at least `grain` iterations per thread: a small loop runs on fewer threads,
+// or on the calling thread alone.
 template <class Body>
-void parallel_for(std::int64_t n, Body&& body) {
-#pragma omp parallel for schedule(static)
+void parallel_for(std::int64_t n, Body&& body, std::int64_t grain = 1) {
+  const int team = static_cast<int>(
+      std::clamp<std::int64_t>(n / std::max<std::int64_t>(grain, 1), 1, num_threads()));
+#pragma omp parallel for schedule(static) num_threads(team) if (team > 1)
   for (std::int64_t i = 0; i < n; ++i) body(i);
 }
 

@@ -455,7 +455,7 @@ TrainResult train(const TrainOptions& options) {
     if (step % tc.eval_every == 0 || step == tc.steps) {
       val = evaluate(model, acts, corpus.val, val_some, T, inputs, targets);
     }
-    std::fprintf(log, "%lld,%.6g,%.6f,%s,%.6f,%.1f,%.2f\n", static_cast<long long>(step), s.lr,
+    std::fprintf(log, "%lld,%.6g,%.6f,%s,%.6f,%.1f,%.4f\n", static_cast<long long>(step), s.lr,
                  s.loss, std::isnan(val) ? "" : std::to_string(val).c_str(), s.grad_norm, tps, secs);
     if (tty) {
       const double left = secs / static_cast<double>(step - result.first_step) *

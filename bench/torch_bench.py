@@ -1,0 +1,118 @@
+"""PyTorch eager timings of the same kernels as `posembed bench`, for its ratio column.
+
+Run with Debian's /usr/bin/python3 (python3-torch). The layer as a PyTorch user
+writes it: nn.Embedding + nn.Embedding + add + nn.Dropout, backward through
+autograd, torch.optim.AdamW. Prints one JSON object on stdout:
+  {"format": "posembed-torch-bench/1", "torch": version, "threads": N,
+   "shapes": {name: {kernel: {"median_ms": .., "min_ms": .., "reps": ..}}}}
+
+usage: torch_bench.py --threads N --reps R --shape NAME:B:T:D:V:MAXT [--shape ...]
+"""
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+from torch import nn
+
+FORMAT = "posembed-torch-bench/1"
+P = 0.1
+
+
+def timed(fn, reps, setup=None, warmup=2):
+    """Median and min wall time of fn() in ms; setup() runs untimed before each call."""
+    times = []
+    for i in range(warmup + reps):
+        if setup is not None:
+            setup()
+        t0 = time.perf_counter()
+        fn()
+        t1 = time.perf_counter()
+        if i >= warmup:
+            times.append((t1 - t0) * 1e3)
+    return {"median_ms": statistics.median(times), "min_ms": min(times), "reps": reps}
+
+
+def bench_shape(batch, seq_len, dim, vocab, max_seq_len, reps):
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (batch, seq_len), generator=gen)
+    pids = torch.arange(seq_len).expand(batch, seq_len)
+    grad_out = torch.randn(batch, seq_len, dim, generator=gen)
+    results = {}
+    for sparse in (False, True):
+        tok = nn.Embedding(vocab, dim, sparse=sparse)
+        pos = nn.Embedding(max_seq_len, dim)
+        drop = nn.Dropout(P)
+        params = [tok.weight, pos.weight]
+
+        def forward():
+            return drop(tok(ids) + pos(pids))
+
+        def clear():
+            for p in params:
+                p.grad = None
+
+        # Validate before timing: kept values are (tok + pos) / (1 - p), the rest 0.
+        out = forward()
+        ref = (tok.weight[ids] + pos.weight[pids]) / (1 - P)
+        kept = out != 0
+        assert torch.allclose(out[kept], ref[kept], rtol=1e-6, atol=1e-6)
+        assert abs(kept.float().mean().item() - (1 - P)) < 0.05
+        del out, ref, kept
+
+        kind = "sparse" if sparse else "dense"
+        if not sparse:
+            def forward_eval():
+                with torch.no_grad():
+                    drop.eval()
+                    tok(ids) + pos(pids)
+                    drop.train()
+            results["forward_eval"] = timed(forward_eval, reps)
+            results["forward_train"] = timed(forward, reps)
+
+        state = {}
+
+        def prepare():
+            clear()
+            state["out"] = forward()
+
+        results["backward_" + kind] = timed(lambda: state["out"].backward(grad_out), reps, prepare)
+        results["fwd_bwd_" + kind] = timed(lambda: forward().backward(grad_out), reps, clear)
+
+        if not sparse:
+            clear()
+            forward().backward(grad_out)
+            results["zero_grad_dense"] = timed(lambda: tok.weight.grad.zero_(), reps)
+            best = None
+            for foreach in (False, True):  # report PyTorch's better implementation
+                opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01, foreach=foreach)
+                r = timed(opt.step, max(3, reps // 3))
+                if best is None or r["median_ms"] < best["median_ms"]:
+                    best = dict(r, foreach=foreach)
+            results["adamw"] = best
+    return results
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, required=True)
+    parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--shape", action="append", required=True,
+                        help="NAME:B:T:D:V:MAXT, repeatable")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    shapes = {}
+    for spec in args.shape:
+        name, *dims = spec.split(":")
+        batch, seq_len, dim, vocab, max_seq_len = map(int, dims)
+        shapes[name] = bench_shape(batch, seq_len, dim, vocab, max_seq_len, args.reps)
+    json.dump({"format": FORMAT, "torch": torch.__version__, "threads": torch.get_num_threads(),
+               "shapes": shapes}, sys.stdout)
+    print()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,498 @@
+// `posembed bench`: times the core kernels at the GPT-2 small shape and a small
+// one, beside a streaming-bandwidth probe of this machine measured in the same
+// run, and (with --torch) beside PyTorch eager running the same kernels at the
+// same shapes and thread count. Every kernel's result is checked before it is
+// timed. Reports the median of N timed runs after warm-up, and the minimum.
+#include <omp.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "posembed/core/embedding.h"
+#include "posembed/core/error.h"
+#include "posembed/core/optim.h"
+#include "posembed/core/parallel.h"
+#include "posembed/core/philox.h"
+#include "posembed/core/position_ids.h"
+#include "posembed/core/reference.h"
+#include "posembed/core/simd.h"
+
+namespace posembed::cli {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+struct BenchOptions {
+  int threads = 2;
+  int reps = 15;          // timed runs per kernel at the GPT-2 shape (3x at small shapes)
+  int rounds = 1;         // repeats of the whole comparison, PyTorch and ours alternating
+  bool quick = false;     // tiny shapes and probe: exercises every path in seconds
+  bool json = false;      // JSON on stdout instead of the table
+  bool torch = false;     // run bench/torch_bench.py at the same shapes in the same run
+  std::string python = "/usr/bin/python3";  // Debian's, which has python3-torch
+  std::string torch_script = "bench/torch_bench.py";
+  std::string only;       // one shape by name
+};
+
+struct Shape {
+  std::string name;
+  EmbeddingShape dims;
+};
+
+std::vector<Shape> shapes_for(const BenchOptions& o) {
+  if (o.quick) return {{"tiny", {2, 16, 50, 16, 24}}, {"odd", {3, 7, 13, 9, 17}}};
+  std::vector<Shape> all = {{"gpt2", {8, 1024, 50257, 1024, 768}}, {"small", {32, 128, 256, 128, 128}}};
+  if (o.only.empty()) return all;
+  std::erase_if(all, [&](const Shape& s) { return s.name != o.only; });
+  if (all.empty()) throw Error("--shape " + o.only + " is not one of gpt2, small");
+  return all;
+}
+
+struct Timing {
+  double median_ms = 0, min_ms = 0;
+  int reps = 0;
+};
+
+double now_ms() {
+  return std::chrono::duration<double, std::milli>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// setup() runs untimed before each call of fn().
+Timing time_it(int reps, const std::function<void()>& fn,
+               const std::function<void()>& setup = {}) {
+  std::vector<double> ms;
+  for (int i = 0; i < reps + 2; ++i) {  // 2 warm-up runs
+    if (setup) setup();
+    const double t0 = now_ms();
+    fn();
+    const double t1 = now_ms();
+    if (i >= 2) ms.push_back(t1 - t0);
+  }
+  std::sort(ms.begin(), ms.end());
+  const std::size_t h = ms.size() / 2;
+  return {ms.size() % 2 ? ms[h] : 0.5 * (ms[h - 1] + ms[h]), ms.front(), reps};
+}
+
+// Streaming bandwidth: a STREAM triad a = b + s * c (3 arrays; bytes counted as
+// 3 per element, without write-allocate) and a parallel memcpy (2 per byte; glibc
+// streams large copies past the cache). The probe is the better of the two, each
+// from its fastest run.
+struct Probe {
+  double triad_gbps = 0, copy_gbps = 0;
+  std::size_t bytes = 0;
+  double gbps() const { return std::max(triad_gbps, copy_gbps); }
+};
+
+Probe bandwidth_probe(std::size_t floats_per_array, int reps) {
+  std::vector<float> a(floats_per_array), b(floats_per_array, 1.0f), c(floats_per_array, 2.0f);
+  const auto n = static_cast<std::int64_t>(floats_per_array);
+  const Timing triad = time_it(reps, [&] {
+#pragma omp parallel for schedule(static)
+    for (std::int64_t i = 0; i < n; ++i) a[static_cast<std::size_t>(i)] = b[static_cast<std::size_t>(i)] + 3.0f * c[static_cast<std::size_t>(i)];
+  });
+  if (a[floats_per_array / 2] != 7.0f) throw Error("bandwidth probe: triad gave a wrong value");
+  const Timing copy = time_it(reps, [&] {
+#pragma omp parallel
+    {
+      const auto t = static_cast<std::size_t>(omp_get_thread_num());
+      const auto k = static_cast<std::size_t>(omp_get_num_threads());
+      const std::size_t begin = floats_per_array * t / k, end = floats_per_array * (t + 1) / k;
+      std::memcpy(a.data() + begin, c.data() + begin, (end - begin) * sizeof(float));
+    }
+  });
+  if (a[floats_per_array / 3] != 2.0f) throw Error("bandwidth probe: copy gave a wrong value");
+  const double bytes = static_cast<double>(floats_per_array * sizeof(float));
+  // The best run: other processes can only slow a probe down.
+  return {3 * bytes / triad.min_ms / 1e6, 2 * bytes / copy.min_ms / 1e6, 3 * floats_per_array * sizeof(float)};
+}
+
+struct Result {
+  std::string name, what;
+  Timing timing;
+  double bytes = 0;       // the least memory traffic the kernel must cause
+  std::string torch_peer;  // the PyTorch kernel it is compared with
+};
+
+void check(bool ok, const std::string& what) {
+  if (!ok) throw Error("bench validation failed: " + what);
+}
+
+// Everything one shape needs, allocated once, before any timing.
+struct Workload {
+  EmbeddingShape s;
+  std::size_t n = 0, d = 0;
+  std::vector<std::int64_t> tokens, positions;                // (B, T)
+  std::vector<float> token_table, position_table;            // (V, d), (max_seq_len, d)
+  std::vector<float> out, grad_out;                          // (B, T, d)
+  std::vector<float> grad_tok, grad_pos;                     // (V, d), (max_seq_len, d)
+  std::vector<float> m_tok, v_tok, m_pos, v_pos;             // AdamW moments
+  SparseRowGrad sparse;
+  std::size_t distinct_tokens = 0, distinct_positions = 0;
+
+  explicit Workload(const EmbeddingShape& shape) : s(shape) {
+    n = static_cast<std::size_t>(s.batch * s.seq_len);
+    d = static_cast<std::size_t>(s.embed_dim);
+    std::mt19937_64 engine(20240601);
+    tokens.resize(n);
+    for (auto& t : tokens) t = static_cast<std::int64_t>(engine() % static_cast<std::uint64_t>(s.vocab_size));
+    positions.resize(n);
+    positions_contiguous(positions, s.batch, s.seq_len, 0);
+    const auto fill = [&](std::vector<float>& v, std::size_t size) {
+      v.resize(size);
+      for (auto& x : v) x = static_cast<float>(static_cast<double>(engine() >> 11) / 9007199254740992.0 - 0.5);
+    };
+    const auto V = static_cast<std::size_t>(s.vocab_size), P = static_cast<std::size_t>(s.max_seq_len);
+    fill(token_table, V * d);
+    fill(position_table, P * d);
+    fill(grad_out, n * d);
+    out.assign(n * d, 0.0f);
+    grad_tok.assign(V * d, 0.0f);
+    grad_pos.assign(P * d, 0.0f);
+    m_tok.assign(V * d, 0.0f), v_tok.assign(V * d, 0.0f);
+    m_pos.assign(P * d, 0.0f), v_pos.assign(P * d, 0.0f);
+    distinct_tokens = std::set<std::int64_t>(tokens.begin(), tokens.end()).size();
+    distinct_positions = std::set<std::int64_t>(positions.begin(), positions.end()).size();
+  }
+};
+
+// Forward against the mask definition itself, bit for bit, in float.
+void validate_forward(Workload& w, const DropoutSpec& dropout) {
+  embedding_forward(w.out, w.tokens, w.positions, w.token_table, w.position_table, w.s, dropout);
+  const std::uint32_t threshold = dropout_threshold(dropout.p);
+  const float scale = dropout_scale(dropout.p);
+  for (std::size_t r = 0; r < w.n; ++r) {
+    for (std::size_t j = 0; j < w.d; ++j) {
+      const std::size_t i = r * w.d + j;
+      const float sum = w.token_table[static_cast<std::size_t>(w.tokens[r]) * w.d + j] +
+                        w.position_table[static_cast<std::size_t>(w.positions[r]) * w.d + j];
+      const float expected =
+          dropout.p == 0 ? sum
+          : philox_bits(dropout.seed, dropout.step, RandomStream::dropout, i) >= threshold ? sum * scale
+                                                                                           : 0.0f;
+      if (std::memcmp(&expected, &w.out[i], sizeof(float)) != 0) {
+        check(false, "forward p " + std::to_string(dropout.p) + " element " + std::to_string(i));
+      }
+    }
+  }
+}
+
+// Backward: dense and row-sparse agree bit for bit on the touched rows, and both
+// tables' gradients match a double-precision sum within (uses x eps x sum |terms|).
+void validate_backward(Workload& w, const DropoutSpec& dropout) {
+  std::fill(w.grad_tok.begin(), w.grad_tok.end(), 0.0f);
+  std::fill(w.grad_pos.begin(), w.grad_pos.end(), 0.0f);
+  embedding_backward(w.grad_tok, w.grad_pos, w.grad_out, w.tokens, w.positions, w.s, dropout);
+  zero_grad(w.sparse);
+  std::vector<float> pos2(w.grad_pos.size(), 0.0f);
+  embedding_backward(w.sparse, pos2, w.grad_out, w.tokens, w.positions, w.s, dropout);
+  check(pos2 == w.grad_pos, "position gradient differs between dense and sparse backward");
+  check(w.sparse.rows.size() == w.distinct_tokens, "sparse gradient row count");
+  const std::size_t R = w.sparse.rows.size(), P = w.grad_pos.size() / w.d;
+  std::vector<double> ref_tok(R * w.d), abs_tok(R * w.d), ref_pos(P * w.d), abs_pos(P * w.d);
+  std::vector<double> uses_tok(R), uses_pos(P);
+  const std::uint32_t threshold = dropout_threshold(dropout.p);
+  const double scale = 1.0 / (1.0 - dropout.p);
+  for (std::size_t r = 0; r < w.n; ++r) {
+    const auto k = static_cast<std::size_t>(
+        std::lower_bound(w.sparse.rows.begin(), w.sparse.rows.end(), w.tokens[r]) - w.sparse.rows.begin());
+    const auto q = static_cast<std::size_t>(w.positions[r]);
+    ++uses_tok[k], ++uses_pos[q];
+    for (std::size_t j = 0; j < w.d; ++j) {
+      const std::size_t i = r * w.d + j;
+      const bool keep = dropout.p == 0 ||
+                        philox_bits(dropout.seed, dropout.step, RandomStream::dropout, i) >= threshold;
+      const double g = keep ? w.grad_out[i] * scale : 0.0;
+      ref_tok[k * w.d + j] += g, abs_tok[k * w.d + j] += std::abs(g);
+      ref_pos[q * w.d + j] += g, abs_pos[q * w.d + j] += std::abs(g);
+    }
+  }
+  constexpr double eps = std::numeric_limits<float>::epsilon();
+  for (std::size_t k = 0; k < R; ++k) {
+    const float* dense = w.grad_tok.data() + static_cast<std::size_t>(w.sparse.rows[k]) * w.d;
+    const float* sparse = w.sparse.values.data() + k * w.d;
+    check(std::memcmp(dense, sparse, w.d * sizeof(float)) == 0, "dense and sparse token rows differ");
+    for (std::size_t j = 0; j < w.d; ++j) {
+      check(std::abs(sparse[j] - ref_tok[k * w.d + j]) <= (uses_tok[k] + 1) * eps * abs_tok[k * w.d + j] + 1e-30,
+            "token gradient row " + std::to_string(w.sparse.rows[k]));
+    }
+  }
+  for (std::size_t q = 0; q < P; ++q) {
+    for (std::size_t j = 0; j < w.d; ++j) {
+      check(std::abs(w.grad_pos[q * w.d + j] - ref_pos[q * w.d + j]) <=
+                (uses_pos[q] + 1) * eps * abs_pos[q * w.d + j] + 1e-30,
+            "position gradient row " + std::to_string(q));
+    }
+  }
+}
+
+// AdamW on a copy of the position table against the double-precision update.
+void validate_adamw(const Workload& w, const AdamWConfig& c) {
+  std::vector<float> p = w.position_table, m(p.size(), 0.0f), v(p.size(), 0.0f);
+  const std::vector<float>& g = w.grad_pos;
+  adamw_step(p, g, m, v, 1, c);
+  constexpr double eps = std::numeric_limits<float>::epsilon();
+  for (std::size_t i = 0; i < p.size(); ++i) {
+    double rp = w.position_table[i], rm = 0, rv = 0;
+    reference::adamw_update<double>(rp, g[i], rm, rv, 1, c.lr, c.beta1, c.beta2, c.eps, c.weight_decay);
+    // A few roundings of the step (about lr at step 1) and of |param|.
+    check(std::abs(p[i] - rp) <= 20 * eps * (c.lr + std::abs(rp)), "AdamW element " + std::to_string(i));
+  }
+}
+
+std::vector<Result> bench_shape(Workload& w, int reps, bool validate) {
+  const double f = sizeof(float), id = sizeof(std::int64_t);
+  const double n = static_cast<double>(w.n), d = static_cast<double>(w.d);
+  const double V = static_cast<double>(w.s.vocab_size), P = static_cast<double>(w.s.max_seq_len);
+  const double Ut = static_cast<double>(w.distinct_tokens), Up = static_cast<double>(w.distinct_positions);
+  const DropoutSpec eval{}, train{0.1, 1234, 1};
+  const AdamWConfig adamw{};
+
+  if (validate) {
+    validate_forward(w, eval);
+    validate_forward(w, train);
+    validate_backward(w, train);
+    validate_adamw(w, adamw);
+  }
+
+  // Least traffic: every output written once, every distinct table row read
+  // once, the ids read; gradients read grad_out once and read + write each
+  // touched gradient row once (a fresh sparse row is only written).
+  const double fwd_bytes = n * d * f + (Ut + Up) * d * f + 2 * n * id;
+  const double bwd_dense_bytes = n * d * f + 2 * (Ut + Up) * d * f + 2 * n * id;
+  const double bwd_sparse_bytes = n * d * f + (Ut + 2 * Up) * d * f + 2 * n * id;
+  const double zero_dense_bytes = V * d * f;
+  const double adamw_bytes = 7 * (V + P) * d * f;  // read p, g, m, v; write p, m, v
+
+  std::vector<Result> results;
+  const auto forward = [&](const DropoutSpec& dropout) {
+    embedding_forward(w.out, w.tokens, w.positions, w.token_table, w.position_table, w.s, dropout);
+  };
+  const auto backward_dense = [&] {
+    embedding_backward(w.grad_tok, w.grad_pos, w.grad_out, w.tokens, w.positions, w.s, train);
+  };
+  const auto backward_sparse = [&] {
+    zero_grad(w.sparse);
+    embedding_backward(w.sparse, w.grad_pos, w.grad_out, w.tokens, w.positions, w.s, train);
+  };
+  results.push_back({"forward_eval", "forward, eval (no dropout)",
+                     time_it(reps, [&] { forward(eval); }), fwd_bytes, "forward_eval"});
+  results.push_back({"forward_train", "forward, training, dropout 0.1",
+                     time_it(reps, [&] { forward(train); }), fwd_bytes, "forward_train"});
+  results.push_back({"backward_dense", "backward, dense token grad (+=), p 0.1",
+                     time_it(reps, backward_dense), bwd_dense_bytes, "backward_dense"});
+  results.push_back({"backward_sparse", "backward, row-sparse token grad, p 0.1",
+                     time_it(reps, backward_sparse), bwd_sparse_bytes, "backward_sparse"});
+  results.push_back({"zero_grad_dense", "zero_grad of the dense (V, d) token grad",
+                     time_it(reps, [&] { zero_grad(w.grad_tok); }), zero_dense_bytes, "zero_grad_dense"});
+  results.push_back({"fwd_bwd_sparse", "train fwd + zero_grad + bwd, row-sparse",
+                     time_it(reps, [&] {
+                       forward(train);
+                       zero_grad(w.grad_pos);
+                       backward_sparse();
+                     }),
+                     fwd_bytes + P * d * f + bwd_sparse_bytes, "fwd_bwd_sparse"});
+  results.push_back({"fwd_bwd_dense", "train fwd + zero_grad + bwd, dense",
+                     time_it(reps, [&] {
+                       forward(train);
+                       zero_grad(w.grad_tok);
+                       zero_grad(w.grad_pos);
+                       backward_dense();
+                     }),
+                     fwd_bytes + zero_dense_bytes + P * d * f + bwd_dense_bytes, "fwd_bwd_dense"});
+  std::int64_t step = 0;
+  results.push_back({"adamw", "AdamW step, both tables, dense",
+                     time_it(std::max(3, reps / 3), [&] {
+                       ++step;
+                       adamw_step(w.token_table, w.grad_tok, w.m_tok, w.v_tok, step, adamw);
+                       adamw_step(w.position_table, w.grad_pos, w.m_pos, w.v_pos, step, adamw);
+                     }),
+                     adamw_bytes, "adamw"});
+  return results;
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  }
+  return "unknown";
+}
+
+// Runs the PyTorch script for one shape; returns its JSON or throws.
+Json run_torch(const BenchOptions& o, const Shape& shape, int reps) {
+  const EmbeddingShape& s = shape.dims;
+  const std::string spec = shape.name + ":" + std::to_string(s.batch) + ":" + std::to_string(s.seq_len) +
+                           ":" + std::to_string(s.embed_dim) + ":" + std::to_string(s.vocab_size) + ":" +
+                           std::to_string(s.max_seq_len);
+  const std::string command = o.python + " " + o.torch_script + " --threads " + std::to_string(o.threads) +
+                              " --reps " + std::to_string(reps) + " --shape " + spec;
+  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(command.c_str(), "r"), pclose);
+  if (!pipe) throw Error("could not run " + command);
+  std::string text;
+  std::array<char, 4096> buffer{};
+  while (std::fgets(buffer.data(), static_cast<int>(buffer.size()), pipe.get())) text += buffer.data();
+  const int status = pclose(pipe.release());
+  if (status != 0 || text.empty()) {
+    throw Error("the PyTorch bench failed (" + command + "); run it from the repository root, with "
+                "python3-torch installed (scripts/deps.sh test), or leave out --torch");
+  }
+  Json j = Json::parse(text);
+  if (j.value("format", "") != "posembed-torch-bench/1") throw Error("unexpected output from " + command);
+  return j;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t h = v.size() / 2;
+  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
+}
+
+// One kernel over all rounds: each round's median and minimum, ours and PyTorch's.
+struct Series {
+  Result first;  // name, description, bytes (same every round)
+  std::vector<double> medians, mins, torch_medians, torch_mins;
+};
+
+void run_bench(const BenchOptions& o) {
+  if (o.threads < 1) throw Error("--threads " + std::to_string(o.threads) + " must be >= 1");
+  if (o.reps < 1) throw Error("--reps " + std::to_string(o.reps) + " must be >= 1");
+  if (o.rounds < 1) throw Error("--rounds " + std::to_string(o.rounds) + " must be >= 1");
+  set_num_threads(o.threads);
+  const std::vector<Shape> shapes = shapes_for(o);
+  // 3 arrays of 128 MiB: far past the last-level cache.
+  const Probe probe = bandwidth_probe(o.quick ? (1u << 20) : (32u << 20), o.quick ? 2 : 7);
+  std::vector<std::vector<Series>> series(shapes.size());
+  std::vector<std::size_t> distinct(shapes.size());
+  Json torch_info;
+  for (int round = 0; round < o.rounds; ++round) {
+    for (std::size_t si = 0; si < shapes.size(); ++si) {
+      const EmbeddingShape& s = shapes[si].dims;
+      const int reps = o.quick ? 2 : (s.batch * s.seq_len * s.embed_dim >= (1 << 20) ? o.reps : 3 * o.reps);
+      // PyTorch first, then ours, shape by shape: both see the same machine load.
+      Json torch;
+      if (o.torch) {
+        const Json j = run_torch(o, shapes[si], reps);
+        torch_info = {{"version", j["torch"]}, {"threads", j["threads"]}};
+        torch = j["shapes"][shapes[si].name];
+      }
+      Workload w(s);
+      distinct[si] = w.distinct_tokens;
+      const std::vector<Result> results = bench_shape(w, reps, round == 0);
+      if (round == 0) {
+        for (const Result& r : results) series[si].push_back({r, {}, {}, {}, {}});
+      }
+      for (std::size_t k = 0; k < results.size(); ++k) {
+        Series& row = series[si][k];
+        row.medians.push_back(results[k].timing.median_ms);
+        row.mins.push_back(results[k].timing.min_ms);
+        if (torch.contains(row.first.torch_peer)) {
+          row.torch_medians.push_back(torch[row.first.torch_peer]["median_ms"].get<double>());
+          row.torch_mins.push_back(torch[row.first.torch_peer]["min_ms"].get<double>());
+        }
+      }
+    }
+  }
+
+  Json report;
+  report["machine"] = {{"cpu", cpu_model()}, {"simd_target", simd::target_name()},
+                       {"threads", o.threads}};
+  report["probe"] = {{"triad_gbps", probe.triad_gbps}, {"copy_gbps", probe.copy_gbps},
+                     {"gbps", probe.gbps()}, {"triad_bytes", probe.bytes}};
+  report["rounds"] = o.rounds;
+  if (o.torch) report["torch"] = torch_info;
+  if (!o.json) {
+    std::printf("posembed bench: %s, SIMD target %s, %d thread(s), %d round(s)%s\n", cpu_model().c_str(),
+                simd::target_name(), o.threads, o.rounds,
+                o.torch ? (", PyTorch " + torch_info.value("version", std::string("?")) + " eager").c_str() : "");
+    std::printf("bandwidth probe (best run): triad %.1f GB/s, memcpy %.1f GB/s -> probe %.1f GB/s\n",
+                probe.triad_gbps, probe.copy_gbps, probe.gbps());
+    std::printf("times: median over rounds of each round's median; min: fastest run; spread: slowest / "
+                "fastest round median; ratio: PyTorch's time / ours (median, and fastest runs)\n");
+  }
+  for (std::size_t si = 0; si < shapes.size(); ++si) {
+    const EmbeddingShape& s = shapes[si].dims;
+    Json js = {{"name", shapes[si].name}, {"batch", s.batch}, {"seq_len", s.seq_len},
+               {"embed_dim", s.embed_dim}, {"vocab_size", s.vocab_size},
+               {"max_seq_len", s.max_seq_len}, {"distinct_tokens", distinct[si]},
+               {"kernels", Json::array()}};
+    if (!o.json) {
+      std::printf("\nshape %s: B %lld, T %lld, d %lld, V %lld (%zu distinct tokens), validated\n",
+                  shapes[si].name.c_str(), static_cast<long long>(s.batch),
+                  static_cast<long long>(s.seq_len), static_cast<long long>(s.embed_dim),
+                  static_cast<long long>(s.vocab_size), distinct[si]);
+      std::printf("%-16s %9s %9s %6s %8s %6s %6s%s\n", "kernel", "median ms", "min ms", "spread",
+                  "min MB", "GB/s", "%probe",
+                  o.torch ? "  torch ms    ratio  torch min  min ratio" : "");
+    }
+    for (const Series& row : series[si]) {
+      const double med = median(row.medians);
+      const double best = *std::min_element(row.mins.begin(), row.mins.end());
+      const double spread = *std::max_element(row.medians.begin(), row.medians.end()) /
+                            *std::min_element(row.medians.begin(), row.medians.end());
+      const double gbps = row.first.bytes / med / 1e6;
+      Json k = {{"name", row.first.name}, {"what", row.first.what}, {"median_ms", med},
+                {"min_ms", best}, {"round_medians_ms", row.medians}, {"min_bytes", row.first.bytes},
+                {"gbps", gbps}, {"probe_fraction", gbps / probe.gbps()}};
+      std::string torch_text;
+      if (!row.torch_medians.empty()) {
+        const double t = median(row.torch_medians);
+        const double t_min = *std::min_element(row.torch_mins.begin(), row.torch_mins.end());
+        k["torch_median_ms"] = t;
+        k["torch_min_ms"] = t_min;
+        k["torch_round_medians_ms"] = row.torch_medians;
+        k["torch_over_ours"] = t / med;
+        k["torch_over_ours_min"] = t_min / best;
+        char buffer[96];
+        std::snprintf(buffer, sizeof buffer, " %9.2f %8.1fx %9.2f %8.1fx", t, t / med, t_min, t_min / best);
+        torch_text = buffer;
+      }
+      js["kernels"].push_back(k);
+      if (!o.json) {
+        std::printf("%-16s %9.3f %9.3f %6.2f %8.1f %6.1f %5.0f%%%s\n", row.first.name.c_str(), med, best,
+                    spread, row.first.bytes / 1e6, gbps, 100 * gbps / probe.gbps(), torch_text.c_str());
+      }
+    }
+    report["shapes"].push_back(js);
+  }
+  if (o.json) std::printf("%s\n", report.dump(2).c_str());
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app) {
+  auto options = std::make_shared<BenchOptions>();
+  CLI::App* bench = app.add_subcommand(
+      "bench", "time the kernels against a bandwidth probe (and PyTorch eager with --torch)");
+  bench->add_option("--threads", options->threads, "threads, for us and for PyTorch")->capture_default_str();
+  bench->add_option("--reps", options->reps, "timed runs per kernel at the GPT-2 shape (3x at the small one)")
+      ->capture_default_str();
+  bench->add_option("--rounds", options->rounds, "repeat everything; report the median round")
+      ->capture_default_str();
+  bench->add_option("--shape", options->only, "only this shape: gpt2 or small");
+  bench->add_flag("--quick", options->quick, "tiny shapes and probe, a few seconds: checks the code paths");
+  bench->add_flag("--json", options->json, "print JSON instead of the table");
+  bench->add_flag("--torch", options->torch, "also time PyTorch eager (run from the repository root)");
+  bench->add_option("--python", options->python, "Python with torch, for --torch")->capture_default_str();
+  bench->add_option("--torch-script", options->torch_script, "the PyTorch bench script")->capture_default_str();
+  bench->callback([options] { run_bench(*options); });
+}
+
+}  // namespace posembed::cli

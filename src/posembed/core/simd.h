@@ -1,0 +1,74 @@
+// Internal: the vectorised inner loops of the core kernels (Highway, runtime
+// dispatch: one binary picks AVX-512, AVX2, SSE4 or plain scalar code at run
+// time). Callers validate every input and split the work over threads; these
+// functions only loop over one contiguous span. Each has a plain-loop twin in
+// core/reference.h or philox.h that the tests compare it against.
+//
+// Bits do not depend on where an element falls in a vector: remainders use
+// masked vector loads and stores of the same operations, and simd.cpp is built
+// with -ffp-contract=off, so thread count (which moves span boundaries) and
+// target (AVX2 vs AVX-512) give the same results.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "posembed/core/philox.h"
+
+namespace posembed::simd {
+
+// Name of the instruction set chosen at run time, for instance "AVX3" or "AVX2".
+const char* target_name();
+
+// Philox4x32-10 of `blocks` consecutive counters: counter k is `first` with its
+// 64-bit block index (c0 low, c1 high) advanced by k, carrying into c1.
+// out: (blocks, 4), word w of counter k at out[4k + w].
+void philox_blocks(std::uint32_t* out, PhiloxCounter first, PhiloxKey key, std::size_t blocks);
+
+// The dropout mask of philox.h/embedding.h: element i is kept iff
+// philox_bits(seed, step, dropout, i) >= threshold. active == false: keep all, no scale.
+struct DropoutMask {
+  PhiloxKey key{};
+  std::uint64_t step = 0;
+  std::uint32_t threshold = 0;
+  float scale = 1.0f;
+  bool active = false;
+};
+
+// out[j] = (a[j] + b[j]) * mask(first + j), j < n; mask(i) is scale or 0.
+// out: (n), a: (n), b: (n)
+void add_dropout(float* out, const float* a, const float* b, std::size_t n, std::uint64_t first,
+                 const DropoutMask& mask);
+
+// v = grad[j] * mask(first + j); tok[j] += v; pos[j] += v. Either of tok, pos
+// may be null (frozen table).
+// tok: (n), pos: (n), grad: (n)
+void accumulate_dropout(float* tok, float* pos, const float* grad,
+                        std::size_t n, std::uint64_t first, const DropoutMask& mask);
+
+// Rows [r0, r1) of the fused forward: out row r = add_dropout of token row
+// token_ids[r] and position row position_ids[r], flat indices r * d + j.
+// out: (n, d), token_table: (V, d), position_table: (max_seq_len, d), ids: (n)
+void forward_rows(float* out, const float* token_table, const std::int64_t* token_ids,
+                  const float* position_table, const std::int64_t* position_ids, std::size_t d,
+                  std::size_t r0, std::size_t r1, const DropoutMask& mask);
+
+// Columns [j0, j1) of the backward over rows r = 0 .. n-1 in that order:
+// accumulate_dropout of grad_out row r into token_grad row token_rows[r] and
+// position_grad row position_rows[r]. Either gradient may be null.
+// token_grad: (rows, d), position_grad: (max_seq_len, d), grad_out: (n, d), *_rows: (n)
+void backward_strip(float* token_grad, const std::int64_t* token_rows, float* position_grad,
+                    const std::int64_t* position_rows, const float* grad_out, std::size_t d,
+                    std::size_t n, std::size_t j0, std::size_t j1, const DropoutMask& mask);
+
+// One AdamW element update, in the order of optim.cpp's scalar definition:
+//   p *= decay; m = beta1*m + (1-beta1)*g; v = beta2*v + (1-beta2)*g*g;
+//   p -= step_size * m / (sqrt(v) / sqrt_correction2 + eps)
+struct AdamWCoefficients {
+  float decay, beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, sqrt_correction2, eps;
+};
+// param, grad, m, v: (n)
+void adamw(float* param, const float* grad, float* m, float* v, std::size_t n,
+           const AdamWCoefficients& c);
+
+}  // namespace posembed::simd

@@ -1,0 +1,191 @@
+// The Highway kernels against their plain definitions, on every instruction set
+// this CPU supports (AVX-512, AVX2, SSE4, SSSE3, 128-bit emulation, one lane),
+// over awkward lengths and start offsets that exercise the vector remainders,
+// Philox blocks cut in the middle and 32-bit counter carries.
+#include <gtest/gtest.h>
+
+#include <hwy/targets.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "core/test_util.h"
+#include "posembed/core/embedding.h"
+#include "posembed/core/optim.h"
+#include "posembed/core/philox.h"
+#include "posembed/core/reference.h"
+#include "posembed/core/simd.h"
+
+namespace posembed {
+namespace {
+
+constexpr double kEps = std::numeric_limits<float>::epsilon();
+
+// Runs body() once per instruction set, the dispatcher forced to each in turn.
+template <class Body>
+void for_each_target(Body&& body) {
+  const std::vector<std::int64_t> targets = hwy::SupportedAndGeneratedTargets();
+  ASSERT_FALSE(targets.empty());
+  for (const std::int64_t target : targets) {
+    hwy::SetSupportedTargetsForTest(target);
+    SCOPED_TRACE(std::string("target ") + hwy::TargetName(target));
+    ASSERT_EQ(std::string(simd::target_name()), hwy::TargetName(target));
+    body();
+  }
+  hwy::SetSupportedTargetsForTest(0);  // back to what the CPU has
+}
+
+std::vector<std::uint32_t> as_bits(const std::vector<float>& v) {
+  std::vector<std::uint32_t> bits(v.size());
+  std::memcpy(bits.data(), v.data(), v.size() * sizeof(float));
+  return bits;
+}
+
+simd::DropoutMask mask_of(const DropoutSpec& s) {
+  return {philox_key(s.seed), s.step, dropout_threshold(s.p), dropout_scale(s.p), s.p > 0};
+}
+
+TEST(SimdPhilox, MatchesScalarOverManyCounters) {
+  // Block indices straddling 2^32 (carry into c1) and 2^64 - small, keys and
+  // steps with high bits set, and lengths that leave every vector remainder.
+  const std::uint64_t starts[] = {0, 1, 0xFFFFFFF0ull, 0x1FFFFFFFDull, 0xFFFFFFFFFFFFFFF0ull, 123456789};
+  const PhiloxKey keys[] = {{0, 0}, {0xFFFFFFFFu, 0xFFFFFFFFu}, {0xA4093822u, 0x299F31D0u}};
+  for_each_target([&] {
+    std::size_t checked = 0;
+    for (const std::uint64_t start : starts) {
+      for (const PhiloxKey& key : keys) {
+        for (std::size_t blocks : {1, 2, 3, 5, 15, 16, 17, 33, 100}) {
+          const PhiloxCounter first =
+              philox_counter(start, (std::uint64_t{0xABCD} << 32) | 0x12345678u, RandomStream::dropout);
+          std::vector<std::uint32_t> out(4 * blocks + 1, 0xDEADBEEFu);
+          simd::philox_blocks(out.data(), first, key, blocks);
+          for (std::size_t k = 0; k < blocks; ++k) {
+            PhiloxCounter c = first;
+            const std::uint64_t block = start + k;
+            c[0] = static_cast<std::uint32_t>(block);
+            c[1] = static_cast<std::uint32_t>(block >> 32);
+            const PhiloxCounter expected = philox4x32_10(c, key);
+            for (std::size_t w = 0; w < 4; ++w) {
+              ASSERT_EQ(out[4 * k + w], expected[w]) << "start " << start << " block " << k;
+            }
+            ++checked;
+          }
+          EXPECT_EQ(out[4 * blocks], 0xDEADBEEFu) << "wrote past the end";
+        }
+      }
+    }
+    EXPECT_EQ(checked, 6u * 3u * 192u);
+  });
+}
+
+TEST(SimdPhilox, KnownAnswerThroughTheVectorPath) {
+  // Random123's counter-0 key-0 vector, as the first of 16 consecutive blocks.
+  for_each_target([] {
+    std::vector<std::uint32_t> out(64);
+    simd::philox_blocks(out.data(), {0, 0, 0, 0}, {0, 0}, 16);
+    EXPECT_EQ(out[0], 0x6627e8d5u);
+    EXPECT_EQ(out[1], 0xe169c58du);
+    EXPECT_EQ(out[2], 0xbc57ac4cu);
+    EXPECT_EQ(out[3], 0x9b00dbd8u);
+  });
+}
+
+const std::size_t kLengths[] = {1, 3, 7, 17, 769, 1024, 1025, 2100};
+const std::uint64_t kFirsts[] = {0, 1, 2, 3, 4099, 0x3FFFFFFFFull};  // block offsets, 2^32 carry
+
+TEST(SimdDropout, AddMatchesTheMaskDefinitionBitForBit) {
+  for_each_target([] {
+    for (const double p : {0.0, 0.1, 0.5}) {
+      const DropoutSpec spec{p, 0x0123456789ABCDEFull, 77};
+      for (const std::size_t n : kLengths) {
+        const auto a = test::random_floats(n, 1), b = test::random_floats(n, 2);
+        for (const std::uint64_t first : kFirsts) {
+          std::vector<float> out(n + 1, 42.0f), expected(n + 1, 42.0f);
+          simd::add_dropout(out.data(), a.data(), b.data(), n, first, mask_of(spec));
+          // The spec in float: keep iff bits >= threshold, then (a + b) * scale.
+          for (std::size_t j = 0; j < n; ++j) {
+            const float sum = a[j] + b[j];
+            expected[j] = p == 0 ? sum
+                          : philox_bits(spec.seed, spec.step, RandomStream::dropout, first + j) >=
+                                  dropout_threshold(p)
+                              ? sum * dropout_scale(p)
+                              : 0.0f;
+          }
+          ASSERT_EQ(as_bits(out), as_bits(expected)) << "p " << p << " n " << n << " first " << first;
+        }
+      }
+    }
+  });
+}
+
+TEST(SimdDropout, AccumulateMatchesDoubleReference) {
+  for_each_target([] {
+    for (const double p : {0.0, 0.3}) {
+      const DropoutSpec spec{p, 5, 6};
+      for (const std::size_t n : kLengths) {
+        const auto grad = test::random_floats(n, 3), tok0 = test::random_floats(n, 4),
+                   pos0 = test::random_floats(n, 5);
+        for (const std::uint64_t first : kFirsts) {
+          std::vector<float> tok = tok0, pos = pos0;
+          simd::accumulate_dropout(tok.data(), pos.data(), grad.data(), n, first, mask_of(spec));
+          std::vector<double> ref_tok(n), ref_pos(n), tol(n);
+          for (std::size_t j = 0; j < n; ++j) {
+            const double g = grad[j] * reference::dropout_factor<double>(spec, first + j);
+            ref_tok[j] = tok0[j] + g;
+            ref_pos[j] = pos0[j] + g;
+            // g * rounded scale, then one add: 2 roundings of values below 2 / (1 - p).
+            tol[j] = 2 * kEps * 2 / (1 - p);
+          }
+          test::expect_near_each(tok, ref_tok, tol, "tok");
+          test::expect_near_each(pos, ref_pos, tol, "pos");
+          // A frozen table (null) leaves the other one exactly as with both.
+          std::vector<float> only_pos = pos0;
+          simd::accumulate_dropout(nullptr, only_pos.data(), grad.data(), n, first, mask_of(spec));
+          ASSERT_EQ(as_bits(only_pos), as_bits(pos));
+        }
+      }
+    }
+  });
+}
+
+TEST(SimdAdamW, MatchesDoubleReferenceOnAwkwardLengths) {
+  const AdamWConfig c{.lr = 1e-2, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1};
+  const std::int64_t step = 3;
+  const simd::AdamWCoefficients k{
+      static_cast<float>(1 - c.lr * c.weight_decay), static_cast<float>(c.beta1),
+      static_cast<float>(1 - c.beta1), static_cast<float>(c.beta2), static_cast<float>(1 - c.beta2),
+      static_cast<float>(c.lr / (1 - std::pow(c.beta1, step))),
+      static_cast<float>(std::sqrt(1 - std::pow(c.beta2, step))), static_cast<float>(c.eps)};
+  std::vector<std::vector<float>> first_target;
+  for_each_target([&] {
+    std::size_t at = 0;
+    for (const std::size_t n : kLengths) {
+      std::vector<float> param = test::random_floats(n, 7), grad = test::random_floats(n, 8),
+                         m = test::random_floats(n, 9), v = test::random_floats(n, 10);
+      for (auto& x : v) x = std::abs(x);
+      std::vector<double> rp = test::cast<double>(param), rm = test::cast<double>(m),
+                          rv = test::cast<double>(v), tol(n);
+      simd::adamw(param.data(), grad.data(), m.data(), v.data(), n, k);
+      for (std::size_t j = 0; j < n; ++j) {
+        reference::adamw_update<double>(rp[j], grad[j], rm[j], rv[j], step, c.lr, c.beta1, c.beta2,
+                                        c.eps, c.weight_decay);
+        // Float rounding of the step (a few eps of lr / correction1 ~ 3.7 lr) and of |param|.
+        tol[j] = 20 * kEps * (4 * c.lr + std::abs(rp[j]));
+      }
+      test::expect_near_each(param, rp, tol, "param");
+      // Every instruction set rounds the same way (no FMA contraction): same bits.
+      if (first_target.size() <= at) {
+        first_target.push_back(param);
+      } else {
+        ASSERT_EQ(as_bits(param), as_bits(first_target[at])) << "n " << n;
+      }
+      ++at;
+    }
+  });
+}
+
+}  // namespace
+}  // namespace posembed
