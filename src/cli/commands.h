@@ -15,5 +15,6 @@ void add_inspect_command(CLI::App& app);
 void add_resize_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
 void add_analyze_command(CLI::App& app);
+void add_experiment_command(CLI::App& app);
 
 }  // namespace posembed::cli

@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   posembed::cli::add_resize_command(app);
   posembed::cli::add_plan_command(app);
   posembed::cli::add_analyze_command(app);
+  posembed::cli::add_experiment_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

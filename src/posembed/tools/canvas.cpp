@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "posembed/core/error.h"
+#include "posembed/tools/format.h"
 
 namespace posembed::tools {
 namespace {
@@ -222,6 +223,250 @@ std::vector<double> nice_ticks(double lo, double hi, int target) {
     ticks.push_back(std::abs(t) < step * 1e-9 ? 0.0 : t);
   }
   return ticks;
+}
+
+Rgb series_colour(int i) {
+  // ColorBrewer-like dark hues that stay apart on white and in grey print.
+  static constexpr Rgb kColours[] = {{33, 102, 172}, {178, 24, 43},  {27, 120, 55},
+                                     {230, 120, 0},  {118, 42, 131}, {0, 150, 150},
+                                     {110, 110, 110}, {200, 60, 160}};
+  constexpr int n = sizeof kColours / sizeof kColours[0];
+  return kColours[((i % n) + n) % n];
+}
+
+namespace {
+
+std::string tick_label(double v) {
+  const double a = std::abs(v);
+  if (a == 0) return "0";
+  if (a >= 1e5 || a < 1e-3) return format("%.0E", v);
+  return format("%g", v);
+}
+
+// Ticks on a log axis: 1, 2, 5 x 10^k inside [lo, hi]; only powers of ten over
+// many decades; the ends when nothing else falls inside.
+std::vector<double> log_ticks(double lo, double hi) {
+  std::vector<double> ticks;
+  const bool sparse = std::log10(hi / lo) > 4;
+  for (double decade = std::pow(10.0, std::floor(std::log10(lo))); decade <= hi; decade *= 10) {
+    for (double m : {1.0, 2.0, 5.0}) {
+      if (sparse && m != 1.0) continue;
+      const double t = m * decade;
+      if (t >= lo * (1 - 1e-9) && t <= hi * (1 + 1e-9)) ticks.push_back(t);
+    }
+  }
+  if (ticks.size() < 2) ticks = {lo, hi};
+  return ticks;
+}
+
+struct Axis {
+  bool log = false;
+  double lo = 0, hi = 1;  // the data range shown
+  int p0 = 0, p1 = 1;     // pixels of lo and hi
+  double f(double v) const { return log ? std::log10(v) : v; }
+  int pixel(double v) const {
+    const double t = (f(v) - f(lo)) / (f(hi) - f(lo));
+    return p0 + static_cast<int>(std::lround(t * (p1 - p0)));
+  }
+};
+
+void check_series(const PlotSeries& s, const LinePlot& plot) {
+  if (s.x.size() != s.y.size()) {
+    throw Error("plot '" + plot.title + "': series '" + s.label + "' has " +
+                std::to_string(s.x.size()) + " x values but " + std::to_string(s.y.size()) +
+                " y values");
+  }
+  if ((!s.y_lo.empty() || !s.y_hi.empty()) &&
+      (s.y_lo.size() != s.x.size() || s.y_hi.size() != s.x.size())) {
+    throw Error("plot '" + plot.title + "': series '" + s.label +
+                "' needs one band value (y_lo, y_hi) per x value or none");
+  }
+}
+
+}  // namespace
+
+void write_line_plot_png(const std::filesystem::path& path, const LinePlot& plot) {
+  if (plot.width < 200 || plot.height < 150) {
+    throw Error("plot '" + plot.title + "' must be at least 200 x 150 pixels");
+  }
+  // Ranges from the finite data (log axes: positive data only, else an error).
+  double x_lo = INFINITY, x_hi = -INFINITY, y_lo = INFINITY, y_hi = -INFINITY;
+  const auto take_y = [&](double v) {
+    if (!std::isfinite(v)) return;
+    if (plot.log_y && v <= 0) {
+      throw Error("plot '" + plot.title + "': y value " + std::to_string(v) +
+                  " cannot be shown on a log axis");
+    }
+    y_lo = std::min(y_lo, v);
+    y_hi = std::max(y_hi, v);
+  };
+  for (const PlotSeries& s : plot.series) {
+    check_series(s, plot);
+    for (std::size_t i = 0; i < s.x.size(); ++i) {
+      if (!std::isfinite(s.x[i]) || !std::isfinite(s.y[i])) continue;
+      if (plot.log_x && s.x[i] <= 0) {
+        throw Error("plot '" + plot.title + "': x value " + std::to_string(s.x[i]) +
+                    " cannot be shown on a log axis");
+      }
+      x_lo = std::min(x_lo, s.x[i]);
+      x_hi = std::max(x_hi, s.x[i]);
+      take_y(s.y[i]);
+      if (!s.y_lo.empty()) {
+        take_y(s.y_lo[i]);
+        take_y(s.y_hi[i]);
+      }
+    }
+  }
+  if (!(x_lo <= x_hi)) throw Error("plot '" + plot.title + "' has no finite points to draw");
+  if (std::isfinite(plot.y_min)) y_lo = plot.y_min;
+  if (std::isfinite(plot.y_max)) y_hi = plot.y_max;
+  if (!(y_lo < y_hi)) {  // one value, or an inverted range: widen around it
+    const double mid = std::isfinite(y_lo) ? y_lo : 1.0;
+    y_lo = plot.log_y ? mid / 2 : mid - 1;
+    y_hi = plot.log_y ? mid * 2 : mid + 1;
+  }
+  if (x_lo == x_hi) {
+    x_lo = plot.log_x ? x_lo / 2 : x_lo - 1;
+    x_hi = plot.log_x ? x_hi * 2 : x_hi + 1;
+  }
+  if (!std::isfinite(plot.y_min) && !std::isfinite(plot.y_max)) {  // a margin around the data
+    if (plot.log_y) {
+      y_lo /= 1.1;
+      y_hi *= 1.1;
+    } else {
+      const double pad = 0.04 * (y_hi - y_lo);
+      y_lo -= pad;
+      y_hi += pad;
+    }
+  }
+
+  const int left = 84, right = 24, top = 52, bottom = 58;
+  Canvas c(plot.width, plot.height);
+  const int x0 = left, x1 = plot.width - right, y0 = top, y1 = plot.height - bottom;
+  const Axis ax{plot.log_x, x_lo, x_hi, x0, x1}, ay{plot.log_y, y_lo, y_hi, y1, y0};
+  const auto clamp_y = [&](int py) { return std::clamp(py, y0, y1); };
+
+  const int title_scale = Canvas::text_width(plot.title, 2) <= plot.width - left - 8 ? 2 : 1;
+  c.text(left, title_scale == 2 ? 14 : 20, plot.title, kBlack, title_scale);
+
+  // Grid and tick labels.
+  std::vector<double> xt = plot.x_ticks;
+  if (xt.empty()) xt = plot.log_x ? log_ticks(x_lo, x_hi) : nice_ticks(x_lo, x_hi, 8);
+  for (double t : xt) {
+    if (t < x_lo - 1e-9 * std::abs(x_hi - x_lo) || t > x_hi + 1e-9 * std::abs(x_hi - x_lo)) continue;
+    const int px = ax.pixel(t);
+    for (int y = y0 + 1; y < y1; y += 2) c.set(px, y, kLightGrey);
+    c.line(px, y1, px, y1 + 4, kBlack);
+    const std::string label = tick_label(t);
+    c.text(px - Canvas::text_width(label) / 2, y1 + 9, label, kBlack);
+  }
+  const std::vector<double> yt = plot.log_y ? log_ticks(y_lo, y_hi) : nice_ticks(y_lo, y_hi, 6);
+  for (double t : yt) {
+    const int py = ay.pixel(t);
+    if (py < y0 || py > y1) continue;
+    c.dashed_hline(x0 + 1, x1 - 1, py, kLightGrey);
+    c.line(x0 - 4, py, x0, py, kBlack);
+    const std::string label = tick_label(t);
+    c.text(x0 - 8 - Canvas::text_width(label), py - 3, label, kBlack);
+  }
+  c.text((x0 + x1) / 2 - Canvas::text_width(plot.x_label) / 2, y1 + 26, plot.x_label, kBlack);
+  c.text_vertical(14, (y0 + y1) / 2 + Canvas::text_width(plot.y_label) / 2, plot.y_label, kBlack);
+
+  // Bands first (light), then lines and markers on top.
+  const auto light = [](Rgb k) { return Rgb{lerp(k.r, 255, 0.78), lerp(k.g, 255, 0.78), lerp(k.b, 255, 0.78)}; };
+  for (const PlotSeries& s : plot.series) {
+    if (s.y_lo.empty()) continue;
+    const Rgb band = light(s.colour);
+    for (std::size_t i = 1; i < s.x.size(); ++i) {
+      const double a[4] = {s.x[i - 1], s.x[i], s.y_lo[i - 1], s.y_lo[i]};
+      const double b[2] = {s.y_hi[i - 1], s.y_hi[i]};
+      if (!std::isfinite(a[0] + a[1] + a[2] + a[3] + b[0] + b[1])) continue;
+      const int pa = ax.pixel(a[0]), pb = ax.pixel(a[1]);
+      for (int px = std::min(pa, pb); px <= std::max(pa, pb); ++px) {
+        const double t = pa == pb ? 0.0 : static_cast<double>(px - pa) / (pb - pa);
+        const int lo = clamp_y(static_cast<int>(std::lround(ay.pixel(a[2]) + t * (ay.pixel(a[3]) - ay.pixel(a[2])))));
+        const int hi = clamp_y(static_cast<int>(std::lround(ay.pixel(b[0]) + t * (ay.pixel(b[1]) - ay.pixel(b[0])))));
+        for (int y = std::min(lo, hi); y <= std::max(lo, hi); ++y) c.set(px, y, band);
+      }
+    }
+  }
+  for (const PlotSeries& s : plot.series) {
+    int dash = 0;  // pixels drawn so far along a dashed series: 7 on, 5 off
+    const auto segment = [&](int xa, int ya, int xb, int yb) {
+      const int n = std::max(std::abs(xb - xa), std::abs(yb - ya));
+      for (int k = 0; k <= n; ++k, ++dash) {
+        if (s.dashed && dash % 12 >= 7) continue;
+        const double t = n == 0 ? 0.0 : static_cast<double>(k) / n;
+        const int px = xa + static_cast<int>(std::lround(t * (xb - xa)));
+        const int py = ya + static_cast<int>(std::lround(t * (yb - ya)));
+        c.set(px, py, s.colour);
+        c.set(px, py + 1, s.colour);  // two pixels thick
+      }
+    };
+    for (std::size_t i = 0; i < s.x.size(); ++i) {
+      if (!std::isfinite(s.x[i]) || !std::isfinite(s.y[i])) continue;
+      const int px = ax.pixel(s.x[i]), py = clamp_y(ay.pixel(s.y[i]));
+      if (i > 0 && std::isfinite(s.x[i - 1]) && std::isfinite(s.y[i - 1])) {
+        segment(ax.pixel(s.x[i - 1]), clamp_y(ay.pixel(s.y[i - 1])), px, py);
+      }
+      if (s.markers) c.fill_rect(px - 2, py - 2, px + 3, py + 3, s.colour);
+    }
+  }
+  c.line(x0, y0, x1, y0, kBlack);
+  c.line(x0, y1, x1, y1, kBlack);
+  c.line(x0, y0, x0, y1, kBlack);
+  c.line(x1, y0, x1, y1, kBlack);
+
+  // Legend in the corner that covers the fewest data points.
+  int label_w = 0, entries = 0;
+  for (const PlotSeries& s : plot.series) {
+    if (s.label.empty()) continue;
+    label_w = std::max(label_w, Canvas::text_width(s.label));
+    ++entries;
+  }
+  if (entries == 0) {
+    c.write_png(path);
+    return;
+  }
+  const int box_w = label_w + 44, box_h = entries * 14 + 10;
+  const int corners[4][2] = {{x1 - 8 - box_w, y0 + 8}, {x0 + 8, y0 + 8},
+                             {x1 - 8 - box_w, y1 - 8 - box_h}, {x0 + 8, y1 - 8 - box_h}};
+  int best = 0;
+  long best_count = -1;
+  for (int k = 0; k < 4; ++k) {
+    long count = 0;
+    for (const PlotSeries& s : plot.series) {
+      for (std::size_t i = 0; i < s.x.size(); ++i) {
+        if (!std::isfinite(s.x[i]) || !std::isfinite(s.y[i])) continue;
+        const int px = ax.pixel(s.x[i]), py = ay.pixel(s.y[i]);
+        count += px >= corners[k][0] && px <= corners[k][0] + box_w && py >= corners[k][1] &&
+                 py <= corners[k][1] + box_h;
+      }
+    }
+    if (best_count < 0 || count < best_count) {
+      best = k;
+      best_count = count;
+    }
+  }
+  const int bx = corners[best][0], by = corners[best][1];
+  c.fill_rect(bx, by, bx + box_w, by + box_h, kWhite);
+  c.line(bx, by, bx + box_w, by, kGrey);
+  c.line(bx, by + box_h, bx + box_w, by + box_h, kGrey);
+  c.line(bx, by, bx, by + box_h, kGrey);
+  c.line(bx + box_w, by, bx + box_w, by + box_h, kGrey);
+  int row = 0;
+  for (const PlotSeries& s : plot.series) {
+    if (s.label.empty()) continue;
+    const int ly = by + 8 + row * 14;
+    for (int x = bx + 6; x < bx + 30; ++x) {
+      if (s.dashed && (x - bx - 6) % 12 >= 7) continue;
+      c.set(x, ly + 3, s.colour);
+      c.set(x, ly + 4, s.colour);
+    }
+    c.text(bx + 36, ly, s.label, kBlack);
+    ++row;
+  }
+  c.write_png(path);
 }
 
 }  // namespace posembed::tools

@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <cmath>
 #include <filesystem>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -48,5 +50,31 @@ class Canvas {
 
 // Axis tick values: a 1/2/5 x 10^k step giving about `target` ticks in [lo, hi].
 std::vector<double> nice_ticks(double lo, double hi, int target);
+
+// Distinguishable line colours for plot series i = 0, 1, ... (cycling after 8).
+Rgb series_colour(int i);
+
+// A line plot: several series on shared axes (linear or log), an optional
+// shaded band per series (e.g. the min..max over seeds), a legend.
+// Non-finite points break a line; they are not drawn.
+struct PlotSeries {
+  std::string label;
+  Rgb colour{};
+  std::vector<double> x, y;
+  std::vector<double> y_lo, y_hi;  // empty, or one per x: the band drawn under the line
+  bool markers = false;            // a dot on each point
+  bool dashed = false;
+};
+struct LinePlot {
+  std::string title, x_label, y_label;
+  bool log_x = false, log_y = false;
+  double y_min = NAN, y_max = NAN;  // NaN: from the data (all of it, bands included)
+  std::vector<double> x_ticks;      // empty: automatic
+  std::vector<PlotSeries> series;
+  int width = 900, height = 540;
+};
+// Throws posembed::Error on an empty plot, series whose x, y (or band) sizes
+// differ, non-positive values on a log axis, or a file that cannot be written.
+void write_line_plot_png(const std::filesystem::path& path, const LinePlot& plot);
 
 }  // namespace posembed::tools
