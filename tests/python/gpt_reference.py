@@ -21,6 +21,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+import safetensors_pack
+
 FORMAT, VERSION = "posembed-torch-reference", "1"
 DTYPES = {"F32": np.float32, "F64": np.float64, "I64": np.int64}
 
@@ -37,22 +39,6 @@ def read_safetensors(path):
         b, end = e["data_offsets"]
         tensors[name] = np.frombuffer(body[b:end], dtype=DTYPES[e["dtype"]]).reshape(e["shape"]).copy()
     return tensors, meta
-
-
-def write_safetensors(path, tensors, meta):
-    names = {np.dtype(np.float32): "F32", np.dtype(np.float64): "F64", np.dtype(np.int64): "I64"}
-    header, blobs, offset = {"__metadata__": meta}, [], 0
-    for name, a in tensors.items():
-        a = np.ascontiguousarray(a)
-        raw = a.tobytes()
-        header[name] = {"dtype": names[a.dtype], "shape": list(a.shape),
-                        "data_offsets": [offset, offset + len(raw)]}
-        blobs.append(raw)
-        offset += len(raw)
-    h = json.dumps(header).encode()
-    h += b" " * (-len(h) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 
 def forward(p, idx, cfg):
@@ -118,7 +104,7 @@ def main():
         opt.step()
         losses.append(loss.item())
     result["losses"] = np.array(losses, dtype=np.float64)
-    write_safetensors(out, result, {"format": FORMAT, "version": VERSION,
+    safetensors_pack.save(out, result, {"format": FORMAT, "version": VERSION,
                                     "torch": torch.__version__})
     print(f"gpt_reference: loss {losses[0]:.6f} -> {losses[-1]:.6f} over {len(losses)} steps, "
           f"torch {torch.__version__}")
