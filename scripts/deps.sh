@@ -27,6 +27,10 @@ fi
 # PyPI packages for the tests, on the default python3 (pip only when missing):
 # the reference safetensors library and numpy for the checkpoint interop tests.
 if [ "${1:-build}" = test ]; then
+  # Debian's own python3 refuses pip installs into its environment (PEP 668);
+  # these two test-only packages then go in with --break-system-packages.
   python3 -c "import safetensors, numpy" 2>/dev/null ||
-    python3 -m pip install --quiet --disable-pip-version-check safetensors numpy
+    python3 -m pip install --quiet --disable-pip-version-check safetensors numpy ||
+    python3 -m pip install --quiet --disable-pip-version-check --break-system-packages \
+      safetensors numpy
 fi
