@@ -8,6 +8,7 @@
 #include <string>
 
 #include "cli/commands.h"
+#include "cli/table_flags.h"
 #include "posembed/core/error.h"
 #include "posembed/io/names.h"
 #include "posembed/io/safetensors.h"
@@ -28,10 +29,7 @@ struct AnalyzeOptions {
 
 void run_analyze(const AnalyzeOptions& o) {
   const auto file = io::SafetensorsFile::open(o.file);
-  io::DetectOptions detect;
-  if (!o.tensor.empty()) detect.position_name = o.tensor;
-  if (o.offset >= 0) detect.offset_rows = o.offset;
-  const io::DetectedTables t = io::detect_tables(file, detect);
+  const io::DetectedTables t = io::detect_tables(file, detect_options(o.tensor, o.offset));
   if (!t.position) {
     std::string why;
     for (const auto& note : t.notes) why += "; " + note;

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/table_flags.h"
 #include "posembed/io/names.h"
 #include "posembed/io/safetensors.h"
 #include "posembed/tools/format.h"
@@ -28,10 +29,7 @@ std::string shape_text(const std::vector<std::int64_t>& shape) {
 
 void run_inspect(const InspectOptions& options) {
   const auto file = io::SafetensorsFile::open(options.file);
-  io::DetectOptions detect;
-  if (!options.name.empty()) detect.position_name = options.name;
-  if (options.offset >= 0) detect.offset_rows = options.offset;
-  const io::DetectedTables t = io::detect_tables(file, detect);
+  const io::DetectedTables t = io::detect_tables(file, detect_options(options.name, options.offset));
   const std::int64_t params = io::parameter_count(file);
   const double share = t.position && params > 0
                            ? static_cast<double>(t.position->numel()) / static_cast<double>(params)
