@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <tuple>
 #include <vector>
@@ -251,6 +252,34 @@ TEST(SparseGrad, AccumulatesAcrossBatchesAndZeroes) {
   EXPECT_TRUE(sparse.rows.empty());
   zero_grad(dense);
   EXPECT_EQ(dense, std::vector<float>(dense.size(), 0.0f));
+}
+
+// After zero_grad the storage is reused without being cleared: each row is
+// written by its first token. Same bits as a fresh gradient and as a dense one
+// accumulated from zeros, -0 gradients included (0 + -0 is +0).
+TEST(SparseGrad, ReusedStorageGivesTheBitsOfAZeroedGradient) {
+  const Problem a = make_problem(3, 40, 24, 81);
+  Problem b = make_problem(2, 30, 24, 82);
+  for (std::size_t i = 0; i < b.grad_out.size(); i += 5) b.grad_out[i] = -0.0f;
+  const DropoutSpec dropout{0.3, 4, 5};
+  SparseRowGrad reused, fresh;
+  std::vector<float> none;
+  embedding_backward(reused, none, a.grad_out, a.tokens, a.positions, a.shape, dropout);
+  zero_grad(reused);
+  embedding_backward(reused, none, b.grad_out, b.tokens, b.positions, b.shape, dropout);
+  embedding_backward(fresh, none, b.grad_out, b.tokens, b.positions, b.shape, dropout);
+  std::vector<float> dense(b.token_table.size(), 0.0f);
+  embedding_backward(dense, none, b.grad_out, b.tokens, b.positions, b.shape, dropout);
+  ASSERT_EQ(reused.rows, fresh.rows);
+  ASSERT_EQ(reused.values.size(), fresh.values.size());
+  const auto bits = [](float x) { std::uint32_t u; std::memcpy(&u, &x, sizeof u); return u; };
+  for (std::size_t k = 0; k < fresh.rows.size(); ++k) {
+    for (std::size_t j = 0; j < 24; ++j) {
+      const float want = dense[static_cast<std::size_t>(fresh.rows[k]) * 24 + j];
+      ASSERT_EQ(bits(reused.values[k * 24 + j]), bits(want)) << "row " << fresh.rows[k] << " col " << j;
+      ASSERT_EQ(bits(fresh.values[k * 24 + j]), bits(want));
+    }
+  }
 }
 
 TEST(Embedding, PaddingPositionRowGetsNoGradient) {

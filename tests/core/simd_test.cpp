@@ -95,6 +95,7 @@ TEST(SimdPhilox, KnownAnswerThroughTheVectorPath) {
 
 const std::size_t kLengths[] = {1, 3, 7, 17, 769, 1024, 1025, 2100};
 const std::uint64_t kFirsts[] = {0, 1, 2, 3, 4099, 0x3FFFFFFFFull};  // block offsets, 2^32 carry
+const std::size_t kOffsets[] = {0, 1, 7, 13};  // floats past a 64-byte boundary
 
 TEST(SimdDropout, AddMatchesTheMaskDefinitionBitForBit) {
   for_each_target([] {
@@ -102,9 +103,8 @@ TEST(SimdDropout, AddMatchesTheMaskDefinitionBitForBit) {
       const DropoutSpec spec{p, 0x0123456789ABCDEFull, 77};
       for (const std::size_t n : kLengths) {
         const auto a = test::random_floats(n, 1), b = test::random_floats(n, 2);
+        std::vector<float> expected(n);
         for (const std::uint64_t first : kFirsts) {
-          std::vector<float> out(n + 1, 42.0f), expected(n + 1, 42.0f);
-          simd::add_dropout(out.data(), a.data(), b.data(), n, first, mask_of(spec));
           // The spec in float: keep iff bits >= threshold, then (a + b) * scale.
           for (std::size_t j = 0; j < n; ++j) {
             const float sum = a[j] + b[j];
@@ -114,7 +114,20 @@ TEST(SimdDropout, AddMatchesTheMaskDefinitionBitForBit) {
                               ? sum * dropout_scale(p)
                               : 0.0f;
           }
-          ASSERT_EQ(as_bits(out), as_bits(expected)) << "p " << p << " n " << n << " first " << first;
+          // Outputs starting anywhere in a vector (the kernel aligns its vectors to
+          // the output), with plain and streaming stores; the values around stay.
+          for (const std::size_t offset : kOffsets) {
+            for (const bool stream : {false, true}) {
+              std::vector<float> out(offset + n + 1, 42.0f);
+              simd::add_dropout(out.data() + offset, a.data(), b.data(), n, first, mask_of(spec), stream);
+              const std::vector<float> got(out.begin() + static_cast<std::ptrdiff_t>(offset),
+                                           out.end() - 1);
+              ASSERT_EQ(as_bits(got), as_bits(expected))
+                  << "p " << p << " n " << n << " first " << first << " offset " << offset << " stream " << stream;
+              ASSERT_EQ(out.back(), 42.0f);
+              for (std::size_t k = 0; k < offset; ++k) ASSERT_EQ(out[k], 42.0f);
+            }
+          }
         }
       }
     }
@@ -126,11 +139,10 @@ TEST(SimdDropout, AccumulateMatchesDoubleReference) {
     for (const double p : {0.0, 0.3}) {
       const DropoutSpec spec{p, 5, 6};
       for (const std::size_t n : kLengths) {
-        const auto grad = test::random_floats(n, 3), tok0 = test::random_floats(n, 4),
-                   pos0 = test::random_floats(n, 5);
+        auto grad = test::random_floats(n, 3);
+        grad[n / 2] = -0.0f;  // kept, it adds -0 to a row: only a zero row turns it into +0
+        const auto tok0 = test::random_floats(n, 4), pos0 = test::random_floats(n, 5);
         for (const std::uint64_t first : kFirsts) {
-          std::vector<float> tok = tok0, pos = pos0;
-          simd::accumulate_dropout(tok.data(), pos.data(), grad.data(), n, first, mask_of(spec));
           std::vector<double> ref_tok(n), ref_pos(n), tol(n);
           for (std::size_t j = 0; j < n; ++j) {
             const double g = grad[j] * reference::dropout_factor<double>(spec, first + j);
@@ -139,12 +151,29 @@ TEST(SimdDropout, AccumulateMatchesDoubleReference) {
             // g * rounded scale, then one add: 2 roundings of values below 2 / (1 - p).
             tol[j] = 2 * kEps * 2 / (1 - p);
           }
-          test::expect_near_each(tok, ref_tok, tol, "tok");
-          test::expect_near_each(pos, ref_pos, tol, "pos");
-          // A frozen table (null) leaves the other one exactly as with both.
-          std::vector<float> only_pos = pos0;
-          simd::accumulate_dropout(nullptr, only_pos.data(), grad.data(), n, first, mask_of(spec));
-          ASSERT_EQ(as_bits(only_pos), as_bits(pos));
+          for (const std::size_t offset : kOffsets) {
+            std::vector<float> tok(offset), pos(offset);
+            tok.insert(tok.end(), tok0.begin(), tok0.end());
+            pos.insert(pos.end(), pos0.begin(), pos0.end());
+            simd::accumulate_dropout(tok.data() + offset, pos.data() + offset, grad.data(), n, first,
+                                     mask_of(spec));
+            tok.erase(tok.begin(), tok.begin() + static_cast<std::ptrdiff_t>(offset));
+            pos.erase(pos.begin(), pos.begin() + static_cast<std::ptrdiff_t>(offset));
+            test::expect_near_each(tok, ref_tok, tol, "tok");
+            test::expect_near_each(pos, ref_pos, tol, "pos");
+            // A frozen table (null) leaves the other one exactly as with both.
+            std::vector<float> only_pos = pos0;
+            simd::accumulate_dropout(nullptr, only_pos.data(), grad.data(), n, first, mask_of(spec));
+            ASSERT_EQ(as_bits(only_pos), as_bits(pos));
+            // A row known to be zero is written without being read: the same bits
+            // as accumulating into zeros, whatever the memory held.
+            std::vector<float> zeros(n, 0.0f), garbage(n, std::nanf("")), pos_a = pos0, pos_b = pos0;
+            simd::accumulate_dropout(zeros.data(), pos_a.data(), grad.data(), n, first, mask_of(spec));
+            simd::accumulate_dropout(garbage.data(), pos_b.data(), grad.data(), n, first, mask_of(spec),
+                                     /*tok_is_zero=*/true);
+            ASSERT_EQ(as_bits(garbage), as_bits(zeros));
+            ASSERT_EQ(as_bits(pos_b), as_bits(pos_a));
+          }
         }
       }
     }

@@ -1,6 +1,7 @@
 #include "posembed/core/embedding.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -12,6 +13,9 @@
 
 namespace posembed {
 namespace {
+
+// Outputs from this size on are written with streaming stores (above).
+constexpr std::size_t kStreamBytes = std::size_t{16} << 20;
 
 std::string where(std::size_t flat, std::int64_t seq_len) {
   const auto t = static_cast<std::size_t>(seq_len);
@@ -52,9 +56,10 @@ simd::DropoutMask dropout_mask(const DropoutSpec& dropout) {
 // atomics and no sort of the tokens; grad_out is read once and each mask word
 // drawn once. Strips are whole cache lines (16 floats) so that two threads never
 // write one line. token_rows: the gradient row of each token (its id, or its
-// slot in a row-sparse gradient).
+// slot in a row-sparse gradient); token_first: null, or 1 for each token whose
+// row starts at zero and has no earlier token (the row is written, not read).
 void backward_strips(float* grad_token_table, const std::int64_t* token_rows,
-                     float* grad_position_table, std::span<const float> grad_out,
+                     const std::uint8_t* token_first, float* grad_position_table, std::span<const float> grad_out,
                      std::span<const std::int64_t> position_ids, const EmbeddingShape& shape,
                      const DropoutSpec& dropout) {
   const std::int64_t d = shape.embed_dim;
@@ -67,12 +72,17 @@ void backward_strips(float* grad_token_table, const std::int64_t* token_rows,
   const std::int64_t strip = std::max<std::int64_t>(256, ((d + threads - 1) / threads + 15) / 16 * 16);
   // Strip edges fall on cache lines of the gradient rows (when d is a multiple of
   // 16 and both gradients share their alignment mod 64): otherwise two threads
-  // write the line that straddles an edge, on every row.
+  // write the line that straddles an edge, on every row. When the rows do not
+  // start on a line, the last `wrap` columns of each row share a line with the
+  // first `shift` columns of the next row, so the first strip takes both.
   const auto base = reinterpret_cast<std::uintptr_t>(grad_token_table ? grad_token_table
                                                                        : grad_position_table);
   const auto shift = static_cast<std::int64_t>((64 - base % 64) % 64 / sizeof(float));
-  const std::int64_t strips = std::max<std::int64_t>(1, (d - shift + strip - 1) / strip);
-  const auto edge = [&](std::int64_t s) { return s == 0 ? 0 : s == strips ? d : shift + s * strip; };
+  const std::int64_t wrap = shift > 0 && d % 16 == 0 && d > strip ? 16 - shift : 0;
+  const std::int64_t strips = std::max<std::int64_t>(1, (d - wrap - shift + strip - 1) / strip);
+  const auto edge = [&](std::int64_t s) {
+    return s == 0 ? 0 : s == strips ? d - wrap : shift + s * strip;
+  };
   const simd::DropoutMask mask = dropout_mask(dropout);
   // The padding row is put back afterwards rather than skipped in the SIMD loop:
   // d floats of copying instead of a branch per token.
@@ -83,9 +93,10 @@ void backward_strips(float* grad_token_table, const std::int64_t* token_rows,
   if (padding_row) saved_padding_row.assign(padding_row, padding_row + d);
   parallel_for(strips, [&](std::int64_t s) {
     const std::int64_t j0 = edge(s), j1 = edge(s + 1);
-    simd::backward_strip(grad_token_table, token_rows, grad_position_table, position_ids.data(),
+    simd::backward_strip(grad_token_table, token_rows, token_first, grad_position_table, position_ids.data(),
                          grad_out.data(), static_cast<std::size_t>(d), static_cast<std::size_t>(n),
-                         static_cast<std::size_t>(j0), static_cast<std::size_t>(j1), mask);
+                         static_cast<std::size_t>(j0), static_cast<std::size_t>(j1),
+                         static_cast<std::size_t>(s == 0 ? d - wrap : d), mask);
   });
   if (padding_row) std::copy(saved_padding_row.begin(), saved_padding_row.end(), padding_row);
 }
@@ -232,11 +243,15 @@ void embedding_forward(std::span<float> out, std::span<const std::int64_t> token
   const auto n = static_cast<std::int64_t>(token_count(shape));
   const std::int64_t rows = std::max<std::int64_t>(1, kGrainElements / d);
   const simd::DropoutMask mask = dropout_mask(dropout);
+  // An output much larger than a core's share of the last-level cache is
+  // streamed past it: a plain store first reads each line it fills, a third more
+  // traffic (measured at the GPT-2 shape, 25 MB: 1.83 ms plain, 1.44 streamed).
+  const bool stream = out.size() * sizeof(float) >= kStreamBytes;
   parallel_for((n + rows - 1) / rows, [&](std::int64_t block) {
     simd::forward_rows(out.data(), token_table.data(), token_ids.data(), position_table.data(),
                        position_ids.data(), static_cast<std::size_t>(d),
                        static_cast<std::size_t>(block * rows),
-                       static_cast<std::size_t>(std::min(n, (block + 1) * rows)), mask);
+                       static_cast<std::size_t>(std::min(n, (block + 1) * rows)), mask, stream);
   });
 }
 
@@ -247,7 +262,7 @@ void embedding_backward(std::span<float> grad_token_table, std::span<float> grad
   validate_backward(grad_token_table.size(), grad_position_table, grad_out, token_ids,
                     position_ids, shape, dropout);
   backward_strips(grad_token_table.empty() ? nullptr : grad_token_table.data(), token_ids.data(),
-                  grad_position_table.empty() ? nullptr : grad_position_table.data(), grad_out,
+                  nullptr, grad_position_table.empty() ? nullptr : grad_position_table.data(), grad_out,
                   position_ids, shape, dropout);
 }
 
@@ -265,24 +280,53 @@ void embedding_backward(SparseRowGrad& grad, std::span<float> grad_position_tabl
   validate_sparse_grad(grad, shape.vocab_size);
   grad.embed_dim = d;
   const auto width = static_cast<std::size_t>(d);
-  // Rows of this batch, sorted and unique, in the scratch buffer.
-  std::vector<std::int64_t>& batch_rows = grad.slot;
-  batch_rows.assign(token_ids.begin(), token_ids.end());
-  std::sort(batch_rows.begin(), batch_rows.end());
-  batch_rows.erase(std::unique(batch_rows.begin(), batch_rows.end()), batch_rows.end());
-  if (grad.rows.empty()) {
-    // The usual case, right after zero_grad: reuse the storage, no allocation.
-    grad.rows.assign(batch_rows.begin(), batch_rows.end());
-    grad.values.assign(grad.rows.size() * width, 0.0f);
-  } else {
-    merge_rows(grad, batch_rows);
+  const std::size_t n = token_ids.size();
+  SparseRowGrad::Scratch& scratch = grad.scratch;
+  // The batch's rows as a bitmap over the vocabulary: sorted and unique in
+  // O(B*T + V/64), with no sort.
+  const std::size_t words = (static_cast<std::size_t>(shape.vocab_size) + 63) / 64;
+  scratch.touched.assign(words, 0);
+  for (const std::int64_t id : token_ids) {
+    scratch.touched[static_cast<std::size_t>(id) >> 6] |= std::uint64_t{1} << (id & 63);
   }
-  grad.slot.resize(token_ids.size());
-  parallel_for(static_cast<std::int64_t>(token_ids.size()), [&](std::int64_t r) {
-    const auto i = static_cast<std::size_t>(r);
-    grad.slot[i] = std::lower_bound(grad.rows.begin(), grad.rows.end(), token_ids[i]) - grad.rows.begin();
-  }, 4096);
-  backward_strips(grad.values.empty() ? nullptr : grad.values.data(), grad.slot.data(),
+  std::vector<std::int64_t>& batch_rows = scratch.batch_rows;
+  batch_rows.clear();
+  for (std::size_t w = 0; w < words; ++w) {
+    for (std::uint64_t bits = scratch.touched[w]; bits != 0; bits &= bits - 1) {
+      batch_rows.push_back(static_cast<std::int64_t>(w * 64) + std::countr_zero(bits));
+    }
+  }
+  scratch.slot.resize(n);
+  const std::uint8_t* first_use = nullptr;
+  if (grad.rows.empty()) {
+    // The usual case, right after zero_grad. A row's slot is its rank among the
+    // touched rows; the first token of each row (in flat order) writes it, so
+    // `values` needs no zeroing, and no allocation once its capacity is reached.
+    grad.rows.assign(batch_rows.begin(), batch_rows.end());
+    grad.values.resize(grad.rows.size() * width);
+    scratch.rank.resize(words);
+    for (std::size_t w = 0, rank = 0; w < words; ++w) {
+      scratch.rank[w] = static_cast<std::int64_t>(rank);
+      rank += static_cast<std::size_t>(std::popcount(scratch.touched[w]));
+    }
+    scratch.unused.assign(scratch.touched.begin(), scratch.touched.end());
+    scratch.first_use.resize(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const auto id = static_cast<std::size_t>(token_ids[i]);
+      const std::uint64_t bit = std::uint64_t{1} << (id & 63);
+      scratch.slot[i] = scratch.rank[id >> 6] + std::popcount(scratch.touched[id >> 6] & (bit - 1));
+      scratch.first_use[i] = (scratch.unused[id >> 6] & bit) != 0;
+      scratch.unused[id >> 6] &= ~bit;
+    }
+    first_use = scratch.first_use.data();
+  } else {
+    // Accumulating a second batch before zero_grad: merge the new rows in.
+    merge_rows(grad, batch_rows);
+    for (std::size_t i = 0; i < n; ++i) {
+      scratch.slot[i] = std::lower_bound(grad.rows.begin(), grad.rows.end(), token_ids[i]) - grad.rows.begin();
+    }
+  }
+  backward_strips(grad.values.empty() ? nullptr : grad.values.data(), scratch.slot.data(), first_use,
                   grad_position_table.empty() ? nullptr : grad_position_table.data(), grad_out,
                   position_ids, shape, dropout);
 }
@@ -313,9 +357,6 @@ void zero_grad(std::span<float> grad) {
                [&](std::int64_t i) { grad[static_cast<std::size_t>(i)] = 0.0f; }, kGrainElements);
 }
 
-void zero_grad(SparseRowGrad& grad) {
-  grad.rows.clear();
-  grad.values.clear();
-}
+void zero_grad(SparseRowGrad& grad) { grad.rows.clear(); }
 
 }  // namespace posembed

@@ -36,12 +36,21 @@ std::uint32_t dropout_threshold(double p);
 float dropout_scale(double p);  // 1 / (1 - p), rounded to float
 
 // A row-sparse gradient (PyTorch's sparse=True): the rows touched since the
-// last zero-grad, sorted and unique, and their values. Storage is reused.
+// last zero-grad, sorted and unique, and their values. Storage is reused: after
+// the first step, backward and zero_grad allocate nothing.
 struct SparseRowGrad {
   std::int64_t embed_dim = 0;
   std::vector<std::int64_t> rows;   // (R), ascending
   std::vector<float> values;        // (R, embed_dim)
-  std::vector<std::int64_t> slot;   // scratch: row of `values` for each token, (B*T)
+  // Scratch of embedding_backward, kept between calls.
+  struct Scratch {
+    std::vector<std::int64_t> slot;       // (B*T): row of `values` each token adds to
+    std::vector<std::uint8_t> first_use;  // (B*T): 1 where a token is its row's first
+    std::vector<std::uint64_t> touched;   // (vocab_size / 64): bitmap of the batch's rows
+    std::vector<std::uint64_t> unused;    // (vocab_size / 64): rows not yet seen in flat order
+    std::vector<std::int64_t> rank;       // (vocab_size / 64): touched rows in earlier words
+    std::vector<std::int64_t> batch_rows; // (R'): the batch's rows, when merging
+  } scratch;
 };
 
 // out: (B, T, d); token_ids, position_ids: (B, T); token_table: (vocab_size, d);
@@ -76,7 +85,9 @@ void validate_sparse_grad(const SparseRowGrad& grad, std::int64_t table_rows);
 
 // Zero-grad is explicit and separate from backward.
 void zero_grad(std::span<float> grad);
-void zero_grad(SparseRowGrad& grad);  // forgets the rows, keeps the storage
+// Forgets the rows and keeps the storage; `values` is left as it is (no row
+// owns it) and the next backward overwrites what it needs.
+void zero_grad(SparseRowGrad& grad);
 
 // Throws posembed::Error unless the ids, table sizes and dropout fit the shape.
 // Both kernels call it before writing anything.

@@ -4,8 +4,8 @@
 // functions only loop over one contiguous span. Each has a plain-loop twin in
 // core/reference.h or philox.h that the tests compare it against.
 //
-// Bits do not depend on where an element falls in a vector: remainders use
-// masked vector loads and stores of the same operations, and simd.cpp is built
+// Bits do not depend on where an element falls in a vector: partial vectors run
+// the same operations as full ones, and simd.cpp is built
 // with -ffp-contract=off, so thread count (which moves span boundaries) and
 // target (AVX2 vs AVX-512) give the same results.
 #pragma once
@@ -36,30 +36,38 @@ struct DropoutMask {
 };
 
 // out[j] = (a[j] + b[j]) * mask(first + j), j < n; mask(i) is scale or 0.
+// stream: write `out` with non-temporal stores, past the cache (for outputs much
+// larger than it; the caller then needs a store fence before other threads read).
 // out: (n), a: (n), b: (n)
 void add_dropout(float* out, const float* a, const float* b, std::size_t n, std::uint64_t first,
-                 const DropoutMask& mask);
+                 const DropoutMask& mask, bool stream = false);
 
 // v = grad[j] * mask(first + j); tok[j] += v; pos[j] += v. Either of tok, pos
-// may be null (frozen table).
+// may be null (frozen table). tok_is_zero: tok holds zeros, so it is written
+// (0 + v) without being read.
 // tok: (n), pos: (n), grad: (n)
-void accumulate_dropout(float* tok, float* pos, const float* grad,
-                        std::size_t n, std::uint64_t first, const DropoutMask& mask);
+void accumulate_dropout(float* tok, float* pos, const float* grad, std::size_t n,
+                        std::uint64_t first, const DropoutMask& mask, bool tok_is_zero = false);
 
 // Rows [r0, r1) of the fused forward: out row r = add_dropout of token row
 // token_ids[r] and position row position_ids[r], flat indices r * d + j.
+// stream: as add_dropout's; the rows end with a store fence.
 // out: (n, d), token_table: (V, d), position_table: (max_seq_len, d), ids: (n)
 void forward_rows(float* out, const float* token_table, const std::int64_t* token_ids,
                   const float* position_table, const std::int64_t* position_ids, std::size_t d,
-                  std::size_t r0, std::size_t r1, const DropoutMask& mask);
+                  std::size_t r0, std::size_t r1, const DropoutMask& mask, bool stream);
 
-// Columns [j0, j1) of the backward over rows r = 0 .. n-1 in that order:
+// Columns [j0, j1) and [wrap_from, d) of the backward over rows r = 0 .. n-1 in that order:
 // accumulate_dropout of grad_out row r into token_grad row token_rows[r] and
-// position_grad row position_rows[r]. Either gradient may be null.
-// token_grad: (rows, d), position_grad: (max_seq_len, d), grad_out: (n, d), *_rows: (n)
-void backward_strip(float* token_grad, const std::int64_t* token_rows, float* position_grad,
+// position_grad row position_rows[r]. Either gradient may be null. token_first:
+// null, or per token whether its token_grad row is still zero (tok_is_zero).
+// token_grad: (rows, d), position_grad: (max_seq_len, d), grad_out: (n, d),
+// *_rows, token_first: (n)
+void backward_strip(float* token_grad, const std::int64_t* token_rows, const std::uint8_t* token_first,
+                    float* position_grad,
                     const std::int64_t* position_rows, const float* grad_out, std::size_t d,
-                    std::size_t n, std::size_t j0, std::size_t j1, const DropoutMask& mask);
+                    std::size_t n, std::size_t j0, std::size_t j1, std::size_t wrap_from,
+                    const DropoutMask& mask);
 
 // One AdamW element update, in the order of optim.cpp's scalar definition:
 //   p *= decay; m = beta1*m + (1-beta1)*g; v = beta2*v + (1-beta2)*g*g;
