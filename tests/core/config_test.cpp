@@ -7,6 +7,7 @@
 
 #include "posembed/core/config.h"
 #include "posembed/core/error.h"
+#include "posembed/core/layer.h"
 
 namespace posembed {
 namespace {
@@ -82,11 +83,33 @@ TEST(Config, RejectsBadStd) {
                  {"position_init", "inf"});
 }
 
-TEST(Config, RejectsTablesThatOverflowOrExceedMemory) {
+TEST(Config, RejectsTablesThatOverflow) {
   const std::int64_t huge = std::numeric_limits<std::int64_t>::max() / 2;
   expect_invalid({.vocab_size = huge, .embed_dim = huge}, {"overflows"});
-  // 2^22 x 2^22 floats = 64 TiB: fits in 64 bits, not in this machine's memory.
-  expect_invalid({.vocab_size = 1 << 22, .embed_dim = 1 << 22}, {"bytes", "70368744177664"});
+}
+
+// 2^22 x 2^22 floats = 64 TiB: fits in 64 bits, not in any machine's memory.
+const EmbeddingConfig k64TiB{.vocab_size = 1 << 22, .embed_dim = 1 << 22};
+
+TEST(Config, ValidityDoesNotDependOnThisMachinesMemory) {
+  // Well formed, so valid on every machine (a checkpoint's metadata, say).
+  EXPECT_NO_THROW(validate(k64TiB));
+}
+
+TEST(Layer, RefusesTablesThatExceedThisMachinesMemoryBeforeAllocating) {
+  ASSERT_GT(available_memory_bytes(), 0u) << "no MemAvailable in /proc/meminfo: cannot test";
+  // A std::bad_alloc (or the OOM killer) would mean it tried to allocate first.
+  try {
+    make_embedding_layer(k64TiB);
+    ADD_FAILURE() << "make_embedding_layer accepted 64 TiB of tables";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    for (const char* fragment : {"70385924046848 bytes", "token table 70368744177664",
+                                 "bytes of memory are available", "reduce vocab_size"}) {
+      EXPECT_NE(m.find(fragment), std::string::npos) << "message \"" << m << "\" lacks \"" << fragment << "\"";
+    }
+  }
+  EXPECT_NO_THROW(check_tables_fit_in_memory(EmbeddingConfig{}));  // GPT-2's 157 MB of tables
 }
 
 }  // namespace

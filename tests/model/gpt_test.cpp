@@ -235,6 +235,24 @@ TEST(Gpt, RejectsContextLongerThanTheTable) {
   EXPECT_THROW(make_gpt(c), Error);
 }
 
+TEST(Gpt, RefusesAModelThatExceedsThisMachinesMemoryBeforeAllocating) {
+  // Within validate()'s bounds (so valid on any machine), but 12 x 65536^2 x
+  // 1024 weights: about 850 TB with gradients and AdamW state.
+  GptConfig c = tiny_config();
+  c.embed_dim = 65536;
+  c.n_layer = 1024;
+  EXPECT_NO_THROW(validate(c));
+  try {
+    make_gpt(c);
+    FAIL() << "make_gpt accepted the model";
+  } catch (const Error& e) {  // std::bad_alloc would mean it tried to allocate first
+    const std::string m = e.what();
+    EXPECT_NE(m.find("the model needs"), std::string::npos) << m;
+    EXPECT_NE(m.find("bytes of memory are available"), std::string::npos) << m;
+    EXPECT_NE(m.find("reduce n_layer"), std::string::npos) << m;
+  }
+}
+
 TEST(Gpt, RejectsBadTokens) {
   Gpt model = make_gpt(tiny_config());
   Activations acts = make_activations(model.config, 1, 4);

@@ -7,7 +7,8 @@ model in plain PyTorch (Conv1D layout: y = x @ W + b, tied output layer, tanh
 GELU, pre-LayerNorm blocks, dropout 0), and writes:
   logits (B, T, V), loss () and grad.<name> for every parameter at step 0, and
   losses (S,): the loss before each of S AdamW steps (GPT-2 decay groups,
-  clip_grad_norm_, the learning rates given in the batches file).
+  clip_grad_norm_, the learning rates given in the batches file), and
+  param.<name> for every parameter after the last of those steps.
 The output carries format/version metadata and the torch version.
 
 usage: gpt_reference.py CHECKPOINT BATCHES OUT
@@ -23,7 +24,7 @@ import torch.nn.functional as F
 
 import safetensors_pack
 
-FORMAT, VERSION = "posembed-torch-reference", "1"
+FORMAT, VERSION = "posembed-torch-reference", "2"
 DTYPES = {"F32": np.float32, "F64": np.float64, "I64": np.int64}
 
 
@@ -104,6 +105,8 @@ def main():
         opt.step()
         losses.append(loss.item())
     result["losses"] = np.array(losses, dtype=np.float64)
+    for n, t in params.items():
+        result["param." + n] = t.detach().numpy().copy()
     safetensors_pack.save(out, result, {"format": FORMAT, "version": VERSION,
                                     "torch": torch.__version__})
     print(f"gpt_reference: loss {losses[0]:.6f} -> {losses[-1]:.6f} over {len(losses)} steps, "

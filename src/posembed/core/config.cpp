@@ -3,9 +3,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <limits>
-#include <sstream>
 #include <string>
 
 #include "posembed/core/error.h"
@@ -106,17 +104,6 @@ std::uint64_t table_bytes(std::int64_t rows, std::int64_t cols, std::string_view
   return r * c * sizeof(float);
 }
 
-std::uint64_t available_memory_bytes() {
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key;
-  std::uint64_t kib = 0;
-  std::string unit;
-  while (meminfo >> key >> kib >> unit) {
-    if (key == "MemAvailable:") return kib * 1024;
-  }
-  return 0;
-}
-
 void validate(const EmbeddingConfig& config) {
   const auto check_size = [](std::string_view name, std::int64_t value, std::string_view hint) {
     if (value < 1) {
@@ -143,15 +130,6 @@ void validate(const EmbeddingConfig& config) {
       table_bytes(config.max_seq_len, config.embed_dim, "position table");
   if (token > std::numeric_limits<std::uint64_t>::max() - position) {
     throw Error("the two tables together overflow a 64-bit byte count");
-  }
-  const std::uint64_t available = available_memory_bytes();
-  if (available != 0 && token + position > available) {
-    std::ostringstream message;
-    message << "the tables need " << token + position << " bytes (token table " << token
-            << ", position table " << position << "; training needs 4x that for gradients and "
-            << "AdamW state) but only " << available
-            << " bytes of memory are available; reduce vocab_size, max_seq_len or embed_dim";
-    throw Error(message.str());
   }
 }
 

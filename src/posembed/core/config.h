@@ -72,10 +72,12 @@ void field_from_string(std::string_view name, std::string_view text, TableInit& 
 
 // Bytes of one fp32 table; throws posembed::Error when rows * cols * 4 overflows.
 std::uint64_t table_bytes(std::int64_t rows, std::int64_t cols, std::string_view table_name);
-// Bytes of memory the system can still give (MemAvailable), 0 when unknown.
-std::uint64_t available_memory_bytes();
 
 // Throws posembed::Error naming the field, its value, the limit and a fix.
+// Depends on the config alone, never on the machine: a config that is valid
+// here is valid everywhere (a checkpoint's metadata, say). Whether the tables
+// fit in this machine's memory is checked where they are allocated
+// (make_embedding_layer, check_tables_fit_in_memory in layer.h).
 void validate(const EmbeddingConfig& config);
 
 }  // namespace posembed

@@ -1,11 +1,47 @@
 #include "posembed/core/layer.h"
 
+#include <fstream>
+#include <string>
+
+#include "posembed/core/error.h"
 #include "posembed/core/init.h"
 
 namespace posembed {
 
+std::uint64_t available_memory_bytes() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  std::uint64_t kib = 0;
+  std::string unit;
+  while (meminfo >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return 0;
+}
+
+void check_fits_in_memory(std::uint64_t bytes, std::string_view needs, std::string_view fix) {
+  const std::uint64_t available = available_memory_bytes();
+  if (available != 0 && bytes > available) {
+    throw Error(std::string(needs) + " but only " + std::to_string(available) +
+                " bytes of memory are available; " + std::string(fix));
+  }
+}
+
+void check_tables_fit_in_memory(const EmbeddingConfig& config) {
+  const std::uint64_t token = table_bytes(config.vocab_size, config.embed_dim, "token table");
+  const std::uint64_t position =
+      table_bytes(config.max_seq_len, config.embed_dim, "position table");
+  check_fits_in_memory(token + position,  // validate() ruled out overflow
+                       "the tables need " + std::to_string(token + position) +
+                           " bytes (token table " + std::to_string(token) + ", position table " +
+                           std::to_string(position) +
+                           "; training needs 4x that for gradients and AdamW state)",
+                       "reduce vocab_size, max_seq_len or embed_dim");
+}
+
 EmbeddingLayer make_embedding_layer(const EmbeddingConfig& config) {
   validate(config);
+  check_tables_fit_in_memory(config);
   EmbeddingLayer layer;
   layer.config = config;
   const auto d = static_cast<std::size_t>(config.embed_dim);

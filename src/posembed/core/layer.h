@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "posembed/core/config.h"
@@ -20,8 +21,20 @@ struct EmbeddingLayer {
   std::uint64_t dropout_step = 0;     // training forwards so far
 };
 
-// Validates the config and initialises both tables from config.seed.
+// Validates the config, checks that the tables fit in this machine's memory
+// and initialises both tables from config.seed.
 EmbeddingLayer make_embedding_layer(const EmbeddingConfig& config);
+
+// Memory is a property of the machine, not of the config (validate() stays
+// machine-independent), so it is checked where memory is allocated, before the
+// allocation.
+// Bytes of memory the system can still give (MemAvailable), 0 when unknown.
+std::uint64_t available_memory_bytes();
+// Throws posembed::Error "<needs> but only N bytes of memory are available;
+// <fix>" when `bytes` exceed available_memory_bytes(); no check when unknown.
+void check_fits_in_memory(std::uint64_t bytes, std::string_view needs, std::string_view fix);
+// The same for the layer's two tables; config must be valid.
+void check_tables_fit_in_memory(const EmbeddingConfig& config);
 
 EmbeddingShape layer_shape(const EmbeddingLayer& layer, std::int64_t batch, std::int64_t seq_len);
 

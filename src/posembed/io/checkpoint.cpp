@@ -52,6 +52,7 @@ EmbeddingLayer layer_from_file(const SafetensorsFile& file, const std::string& p
   });
   field_from_string("dropout_step", get("dropout_step"), layer.dropout_step);
   validate(layer.config);
+  check_tables_fit_in_memory(layer.config);  // the tables are copied out of the file below
   const EmbeddingConfig& c = layer.config;
   const auto load_table = [&](const std::string& name, std::int64_t rows, std::vector<float>& out) {
     const TensorInfo* t = file.find(prefix + name);

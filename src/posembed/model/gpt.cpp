@@ -7,6 +7,7 @@
 
 #include "posembed/core/error.h"
 #include "posembed/core/init.h"
+#include "posembed/core/layer.h"
 #include "posembed/core/parallel_for.h"
 #include "posembed/core/position_ids.h"
 #include "posembed/model/ops.h"
@@ -101,6 +102,13 @@ Gpt make_gpt(const GptConfig& config) {
     if (decay) model.num_decayed = offset;
   }
   model.num_params = offset;
+  // validate() bounds the shapes, so this product cannot overflow.
+  const std::uint64_t bytes = 4 * offset * sizeof(float);
+  check_fits_in_memory(bytes,
+                       "the model needs " + std::to_string(bytes) + " bytes (" +
+                           std::to_string(offset) +
+                           " parameters, their gradients and AdamW m and v, fp32)",
+                       "reduce n_layer, embed_dim or max_seq_len");
   model.memory.assign(4 * offset, 0.0f);
   float* base = model.memory.data();
   model.params = {base, offset};

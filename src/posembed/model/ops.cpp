@@ -56,6 +56,46 @@ void bias_backward(float* dbias, const float* dout, std::int64_t N, std::int64_t
   });
 }
 
+// dx (R, K) += a^T @ b for a (N, R), b (N, K): a sum over all N rows, so
+// split the output's rows instead; each piece does the whole sum in one BLAS call.
+void accumulate_at_b(float* dx, const float* a, const float* b, std::int64_t N, std::int64_t R,
+                     std::int64_t K, double work) {
+  constexpr std::int64_t kOutPiece = 32;
+  parallel_pieces(pieces(R, kOutPiece), work, [&](std::int64_t p) {
+    const std::int64_t r0 = p * kOutPiece, rs = std::min(R - r0, kOutPiece);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, blas_int(rs), blas_int(K), blas_int(N),
+                1.0f, a + r0, blas_int(R), b, blas_int(K), 1.0f, dx + r0 * K, blas_int(K));
+  });
+}
+
+// How a product's weight is stored: (in, out) as GPT-2's Conv1D, or (out, in)
+// as the token table that the tied output layer reuses.
+enum class WeightLayout { in_out, out_in };
+
+// The VJP of out (N, OC) = inp (N, C) @ W + bias, W (C, OC) stored in `layout`:
+// dinp (N, C) += dout @ W^T by row pieces; dweight (stored like weight) +=
+// inp^T @ dout, or dout^T @ inp for (out, in); dbias (OC, may be empty) += the
+// column sums of dout. Both public backward functions are this one.
+void matmul_backward_any(std::span<float> dinp, std::span<float> dweight, std::span<float> dbias,
+                         std::span<const float> dout, std::span<const float> inp,
+                         std::span<const float> weight, std::int64_t N, std::int64_t C,
+                         std::int64_t OC, WeightLayout layout) {
+  const double work = double(N) * double(C) * double(OC);
+  const bool in_out = layout == WeightLayout::in_out;
+  parallel_pieces(pieces(N, kRowPiece), work, [&](std::int64_t p) {
+    const std::int64_t r0 = p * kRowPiece, rows = std::min(N - r0, kRowPiece);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, in_out ? CblasTrans : CblasNoTrans, blas_int(rows),
+                blas_int(C), blas_int(OC), 1.0f, dout.data() + r0 * OC, blas_int(OC),
+                weight.data(), blas_int(in_out ? OC : C), 1.0f, dinp.data() + r0 * C, blas_int(C));
+  });
+  if (in_out) {
+    accumulate_at_b(dweight.data(), inp.data(), dout.data(), N, C, OC, work);  // (C, OC)
+  } else {
+    accumulate_at_b(dweight.data(), dout.data(), inp.data(), N, OC, C, work);  // (OC, C)
+  }
+  if (!dbias.empty()) bias_backward(dbias.data(), dout.data(), N, OC);
+}
+
 }  // namespace
 
 void set_blas_single_threaded() { openblas_set_num_threads(1); }
@@ -82,24 +122,7 @@ void matmul_backward(std::span<float> dinp, std::span<float> dweight, std::span<
                      std::span<const float> dout, std::span<const float> inp,
                      std::span<const float> weight, std::int64_t N, std::int64_t C,
                      std::int64_t OC) {
-  const double work = double(N) * double(C) * double(OC);
-  // dinp (N, C) += dout (N, OC) @ weight^T, by row pieces.
-  parallel_pieces(pieces(N, kRowPiece), work, [&](std::int64_t p) {
-    const std::int64_t r0 = p * kRowPiece, rows = std::min(N - r0, kRowPiece);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas_int(rows), blas_int(C),
-                blas_int(OC), 1.0f, dout.data() + r0 * OC, blas_int(OC), weight.data(),
-                blas_int(OC), 1.0f, dinp.data() + r0 * C, blas_int(C));
-  });
-  // dweight (C, OC) += inp^T @ dout: a sum over all N rows, so split the
-  // output's rows instead; each piece does the whole sum in one BLAS call.
-  constexpr std::int64_t kWeightPiece = 32;
-  parallel_pieces(pieces(C, kWeightPiece), work, [&](std::int64_t p) {
-    const std::int64_t c0 = p * kWeightPiece, cs = std::min(C - c0, kWeightPiece);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, blas_int(cs), blas_int(OC), blas_int(N),
-                1.0f, inp.data() + c0, blas_int(C), dout.data(), blas_int(OC), 1.0f,
-                dweight.data() + c0 * OC, blas_int(OC));
-  });
-  if (!dbias.empty()) bias_backward(dbias.data(), dout.data(), N, OC);
+  matmul_backward_any(dinp, dweight, dbias, dout, inp, weight, N, C, OC, WeightLayout::in_out);
 }
 
 void matmul_tied_forward(std::span<float> out, std::span<const float> inp,
@@ -117,22 +140,7 @@ void matmul_tied_backward(std::span<float> dinp, std::span<float> dtable,
                           std::span<const float> dout, std::span<const float> inp,
                           std::span<const float> table, std::int64_t N, std::int64_t C,
                           std::int64_t V) {
-  const double work = double(N) * double(C) * double(V);
-  // dinp (N, C) += dout (N, V) @ table (V, C)
-  parallel_pieces(pieces(N, kRowPiece), work, [&](std::int64_t p) {
-    const std::int64_t r0 = p * kRowPiece, rows = std::min(N - r0, kRowPiece);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, blas_int(rows), blas_int(C),
-                blas_int(V), 1.0f, dout.data() + r0 * V, blas_int(V), table.data(), blas_int(C),
-                1.0f, dinp.data() + r0 * C, blas_int(C));
-  });
-  // dtable (V, C) += dout^T @ inp, split over the table's rows.
-  constexpr std::int64_t kTablePiece = 32;
-  parallel_pieces(pieces(V, kTablePiece), work, [&](std::int64_t p) {
-    const std::int64_t v0 = p * kTablePiece, vs = std::min(V - v0, kTablePiece);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, blas_int(vs), blas_int(C), blas_int(N),
-                1.0f, dout.data() + v0, blas_int(V), inp.data(), blas_int(C), 1.0f,
-                dtable.data() + v0 * C, blas_int(C));
-  });
+  matmul_backward_any(dinp, dtable, {}, dout, inp, table, N, C, V, WeightLayout::out_in);
 }
 
 void layernorm_forward(std::span<float> out, std::span<float> mean, std::span<float> rstd,

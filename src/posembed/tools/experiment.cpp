@@ -414,17 +414,43 @@ std::vector<double> step_axis(std::size_t n) {
   return x;
 }
 
-std::string image(const std::string& file, const std::string& alt) {
-  return "![" + alt + "](" + file + ")\n\n";
+// ---- a claim's section of the report ----
+
+struct Figure {
+  std::string file;  // a PNG written into out_dir
+  std::string alt;
+};
+
+// What a claim found and what its section says; claim_section lays every claim
+// out the same way, so each claim function states only these.
+struct Findings {
+  int level = 0;                     // 2 holds, 1 partly, 0 does not hold
+  std::string summary;               // one line with the headline numbers
+  std::string claim;                 // the textbook statement
+  std::string measured;              // the setup and what the numbers mean
+  std::vector<std::string> columns;  // the table's header
+  std::string rows;                  // its rows, "| a | b |\n" each
+  std::string notes;                 // paragraphs between the table and the figures
+  std::vector<Figure> figures;
+  std::string reasons;  // after "Verdict: ...": the numbers behind it
+  std::string rule;     // when the claim holds, partly holds or does not
+};
+
+// The markdown of one claim: claim, measured, table, notes, figures, verdict, rule.
+std::string claim_section(const Findings& f) {
+  std::string md = "**Claim.** " + f.claim + "\n\n**Measured.** " + f.measured + "\n\n|";
+  for (const std::string& c : f.columns) md += " " + c + " |";
+  md += "\n|";
+  for (std::size_t k = 0; k < f.columns.size(); ++k) md += "---|";
+  md += "\n" + f.rows + "\n" + f.notes;
+  for (const Figure& g : f.figures) md += "![" + g.alt + "](" + g.file + ")\n\n";
+  return md + "**Verdict: " + verdict_word(f.level) + ".** " + f.reasons + "Rule: " + f.rule + "\n";
 }
 
 // ---- claim 1: initialisation scale ----
 
-ClaimResult claim_init_scale(Context& ctx) {
-  ClaimResult out;
-  out.number = 1;
-  out.name = "init-scale";
-  out.title = "Initialisation scale of the position table";
+Findings claim_init_scale(Context& ctx) {
+  Findings f;
   const RunSpec base = base_text_spec(ctx);
   const std::int64_t d = base.model.embed_dim, steps = base.train.steps;
   struct Setting {
@@ -508,7 +534,8 @@ ClaimResult claim_init_scale(Context& ctx) {
   val_plot.y_max = first_val.size() > 1 ? first_val[1] + 0.3 : NAN;
   write_line_plot_png(ctx.options().out_dir / "init_scale_train.png", train_plot);
   write_line_plot_png(ctx.options().out_dir / "init_scale_val.png", val_plot);
-  out.images = {"init_scale_train.png", "init_scale_val.png"};
+  f.figures = {{"init_scale_train.png", "training loss per init std"},
+               {"init_scale_val.png", "validation loss per init std"}};
 
   // Verdict: the small inits train (finite, below the unigram entropy: they learn
   // more than byte frequencies); the largest (1.0) is slower to reach L*.
@@ -533,72 +560,63 @@ ClaimResult claim_init_scale(Context& ctx) {
   const bool stable = trains(small) && trains(scaled);
   const double slow = slowdown(large);
   const bool worse_final = !large.finite || separated(small.final_val, large.final_val);
-  int level = 0;
-  if (stable && slow >= 1.25) level = slowdown(scaled) < 1.25 ? 2 : 1;
-  else if (stable && (slow >= 1.05 || worse_final || separated(small.early, large.early))) level = 1;
-  out.verdict = verdict_word(level);
+  if (stable && slow >= 1.25) f.level = slowdown(scaled) < 1.25 ? 2 : 1;
+  else if (stable && (slow >= 1.05 || worse_final || separated(small.early, large.early))) f.level = 1;
   std::string reach_list, val_list;
   for (std::size_t k = 0; k < settings.size(); ++k) {
     reach_list += (k ? ", " : "") + reach_text(rows[k]);
     val_list += (k ? " / " : "") + format("%.3f", rows[k].final_val.mean);
   }
-  out.summary = "steps to reach L* for std 0.02, 1/sqrt(d), 0.2, 1.0: " + reach_list +
-                "; final val loss " + val_list;
+  f.summary = "steps to reach L* for std 0.02, 1/sqrt(d), 0.2, 1.0: " + reach_list +
+              "; final val loss " + val_list;
 
-  std::string md;
-  md += "**Claim.** Small random values (std 0.02 or 1/sqrt(d)) train stably; very large ones "
-        "let position information swamp token information early in training and slow "
-        "convergence.\n\n";
-  md += "**Measured.** " + model_line(base) + ". " + corpus_line(*base.corpus, "Text") +
-        ". Token table N(0, 0.02) throughout; the position table's std is swept. Seeds 1, 2, 3 "
-        "(init, batches). Numbers are mean [min, max] over the seeds. *L\\** is the loss the "
-        "0.02 runs reach halfway (step " + std::to_string(steps / 2) +
-        ", training loss averaged over " + std::to_string(window) +
-        " steps): " + format("%.3f", target) + " nats/byte. *Early loss* is the mean training "
-        "loss over steps 1-" + std::to_string(early_steps) + ". Final losses are eval mode on " +
-        std::to_string(base.final_windows) + " evenly spread windows per split.\n\n";
-  md += "| position std | pos/token norm at init | early loss | steps to reach L* | final train loss | final val loss |\n";
-  md += "|---|---|---|---|---|---|\n";
+  f.claim = "Small random values (std 0.02 or 1/sqrt(d)) train stably; very large ones "
+            "let position information swamp token information early in training and slow "
+            "convergence.";
+  f.measured = model_line(base) + ". " + corpus_line(*base.corpus, "Text") +
+               ". Token table N(0, 0.02) throughout; the position table's std is swept. Seeds 1, 2, 3 "
+               "(init, batches). Numbers are mean [min, max] over the seeds. *L\\** is the loss the "
+               "0.02 runs reach halfway (step " + std::to_string(steps / 2) +
+               ", training loss averaged over " + std::to_string(window) +
+               " steps): " + format("%.3f", target) + " nats/byte. *Early loss* is the mean training "
+               "loss over steps 1-" + std::to_string(early_steps) + ". Final losses are eval mode on " +
+               std::to_string(base.final_windows) + " evenly spread windows per split.";
+  f.columns = {"position std",      "pos/token norm at init", "early loss",
+               "steps to reach L*", "final train loss",       "final val loss"};
   for (std::size_t k = 0; k < settings.size(); ++k) {
     const double ratio = effective_std(parse_table_init(settings[k].init), d) / 0.02;
-    md += "| " + settings[k].label + " | " + format("%.1fx", ratio) + " | " + show(rows[k].early) +
-          " | " + (rows[k].reached == 3 ? show(rows[k].reach, "%.0f") : reach_text(rows[k])) +
-          " | " + show(rows[k].final_train) + " | " + show(rows[k].final_val) + " |\n";
+    f.rows += "| " + settings[k].label + " | " + format("%.1fx", ratio) + " | " + show(rows[k].early) +
+              " | " + (rows[k].reached == 3 ? show(rows[k].reach, "%.0f") : reach_text(rows[k])) +
+              " | " + show(rows[k].final_train) + " | " + show(rows[k].final_val) + " |\n";
   }
-  md += "\n" + image(out.images[0], "training loss per init std") + image(out.images[1], "validation loss per init std");
-  md += "**Verdict: " + out.verdict + ".** ";
-  md += stable ? format("Both small inits train stably: finite losses, every seed below the "
-                        "unigram entropy (%.3f nats/byte). ", unigram)
-               : format("A small init did not train (a loss was not finite or stayed above the "
-                        "unigram entropy %.3f). ", unigram);
-  md += format("Std 1.0 (%.0fx the token table's scale) %s (0.02: step %.0f) and ends at a "
-               "validation loss of %.3f vs %.3f (%s). ",
-               effective_std(parse_table_init(settings[3].init), d) / 0.02, reach_phrase(large).c_str(),
-               small.reach.mean, large.final_val.mean, small.final_val.mean,
-               worse_final ? "the seed ranges do not overlap" : "within the seed spread");
-  md += format("%s: 1/sqrt(d) = %.3f (the fairseq choice; %.1fx GPT-2's 0.02 at this width) %s and "
-               "ends %+.3f nats/byte from 0.02; std 0.2 %s and ends %+.3f. ",
-               slowdown(scaled) > 1.05 ? "The slowdown is not confined to very large values"
-                                       : "Moderate values",
-               1.0 / std::sqrt(dbl(d)), 1.0 / std::sqrt(dbl(d)) / 0.02, reach_phrase(scaled).c_str(),
-               scaled.final_val.mean - small.final_val.mean, reach_phrase(rows[2]).c_str(),
-               rows[2].final_val.mean - small.final_val.mean);
-  md += "Rule: *holds* when both small inits train (finite, below the unigram entropy), "
-        "1/sqrt(d) reaches L* within 1.25x the steps of 0.02, and std 1.0 needs at least 1.25x "
-        "(or does not reach it); *partly* when std 1.0 is that slow but 1/sqrt(d) is too, or std "
-        "1.0 is slower by only 5-25%, or only its early or final loss is separably worse; "
-        "otherwise *does not hold*.\n";
-  out.markdown = md;
-  return out;
+  f.reasons += stable ? format("Both small inits train stably: finite losses, every seed below the "
+                               "unigram entropy (%.3f nats/byte). ", unigram)
+                      : format("A small init did not train (a loss was not finite or stayed above the "
+                               "unigram entropy %.3f). ", unigram);
+  f.reasons += format("Std 1.0 (%.0fx the token table's scale) %s (0.02: step %.0f) and ends at a "
+                      "validation loss of %.3f vs %.3f (%s). ",
+                      effective_std(parse_table_init(settings[3].init), d) / 0.02, reach_phrase(large).c_str(),
+                      small.reach.mean, large.final_val.mean, small.final_val.mean,
+                      worse_final ? "the seed ranges do not overlap" : "within the seed spread");
+  f.reasons += format("%s: 1/sqrt(d) = %.3f (the fairseq choice; %.1fx GPT-2's 0.02 at this width) %s and "
+                      "ends %+.3f nats/byte from 0.02; std 0.2 %s and ends %+.3f. ",
+                      slowdown(scaled) > 1.05 ? "The slowdown is not confined to very large values"
+                                              : "Moderate values",
+                      1.0 / std::sqrt(dbl(d)), 1.0 / std::sqrt(dbl(d)) / 0.02, reach_phrase(scaled).c_str(),
+                      scaled.final_val.mean - small.final_val.mean, reach_phrase(rows[2]).c_str(),
+                      rows[2].final_val.mean - small.final_val.mean);
+  f.rule = "*holds* when both small inits train (finite, below the unigram entropy), "
+           "1/sqrt(d) reaches L* within 1.25x the steps of 0.02, and std 1.0 needs at least 1.25x "
+           "(or does not reach it); *partly* when std 1.0 is that slow but 1/sqrt(d) is too, or std "
+           "1.0 is slower by only 5-25%, or only its early or final loss is separably worse; "
+           "otherwise *does not hold*.";
+  return f;
 }
 
 // ---- claim 2: dropout ----
 
-ClaimResult claim_dropout(Context& ctx) {
-  ClaimResult out;
-  out.number = 2;
-  out.name = "dropout";
-  out.title = "Dropout 0.1 after the sum regularises";
+Findings claim_dropout(Context& ctx) {
+  Findings f;
   const bool q = ctx.options().quick;
   RunSpec base = base_text_spec(ctx);
   base.corpus = &ctx.small_corpus(small_slice_bytes(q));
@@ -650,7 +668,7 @@ ClaimResult claim_dropout(Context& ctx) {
   plot.y_max = 3.2;  // cut the first evaluations (5.5 at step 0) so the gap is visible
   if (q) plot.y_max = NAN;
   write_line_plot_png(ctx.options().out_dir / "dropout.png", plot);
-  out.images = {"dropout.png"};
+  f.figures = {{"dropout.png", "train and validation loss with and without dropout"}};
 
   const Row& r0 = rows[0];
   const Row& r1 = rows[1];
@@ -662,48 +680,41 @@ ClaimResult claim_dropout(Context& ctx) {
   const auto compare = [](const Spread& a, const Spread& b, const char* lower, const char* higher) {
     return separated(a, b) ? lower : separated(b, a) ? higher : "not separable: the seed ranges overlap";
   };
-  out.verdict = verdict_word(smaller_gap && better_best ? 2 : (smaller_gap || better_best) ? 1 : 0);
-  out.summary = format("gap val-train %.3f (dropout 0.1) vs %.3f (0); best val loss %.3f vs %.3f",
-                       r1.gap.mean, r0.gap.mean, r1.best_val.mean, r0.best_val.mean);
-  std::string md;
-  md += "**Claim.** Dropout 0.1 after the embedding sum regularises: on a corpus small enough to "
-        "overfit, it narrows the train/validation gap and lowers the best validation loss.\n\n";
-  md += "**Measured.** " + model_line(base) + ". " +
-        corpus_line(*base.corpus, "Text: the first " + with_commas(static_cast<std::int64_t>(base.corpus->total_bytes)) +
-                                      " bytes of the corpus") +
-        ". The trainer's `dropout` sets the embedding dropout and the residual dropout together "
-        "(GPT-2's `embd_pdrop` = `resid_pdrop` = 0.1), so this measures both. Losses are eval "
-        "mode (no dropout) every " + std::to_string(base.eval_every) +
-        " steps on up to " + std::to_string(base.eval_windows) + " evenly spread windows per split, and "
-        "at the end on all windows. Gap = final validation loss - final training loss. Seeds 1, 2, 3.\n\n";
-  md += "| dropout | best val loss | step of best | final train loss | final val loss | gap | val rise after best |\n";
-  md += "|---|---|---|---|---|---|---|\n";
+  f.level = smaller_gap && better_best ? 2 : (smaller_gap || better_best) ? 1 : 0;
+  f.summary = format("gap val-train %.3f (dropout 0.1) vs %.3f (0); best val loss %.3f vs %.3f",
+                     r1.gap.mean, r0.gap.mean, r1.best_val.mean, r0.best_val.mean);
+  f.claim = "Dropout 0.1 after the embedding sum regularises: on a corpus small enough to "
+            "overfit, it narrows the train/validation gap and lowers the best validation loss.";
+  f.measured = model_line(base) + ". " +
+               corpus_line(*base.corpus, "Text: the first " + with_commas(static_cast<std::int64_t>(base.corpus->total_bytes)) +
+                                             " bytes of the corpus") +
+               ". The trainer's `dropout` sets the embedding dropout and the residual dropout together "
+               "(GPT-2's `embd_pdrop` = `resid_pdrop` = 0.1), so this measures both. Losses are eval "
+               "mode (no dropout) every " + std::to_string(base.eval_every) +
+               " steps on up to " + std::to_string(base.eval_windows) + " evenly spread windows per split, and "
+               "at the end on all windows. Gap = final validation loss - final training loss. Seeds 1, 2, 3.";
+  f.columns = {"dropout",        "best val loss", "step of best",       "final train loss",
+               "final val loss", "gap",           "val rise after best"};
   for (std::size_t k = 0; k < rates.size(); ++k) {
     const Row& r = rows[k];
-    md += format("| %g | ", rates[k]) + show(r.best_val) + " | " + show(r.best_step, "%.0f") + " | " +
-          show(r.final_train) + " | " + show(r.final_val) + " | " + show(r.gap) + " | " + show(r.rise) + " |\n";
+    f.rows += format("| %g | ", rates[k]) + show(r.best_val) + " | " + show(r.best_step, "%.0f") + " | " +
+              show(r.final_train) + " | " + show(r.final_val) + " | " + show(r.gap) + " | " + show(r.rise) + " |\n";
   }
-  md += "\n" + image(out.images[0], "train and validation loss with and without dropout");
-  md += "**Verdict: " + out.verdict + ".** ";
-  md += format("Without dropout the model %s (validation loss %.3f above its best at the end, "
-               "gap %.3f). Dropout 0.1: gap %.3f vs %.3f (%s), best validation loss %.3f vs %.3f (%s). ",
-               overfit ? "overfits" : "barely overfits", r0.rise.mean, r0.gap.mean, r1.gap.mean,
-               r0.gap.mean, compare(r1.gap, r0.gap, "smaller beyond the seed spread", "larger beyond the seed spread"),
-               r1.best_val.mean, r0.best_val.mean,
-               compare(r1.best_val, r0.best_val, "lower beyond the seed spread", "higher beyond the seed spread"));
-  md += "Rule: *holds* when dropout 0.1 gives both a smaller gap and a lower best validation "
-        "loss with non-overlapping seed ranges; *partly* when only one; otherwise *does not hold*.\n";
-  out.markdown = md;
-  return out;
+  f.reasons = format("Without dropout the model %s (validation loss %.3f above its best at the end, "
+                     "gap %.3f). Dropout 0.1: gap %.3f vs %.3f (%s), best validation loss %.3f vs %.3f (%s). ",
+                     overfit ? "overfits" : "barely overfits", r0.rise.mean, r0.gap.mean, r1.gap.mean,
+                     r0.gap.mean, compare(r1.gap, r0.gap, "smaller beyond the seed spread", "larger beyond the seed spread"),
+                     r1.best_val.mean, r0.best_val.mean,
+                     compare(r1.best_val, r0.best_val, "lower beyond the seed spread", "higher beyond the seed spread"));
+  f.rule = "*holds* when dropout 0.1 gives both a smaller gap and a lower best validation "
+           "loss with non-overlapping seed ranges; *partly* when only one; otherwise *does not hold*.";
+  return f;
 }
 
 // ---- claim 3: sequence length, time and attention ----
 
-ClaimResult claim_seq_len(Context& ctx) {
-  ClaimResult out;
-  out.number = 3;
-  out.name = "seq-len";
-  out.title = "Sequence length: linear table, quadratic attention";
+Findings claim_seq_len(Context& ctx) {
+  Findings f;
   const bool q = ctx.options().quick;
   const std::vector<std::int64_t> lengths = q ? std::vector<std::int64_t>{16, 32, 64}
                                               : std::vector<std::int64_t>{64, 128, 256, 512};
@@ -798,7 +809,6 @@ ClaimResult claim_seq_len(Context& ctx) {
   shape.layers = c.n_layer;
   shape.heads = H;
   std::vector<double> plan_full, plan_causal;
-  std::string md_rows;
   for (std::size_t j = 0; j < n; ++j) {
     const Plan p = make_plan(shape, lengths[j], B);
     const double att = p.flops.attention_scores, rest = p.flops.rest;
@@ -808,11 +818,11 @@ ClaimResult claim_seq_len(Context& ctx) {
     ModelShape at_t = shape;
     at_t.max_seq_len = lengths[j];
     const ParamCounts pc = count_params(at_t);
-    md_rows += format("| %lld | %.1f | %.1f | %.1f | %.0f%% | %.0f%% / %.0f%% | %.3f | %.2f | %s | %s |\n",
-                      static_cast<long long>(lengths[j]), step_ms[j], att_ms[j], rest_ms[j], 100 * share[j],
-                      100 * plan_full[j], 100 * plan_causal[j], gflop, gflop / (step_ms[j] / 1e3),
-                      with_commas(pc.position).c_str(),
-                      human_bytes(activation_memory(at_t, lengths[j]).attention_scores).c_str());
+    f.rows += format("| %lld | %.1f | %.1f | %.1f | %.0f%% | %.0f%% / %.0f%% | %.3f | %.2f | %s | %s |\n",
+                     static_cast<long long>(lengths[j]), step_ms[j], att_ms[j], rest_ms[j], 100 * share[j],
+                     100 * plan_full[j], 100 * plan_causal[j], gflop, gflop / (step_ms[j] / 1e3),
+                     with_commas(pc.position).c_str(),
+                     human_bytes(activation_memory(at_t, lengths[j]).attention_scores).c_str());
   }
 
   LinePlot tp;
@@ -874,61 +884,55 @@ ClaimResult claim_seq_len(Context& ctx) {
   share_series("PLAN: FLOPS, FULL T X T", 0, plan_full, true);
   share_series("PLAN: FLOPS, CAUSAL HALF", 2, plan_causal, true);
   write_line_plot_png(ctx.options().out_dir / "seq_len_share.png", sp);
-  out.images = {"seq_len_time.png", "seq_len_share.png"};
+  f.figures = {{"seq_len_time.png", "time per step vs sequence length"},
+               {"seq_len_share.png", "attention share vs sequence length"}};
 
-  const int level = exponent >= 1.6 ? 2 : exponent >= 1.2 ? 1 : 0;
-  out.verdict = verdict_word(level);
-  out.summary = format("attention time x%.2f from T=%lld to %lld (exponent %.2f); whole step x%.2f; "
-                       "attention share %.0f%% -> %.0f%%",
-                       top_ratio, static_cast<long long>(lengths[n - 2]), static_cast<long long>(lengths[n - 1]),
-                       exponent, step_ratio, 100 * share.front(), 100 * share.back());
-  std::string md;
-  md += "**Claim.** The position table's parameters and memory grow linearly with max_seq_len; "
-        "attention work grows quadratically, so doubling the sequence length roughly quadruples "
-        "attention time.\n\n";
-  md += format("**Measured.** One training step (forward, backward, AdamW) of the trainer's "
-               "default model (%lld layers, %lld heads, width %lld, dropout 0.1, table of %lld rows) on "
-               "a batch of %lld sequences of T random bytes, %d threads. Each length is timed %d times, "
-               "the lengths interleaved in rotated order so that load from other processes spreads "
-               "over all of them; the table shows medians. *Attention core* = the causal "
-               "scores/softmax/weighted-sum forward and backward of every layer, timed separately on "
-               "the step's own inputs (the QKV and output projections count as *rest*). `plan` "
-               "columns: its predicted share of forward FLOPs in attention (over full T x T score "
-               "matrices, and over the causal half this kernel computes), its training FLOPs per "
-               "step (3 x forward), the position table's parameters and the attention-score "
-               "activation memory per sequence.\n\n",
-               static_cast<long long>(c.n_layer), static_cast<long long>(H), static_cast<long long>(C),
-               static_cast<long long>(c.max_seq_len), static_cast<long long>(B), num_threads(), reps);
-  md += "| T | step ms | attention ms | rest ms | attention share | plan share (full / causal) | plan GFLOP/step | GFLOP/s | position params | plan attention-score memory |\n";
-  md += "|---|---|---|---|---|---|---|---|---|---|\n" + md_rows + "\n";
-  md += format("Fits (least squares on the medians): step time = %.3g + %.3g T + %.3g T^2 ms; "
-               "attention = %.3g T + %.3g T^2 ms. Log-log slope of attention time over all lengths: "
-               "%.2f.\n\n",
-               step_fit[0], step_fit[1], step_fit[2], att_fit[0], att_fit[1], slope_all);
-  md += image(out.images[0], "time per step vs sequence length") + image(out.images[1], "attention share vs sequence length");
-  md += "**Verdict: " + out.verdict + ".** ";
-  md += format("Doubling T from %lld to %lld multiplies the attention time by %.2f (exponent %.2f; "
-               "quadratic would be 4 and 2), while the whole step grows %.2fx because the rest is "
-               "linear in T: attention takes %.0f%% of the step at T = %lld and %.0f%% at T = %lld "
-               "(plan's causal FLOP share: %.0f%% and %.0f%%). The table's parameters grow "
-               "linearly by construction (T x d rows: `plan` column). ",
-               static_cast<long long>(lengths[n - 2]), static_cast<long long>(lengths[n - 1]), top_ratio,
-               exponent, step_ratio, 100 * share.front(), static_cast<long long>(lengths.front()),
-               100 * share.back(), static_cast<long long>(lengths.back()), 100 * plan_causal.front(),
-               100 * plan_causal.back());
-  md += "Rule: *holds* when the attention time's exponent over the last doubling is >= 1.6 "
-        "(ratio >= 3); *partly* when >= 1.2; otherwise *does not hold*.\n";
-  out.markdown = md;
-  return out;
+  f.level = exponent >= 1.6 ? 2 : exponent >= 1.2 ? 1 : 0;
+  f.summary = format("attention time x%.2f from T=%lld to %lld (exponent %.2f); whole step x%.2f; "
+                     "attention share %.0f%% -> %.0f%%",
+                     top_ratio, static_cast<long long>(lengths[n - 2]), static_cast<long long>(lengths[n - 1]),
+                     exponent, step_ratio, 100 * share.front(), 100 * share.back());
+  f.claim = "The position table's parameters and memory grow linearly with max_seq_len; "
+            "attention work grows quadratically, so doubling the sequence length roughly quadruples "
+            "attention time.";
+  f.measured = format("One training step (forward, backward, AdamW) of the trainer's "
+                      "default model (%lld layers, %lld heads, width %lld, dropout 0.1, table of %lld rows) on "
+                      "a batch of %lld sequences of T random bytes, %d threads. Each length is timed %d times, "
+                      "the lengths interleaved in rotated order so that load from other processes spreads "
+                      "over all of them; the table shows medians. *Attention core* = the causal "
+                      "scores/softmax/weighted-sum forward and backward of every layer, timed separately on "
+                      "the step's own inputs (the QKV and output projections count as *rest*). `plan` "
+                      "columns: its predicted share of forward FLOPs in attention (over full T x T score "
+                      "matrices, and over the causal half this kernel computes), its training FLOPs per "
+                      "step (3 x forward), the position table's parameters and the attention-score "
+                      "activation memory per sequence.",
+                      static_cast<long long>(c.n_layer), static_cast<long long>(H), static_cast<long long>(C),
+                      static_cast<long long>(c.max_seq_len), static_cast<long long>(B), num_threads(), reps);
+  f.columns = {"T", "step ms", "attention ms", "rest ms", "attention share",
+               "plan share (full / causal)", "plan GFLOP/step", "GFLOP/s", "position params",
+               "plan attention-score memory"};
+  f.notes = format("Fits (least squares on the medians): step time = %.3g + %.3g T + %.3g T^2 ms; "
+                   "attention = %.3g T + %.3g T^2 ms. Log-log slope of attention time over all lengths: "
+                   "%.2f.\n\n",
+                   step_fit[0], step_fit[1], step_fit[2], att_fit[0], att_fit[1], slope_all);
+  f.reasons = format("Doubling T from %lld to %lld multiplies the attention time by %.2f (exponent %.2f; "
+                     "quadratic would be 4 and 2), while the whole step grows %.2fx because the rest is "
+                     "linear in T: attention takes %.0f%% of the step at T = %lld and %.0f%% at T = %lld "
+                     "(plan's causal FLOP share: %.0f%% and %.0f%%). The table's parameters grow "
+                     "linearly by construction (T x d rows: `plan` column). ",
+                     static_cast<long long>(lengths[n - 2]), static_cast<long long>(lengths[n - 1]), top_ratio,
+                     exponent, step_ratio, 100 * share.front(), static_cast<long long>(lengths.front()),
+                     100 * share.back(), static_cast<long long>(lengths.back()), 100 * plan_causal.front(),
+                     100 * plan_causal.back());
+  f.rule = "*holds* when the attention time's exponent over the last doubling is >= 1.6 "
+           "(ratio >= 3); *partly* when >= 1.2; otherwise *does not hold*.";
+  return f;
 }
 
 // ---- claim 4: effective dimensionality ----
 
-ClaimResult claim_dimensionality(Context& ctx) {
-  ClaimResult out;
-  out.number = 4;
-  out.name = "dimensionality";
-  out.title = "Effective dimensionality of the learned table";
+Findings claim_dimensionality(Context& ctx) {
+  Findings f;
   const bool q = ctx.options().quick;
   const RunSpec base = base_text_spec(ctx);
   const std::vector<std::int64_t> dims = q ? std::vector<std::int64_t>{16, 32}
@@ -940,7 +944,6 @@ ClaimResult claim_dimensionality(Context& ctx) {
   cum.log_x = true;
   cum.y_min = 0;
   cum.y_max = 1;
-  std::string rows;
   double worst90 = 0, worst_pr = 0, worst_delta90 = 0;
   bool concentrated = true;  // training at least halved the participation ratio at every width
   std::vector<std::string> frac_text, pr_text, delta_text;
@@ -959,7 +962,7 @@ ClaimResult claim_dimensionality(Context& ctx) {
     const std::string png = format("dimensionality_d%lld.png", static_cast<long long>(d));
     write_spectrum_png(ctx.options().out_dir / png,
                        a, format("LEARNED POSITION TABLE %lld X %lld", static_cast<long long>(P), static_cast<long long>(d)));
-    out.images.push_back(png);
+    f.figures.push_back({png, "spectrum " + png});
     worst90 = std::max(worst90, dbl(a.components_90) / dbl(d));
     worst_pr = std::max(worst_pr, a.participation_ratio / dbl(d));
     worst_delta90 = std::max(worst_delta90, dbl(ad.components_90) / dbl(d));
@@ -968,13 +971,13 @@ ClaimResult claim_dimensionality(Context& ctx) {
                                static_cast<long long>(d), 100 * dbl(a.components_90) / dbl(d)));
     pr_text.push_back(format("%.1f", a.participation_ratio));
     delta_text.push_back(format("%lld", static_cast<long long>(ad.components_90)));
-    rows += format("| %lld | %lld | %lld | %lld | %lld | %.1f | %lld | %lld / %.1f | %lld / %lld / %.1f | %.3f |\n",
-                   static_cast<long long>(d), static_cast<long long>(P),
-                   static_cast<long long>(a.components_90), static_cast<long long>(a.components_95),
-                   static_cast<long long>(a.components_99), a.participation_ratio,
-                   static_cast<long long>(a.gap_rank), static_cast<long long>(ad.components_90),
-                   ad.participation_ratio, static_cast<long long>(a0.components_90),
-                   static_cast<long long>(a0.components_99), a0.participation_ratio, r.final_val);
+    f.rows += format("| %lld | %lld | %lld | %lld | %lld | %.1f | %lld | %lld / %.1f | %lld / %lld / %.1f | %.3f |\n",
+                     static_cast<long long>(d), static_cast<long long>(P),
+                     static_cast<long long>(a.components_90), static_cast<long long>(a.components_95),
+                     static_cast<long long>(a.components_99), a.participation_ratio,
+                     static_cast<long long>(a.gap_rank), static_cast<long long>(ad.components_90),
+                     ad.participation_ratio, static_cast<long long>(a0.components_90),
+                     static_cast<long long>(a0.components_99), a0.participation_ratio, r.final_val);
     for (int learned = 1; learned >= 0; --learned) {
       const TableAnalysis& t = learned ? a : a0;
       PlotSeries ps;
@@ -991,9 +994,8 @@ ClaimResult claim_dimensionality(Context& ctx) {
     }
   }
   write_line_plot_png(ctx.options().out_dir / "dimensionality_cumulative.png", cum);
-  out.images.insert(out.images.begin(), "dimensionality_cumulative.png");
-  const int level = worst90 <= 0.25 ? 2 : (worst_pr <= 0.25 || worst_delta90 <= 0.25) ? 1 : 0;
-  out.verdict = verdict_word(level);
+  f.figures.insert(f.figures.begin(), {"dimensionality_cumulative.png", "cumulative variance per embed_dim"});
+  f.level = worst90 <= 0.25 ? 2 : (worst_pr <= 0.25 || worst_delta90 <= 0.25) ? 1 : 0;
   const auto join = [](const std::vector<std::string>& v, const char* sep) {
     std::string j;
     for (std::size_t k = 0; k < v.size(); ++k) j += (k ? sep : "") + v[k];
@@ -1002,52 +1004,44 @@ ClaimResult claim_dimensionality(Context& ctx) {
   const std::string fr = join(frac_text, ", "), prs = join(pr_text, " / "), ds = join(delta_text, " / ");
   std::string dims_text;
   for (std::size_t k = 0; k < dims.size(); ++k) dims_text += (k ? " / " : "") + std::to_string(dims[k]);
-  out.summary = "90% of the variance in " + fr + " components; participation ratio " + prs +
-                " (embed_dim " + dims_text + ")";
-  std::string md;
-  md += "**Claim.** The effective dimensionality of a learned position table is much lower than "
-        "embed_dim.\n\n";
-  md += "**Measured.** " + model_line(base) + "; embed_dim varied, seed 1, position table "
-        "N(0, 0.02). After training, `analyze` on the table (mean-centred SVD): the fewest "
-        "components that carry 90/95/99% of the variance, the participation ratio "
-        "(sum s^2)^2 / sum s^4 and the rank before the largest spectral gap. The same numbers for "
-        "the table at initialisation (random, nearly full rank) and for what training added "
-        "(the learned table minus its initialisation, *update*) show what training changed.\n\n";
-  md += "| embed_dim | positions | 90% | 95% | 99% | participation ratio | gap rank | update: 90% / PR | at init: 90% / 99% / PR | final val loss |\n";
-  md += "|---|---|---|---|---|---|---|---|---|---|\n" + rows + "\n";
-  md += image(out.images[0], "cumulative variance per embed_dim");
-  for (std::size_t k = 1; k < out.images.size(); ++k) md += image(out.images[k], "spectrum " + out.images[k]);
-  md += "**Verdict: " + out.verdict + ".** 90% of the learned table's variance lies in " + fr +
-        " components; its participation ratio is " + prs + " against " + dims_text +
-        " dimensions, and what training added needs " + ds + " components for 90%. ";
+  f.summary = "90% of the variance in " + fr + " components; participation ratio " + prs +
+              " (embed_dim " + dims_text + ")";
+  f.claim = "The effective dimensionality of a learned position table is much lower than "
+            "embed_dim.";
+  f.measured = model_line(base) + "; embed_dim varied, seed 1, position table "
+               "N(0, 0.02). After training, `analyze` on the table (mean-centred SVD): the fewest "
+               "components that carry 90/95/99% of the variance, the participation ratio "
+               "(sum s^2)^2 / sum s^4 and the rank before the largest spectral gap. The same numbers for "
+               "the table at initialisation (random, nearly full rank) and for what training added "
+               "(the learned table minus its initialisation, *update*) show what training changed.";
+  f.columns = {"embed_dim", "positions", "90%", "95%", "99%", "participation ratio",
+               "gap rank", "update: 90% / PR", "at init: 90% / 99% / PR", "final val loss"};
+  f.reasons = "90% of the learned table's variance lies in " + fr +
+              " components; its participation ratio is " + prs + " against " + dims_text +
+              " dimensions, and what training added needs " + ds + " components for 90%. ";
   // AdamW's decoupled decay multiplies the initial values by prod(1 - lr_t * wd).
   double kept = 1;
   for (std::int64_t t = 0; t < base.train.steps; ++t) kept *= 1 - model::lr_at(base.train, t) * base.train.weight_decay;
-  if (concentrated && level < 2) {
-    md += format("Training concentrates the table in a few directions (the participation ratio "
-                 "falls to half or less of the random initialisation's at every width), but the "
-                 "initialisation is still there underneath: weight decay leaves %.0f%% of it after "
-                 "%lld steps, and it spreads the remaining variance over all directions, which "
-                 "keeps the 90%% count high. Longer training shrinks it. ",
-                 100 * kept, static_cast<long long>(base.train.steps));
+  if (concentrated && f.level < 2) {
+    f.reasons += format("Training concentrates the table in a few directions (the participation ratio "
+                        "falls to half or less of the random initialisation's at every width), but the "
+                        "initialisation is still there underneath: weight decay leaves %.0f%% of it after "
+                        "%lld steps, and it spreads the remaining variance over all directions, which "
+                        "keeps the 90%% count high. Longer training shrinks it. ",
+                        100 * kept, static_cast<long long>(base.train.steps));
   }
-  md += "Rule: *holds* when the 90% count of the learned table is at most a quarter of "
-        "embed_dim for every width; *partly* when not, but its participation ratio, or the 90% "
-        "count of the update, is at most a quarter for every width; otherwise *does not hold*. "
-        "(The participation ratio and the update entered the rule after the first full run "
-        "showed the 90% count dominated by the leftover initialisation.)\n";
-  out.markdown = md;
-  return out;
+  f.rule = "*holds* when the 90% count of the learned table is at most a quarter of "
+           "embed_dim for every width; *partly* when not, but its participation ratio, or the 90% "
+           "count of the update, is at most a quarter for every width; otherwise *does not hold*. "
+           "(The participation ratio and the update entered the rule after the first full run "
+           "showed the 90% count dominated by the leftover initialisation.)";
+  return f;
 }
 
 // ---- claim 5: parameter share ----
 
-ClaimResult claim_param_share(Context& ctx) {
-  ClaimResult out;
-  out.number = 5;
-  out.name = "param-share";
-  out.title = "The position table's share of the parameters";
-  std::string rows;
+Findings claim_param_share(Context& ctx) {
+  Findings f;
   double gpt2_share = 0, largest = 0, gpt2_vs_token = 0;
   std::string largest_name;
   for (const std::string& name : preset_names()) {
@@ -1061,10 +1055,10 @@ ClaimResult claim_param_share(Context& ctx) {
       largest = share;
       largest_name = name;
     }
-    rows += format("| %s | %lld x %lld | %s | %s | %.2f%% | %.2f%% |\n", name.c_str(),
-                   static_cast<long long>(p.shape.max_seq_len), static_cast<long long>(p.shape.embed_dim),
-                   with_commas(p.params.position).c_str(), with_commas(p.params.total()).c_str(),
-                   100 * share, 100 * dbl(p.params.position) / dbl(p.params.token));
+    f.rows += format("| %s | %lld x %lld | %s | %s | %.2f%% | %.2f%% |\n", name.c_str(),
+                     static_cast<long long>(p.shape.max_seq_len), static_cast<long long>(p.shape.embed_dim),
+                     with_commas(p.params.position).c_str(), with_commas(p.params.total()).c_str(),
+                     100 * share, 100 * dbl(p.params.position) / dbl(p.params.token));
   }
   const RunSpec base = base_text_spec(ctx, false);
   ModelShape ours = preset("trainer");
@@ -1074,48 +1068,41 @@ ClaimResult claim_param_share(Context& ctx) {
   ours.layers = base.model.n_layer;
   ours.heads = base.model.n_head;
   const Plan po = make_plan(ours);
-  rows += format("| %s | %lld x %lld | %s | %s | %.2f%% | %.2f%% |\n", ours.name.c_str(),
-                 static_cast<long long>(ours.max_seq_len), static_cast<long long>(ours.embed_dim),
-                 with_commas(po.params.position).c_str(), with_commas(po.params.total()).c_str(),
-                 100 * po.position_share(), 100 * dbl(po.params.position) / dbl(po.params.token));
+  f.rows += format("| %s | %lld x %lld | %s | %s | %.2f%% | %.2f%% |\n", ours.name.c_str(),
+                   static_cast<long long>(ours.max_seq_len), static_cast<long long>(ours.embed_dim),
+                   with_commas(po.params.position).c_str(), with_commas(po.params.total()).c_str(),
+                   100 * po.position_share(), 100 * dbl(po.params.position) / dbl(po.params.token));
   const bool figure_right = gpt2_share >= 0.015 && gpt2_share <= 0.025;
   bool small = true;
   for (const std::string& name : preset_names()) {
     if (name != "trainer") small = small && make_plan(preset(name)).position_share() < 0.02;
   }
-  out.verdict = verdict_word(small && figure_right ? 2 : small || figure_right ? 1 : 0);
-  out.summary = format("GPT-2 small: %.2f%%, not ~2%% (2%% is its ratio to the token table: %.2f%%); "
-                       "under 2%% for every GPT-2/BERT preset",
-                       100 * gpt2_share, 100 * gpt2_vs_token);
-  std::string md;
-  md += "**Claim.** The position table is a small share of all parameters; the often-quoted "
-        "figure for GPT-2 is about 2%.\n\n";
-  md += "**Measured.** Exact counts from `posembed plan` (checked in its tests against PyTorch "
-        "modules built the Hugging Face way; GPT-2 with the tied LM head, BERT with the "
-        "pooler). No timing, no randomness.\n\n";
-  md += "| model | table | position params | all params | share | vs token table |\n";
-  md += "|---|---|---|---|---|---|\n" + rows + "\n";
-  md += "**Verdict: " + out.verdict + ".** ";
-  md += format("The table is small: under 2%% for every GPT-2 and BERT preset (largest among all: "
-               "%s, %.2f%%). But the quoted ~2%% for GPT-2 is off by %.1fx: the real share is "
-               "%.2f%% (786,432 of 124,439,808). 2%% is the position table's size relative to the "
-               "token table (%.2f%%), a likely source of the figure. Byte-vocabulary models like "
-               "the trainer's have a tiny token table, so there the position table's share is "
-               "larger. ",
-               largest_name.c_str(), 100 * largest, 0.02 / gpt2_share, 100 * gpt2_share, 100 * gpt2_vs_token);
-  md += "Rule: *holds* when every GPT-2/BERT preset is under 2% and GPT-2 small's share is within "
-        "1.5-2.5%; *partly* when only one of the two; otherwise *does not hold*.\n";
-  out.markdown = md;
-  return out;
+  f.level = small && figure_right ? 2 : small || figure_right ? 1 : 0;
+  f.summary = format("GPT-2 small: %.2f%%, not ~2%% (2%% is its ratio to the token table: %.2f%%); "
+                     "under 2%% for every GPT-2/BERT preset",
+                     100 * gpt2_share, 100 * gpt2_vs_token);
+  f.claim = "The position table is a small share of all parameters; the often-quoted "
+            "figure for GPT-2 is about 2%.";
+  f.measured = "Exact counts from `posembed plan` (checked in its tests against PyTorch "
+               "modules built the Hugging Face way; GPT-2 with the tied LM head, BERT with the "
+               "pooler). No timing, no randomness.";
+  f.columns = {"model", "table", "position params", "all params", "share", "vs token table"};
+  f.reasons = format("The table is small: under 2%% for every GPT-2 and BERT preset (largest among all: "
+                     "%s, %.2f%%). But the quoted ~2%% for GPT-2 is off by %.1fx: the real share is "
+                     "%.2f%% (786,432 of 124,439,808). 2%% is the position table's size relative to the "
+                     "token table (%.2f%%), a likely source of the figure. Byte-vocabulary models like "
+                     "the trainer's have a tiny token table, so there the position table's share is "
+                     "larger. ",
+                     largest_name.c_str(), 100 * largest, 0.02 / gpt2_share, 100 * gpt2_share, 100 * gpt2_vs_token);
+  f.rule = "*holds* when every GPT-2/BERT preset is under 2% and GPT-2 small's share is within "
+           "1.5-2.5%; *partly* when only one of the two; otherwise *does not hold*.";
+  return f;
 }
 
 // ---- claim 6: no position embedding ----
 
-ClaimResult claim_no_position(Context& ctx) {
-  ClaimResult out;
-  out.number = 6;
-  out.name = "no-position";
-  out.title = "Ablation: no position embedding";
+Findings claim_no_position(Context& ctx) {
+  Findings f;
   const bool q = ctx.options().quick;
   // The copy-k-back task (the model tests' setting).
   RunSpec copy;
@@ -1182,66 +1169,81 @@ ClaimResult claim_no_position(Context& ctx) {
   if (!q && tp.series[0].y.size() > 2) tp.y_max = tp.series[0].y[2] + 0.2;
   write_line_plot_png(ctx.options().out_dir / "no_position_copy.png", cp);
   write_line_plot_png(ctx.options().out_dir / "no_position_text.png", tp);
-  out.images = {"no_position_copy.png", "no_position_text.png"};
+  f.figures = {{"no_position_copy.png", "copy task loss"},
+               {"no_position_text.png", "text validation loss"}};
 
   const bool copy_gap = acc[0].mean >= 0.9 && acc[1].mean <= 0.5;
   const double delta = val[1].mean - val[0].mean;
   const bool text_gap = separated(val[0], val[1]) && delta >= 0.05;  // 0.05 nats/byte: a clearly visible loss gap
-  out.verdict = verdict_word(copy_gap && text_gap ? 2 : copy_gap || text_gap ? 1 : 0);
-  out.summary = format("copy task accuracy %.2f (learned) vs %.2f (none); text val loss %.3f vs %.3f (+%.3f)",
-                       acc[0].mean, acc[1].mean, val[0].mean, val[1].mean, delta);
-  std::string md;
-  md += "**Claim.** Without a position embedding a model is much worse on a task that needs "
-        "order (same model, same budget).\n\n";
-  md += format("**Measured.** Two tasks, each with a learned table (N(0, 0.02)) and with no "
-               "position information (table zeros and frozen: `--position-init zeros "
-               "--freeze-positions`), seeds 1, 2, 3. (a) Copy-%lld-back: inputs are random "
-               "symbols from %lld, the target at position t is the input at t - %lld; %lld layer, "
-               "%lld heads, width %lld, %lld positions, batch %lld, %lld steps at lr %g; accuracy "
-               "and loss on %d held-out batches at positions >= %lld. (b) Byte-level text, the "
-               "model of claim 1: ",
-               static_cast<long long>(kCopyBack), static_cast<long long>(kCopySymbols),
-               static_cast<long long>(kCopyBack), static_cast<long long>(copy.model.n_layer),
-               static_cast<long long>(copy.model.n_head), static_cast<long long>(copy.model.embed_dim),
-               static_cast<long long>(copy.model.max_seq_len), static_cast<long long>(copy.train.batch_size),
-               static_cast<long long>(copy.train.steps), copy.train.lr, 4, static_cast<long long>(kCopyBack));
-  md += model_line(text) + ".\n\n";
-  md += "| positions | copy accuracy | copy loss | text final train loss | text final val loss |\n";
-  md += "|---|---|---|---|---|\n";
+  f.level = copy_gap && text_gap ? 2 : copy_gap || text_gap ? 1 : 0;
+  f.summary = format("copy task accuracy %.2f (learned) vs %.2f (none); text val loss %.3f vs %.3f (+%.3f)",
+                     acc[0].mean, acc[1].mean, val[0].mean, val[1].mean, delta);
+  f.claim = "Without a position embedding a model is much worse on a task that needs "
+            "order (same model, same budget).";
+  f.measured = format("Two tasks, each with a learned table (N(0, 0.02)) and with no "
+                      "position information (table zeros and frozen: `--position-init zeros "
+                      "--freeze-positions`), seeds 1, 2, 3. (a) Copy-%lld-back: inputs are random "
+                      "symbols from %lld, the target at position t is the input at t - %lld; %lld layer, "
+                      "%lld heads, width %lld, %lld positions, batch %lld, %lld steps at lr %g; accuracy "
+                      "and loss on %d held-out batches at positions >= %lld. (b) Byte-level text, the "
+                      "model of claim 1: ",
+                      static_cast<long long>(kCopyBack), static_cast<long long>(kCopySymbols),
+                      static_cast<long long>(kCopyBack), static_cast<long long>(copy.model.n_layer),
+                      static_cast<long long>(copy.model.n_head), static_cast<long long>(copy.model.embed_dim),
+                      static_cast<long long>(copy.model.max_seq_len), static_cast<long long>(copy.train.batch_size),
+                      static_cast<long long>(copy.train.steps), copy.train.lr, 4, static_cast<long long>(kCopyBack));
+  f.measured += model_line(text) + ".";
+  f.columns = {"positions", "copy accuracy", "copy loss", "text final train loss",
+               "text final val loss"};
   for (std::size_t k = 0; k < 2; ++k) {
-    md += "| " + arms[k].label + " | " + show(acc[k]) + " | " + show(copy_loss[k]) + " | " +
-          show(train_loss[k]) + " | " + show(val[k]) + " |\n";
+    f.rows += "| " + arms[k].label + " | " + show(acc[k]) + " | " + show(copy_loss[k]) + " | " +
+              show(train_loss[k]) + " | " + show(val[k]) + " |\n";
   }
-  md += "\n" + image(out.images[0], "copy task loss") + image(out.images[1], "text validation loss");
-  md += "**Verdict: " + out.verdict + ".** ";
-  md += format("On copy-%lld-back the model without positions is at %.0f%% accuracy against "
-               "%.0f%% with a learned table (chance %.0f%%): it cannot tell which symbol is %lld "
-               "back. On byte-level text the gap is %.3f nats/byte (%.1f%%) in validation loss%s%s. ",
-               static_cast<long long>(kCopyBack), 100 * acc[1].mean, 100 * acc[0].mean,
-               100.0 / dbl(kCopySymbols), static_cast<long long>(kCopyBack), delta,
-               100 * delta / val[0].mean,
-               separated(val[0], val[1]) ? " (seed ranges do not overlap)" : " (within the seed spread)",
-               delta < 0.05 ? ": a causal decoder recovers much of the order without a table (the "
-                              "causal mask itself tells a position how many tokens precede it)"
-                            : "");
-  md += "Rule: *holds* when both tasks are clearly worse without positions (copy accuracy >= 90% "
-        "learned vs <= 50% none; text validation loss worse by >= 0.05 nats/byte with "
-        "non-overlapping seed ranges); *partly* when only one; otherwise *does not hold*.\n";
-  out.markdown = md;
-  return out;
+  f.reasons = format("On copy-%lld-back the model without positions is at %.0f%% accuracy against "
+                     "%.0f%% with a learned table (chance %.0f%%): it cannot tell which symbol is %lld "
+                     "back. On byte-level text the gap is %.3f nats/byte (%.1f%%) in validation loss%s%s. ",
+                     static_cast<long long>(kCopyBack), 100 * acc[1].mean, 100 * acc[0].mean,
+                     100.0 / dbl(kCopySymbols), static_cast<long long>(kCopyBack), delta,
+                     100 * delta / val[0].mean,
+                     separated(val[0], val[1]) ? " (seed ranges do not overlap)" : " (within the seed spread)",
+                     delta < 0.05 ? ": a causal decoder recovers much of the order without a table (the "
+                                    "causal mask itself tells a position how many tokens precede it)"
+                                  : "");
+  f.rule = "*holds* when both tasks are clearly worse without positions (copy accuracy >= 90% "
+           "learned vs <= 50% none; text validation loss worse by >= 0.05 nats/byte with "
+           "non-overlapping seed ranges); *partly* when only one; otherwise *does not hold*.";
+  return f;
 }
 
-using ClaimFn = ClaimResult (*)(Context&);
+using ClaimFn = Findings (*)(Context&);
 struct Entry {
   const char* name;
+  const char* title;
   ClaimFn fn;
   bool needs_text;
 };
 constexpr Entry kClaims[] = {
-    {"init-scale", claim_init_scale, true},     {"dropout", claim_dropout, true},
-    {"seq-len", claim_seq_len, false},          {"dimensionality", claim_dimensionality, true},
-    {"param-share", claim_param_share, false},   {"no-position", claim_no_position, true},
+    {"init-scale", "Initialisation scale of the position table", claim_init_scale, true},
+    {"dropout", "Dropout 0.1 after the sum regularises", claim_dropout, true},
+    {"seq-len", "Sequence length: linear table, quadratic attention", claim_seq_len, false},
+    {"dimensionality", "Effective dimensionality of the learned table", claim_dimensionality, true},
+    {"param-share", "The position table's share of the parameters", claim_param_share, false},
+    {"no-position", "Ablation: no position embedding", claim_no_position, true},
 };
+
+// Runs claim i (0-based) and turns its findings into the report's ClaimResult.
+ClaimResult run_claim(std::size_t i, Context& ctx) {
+  const Findings f = kClaims[i].fn(ctx);
+  ClaimResult r;
+  r.number = static_cast<int>(i + 1);
+  r.name = kClaims[i].name;
+  r.title = kClaims[i].title;
+  r.verdict = verdict_word(f.level);
+  r.summary = f.summary;
+  r.markdown = claim_section(f);
+  for (const Figure& g : f.figures) r.images.push_back(g.file);
+  return r;
+}
 
 std::string load_average() {
   std::ifstream f("/proc/loadavg");
@@ -1315,7 +1317,7 @@ ExperimentReport run_experiments(std::span<const std::string> names, const Exper
   for (std::size_t i : chosen) {
     ctx.log("[%zu/6 %s]", i + 1, kClaims[i].name);
     const auto t0 = std::chrono::steady_clock::now();
-    ClaimResult r = kClaims[i].fn(ctx);
+    ClaimResult r = run_claim(i, ctx);
     r.seconds = seconds_since(t0);
     ctx.log("  -> %s: %s (%.0f s)", r.verdict.c_str(), r.summary.c_str(), r.seconds);
     report.claims.push_back(std::move(r));
