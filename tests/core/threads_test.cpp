@@ -4,6 +4,7 @@
 // of 801 columns, three strips on three threads, with vector remainders.
 #include <gtest/gtest.h>
 
+#include <span>
 #include <vector>
 
 #include "core/test_util.h"
@@ -46,6 +47,40 @@ TEST(ThreadedDeterminism, KernelsGiveTheSameBitsOnOneTwoAndThreeThreads) {
     EXPECT_EQ(kernel[0], kernel[1]);
     EXPECT_EQ(kernel[0], kernel[2]);
   }
+}
+
+// Width 768 (rows of whole cache lines) with gradients starting at different
+// offsets into a line: the strips then follow each table's own lines and the
+// first strip takes each row's tail. Same bits for any thread count and offset.
+TEST(ThreadedDeterminism, BackwardBitsDoNotDependOnGradientAlignment) {
+  const EmbeddingShape s{2, 100, 97, 100, 768};
+  const auto n = static_cast<std::size_t>(s.batch * s.seq_len), d = static_cast<std::size_t>(s.embed_dim);
+  const auto tokens = test::random_ids(n, s.vocab_size, 11), positions = test::random_ids(n, s.max_seq_len, 12);
+  const auto grad_out = test::random_floats(n * d, 13);
+  const DropoutSpec dropout{0.1, 5, 8};
+  const std::size_t tok_size = static_cast<std::size_t>(s.vocab_size) * d,
+                    pos_size = static_cast<std::size_t>(s.max_seq_len) * d;
+  std::vector<float> first_tok, first_pos;
+  for (const int threads : {1, 2, 3}) {
+    set_num_threads(threads);
+    for (const std::size_t tok_offset : {0, 3, 12}) {
+      for (const std::size_t pos_offset : {0, 9}) {
+        // The offsets move each table's start within a cache line, whatever the
+        // buffers' own alignment.
+        std::vector<float> tok_buf(tok_size + 16, 0.0f), pos_buf(pos_size + 16, 0.0f);
+        const std::span<float> tok(tok_buf.data() + tok_offset, tok_size), pos(pos_buf.data() + pos_offset, pos_size);
+        embedding_backward(tok, pos, grad_out, tokens, positions, s, dropout);
+        const std::vector<float> got_tok(tok.begin(), tok.end()), got_pos(pos.begin(), pos.end());
+        if (first_tok.empty()) {
+          first_tok = got_tok;
+          first_pos = got_pos;
+        }
+        ASSERT_EQ(got_tok, first_tok) << threads << " threads, offsets " << tok_offset << ", " << pos_offset;
+        ASSERT_EQ(got_pos, first_pos) << threads << " threads, offsets " << tok_offset << ", " << pos_offset;
+      }
+    }
+  }
+  set_num_threads(0);
 }
 
 }  // namespace

@@ -50,38 +50,48 @@ simd::DropoutMask dropout_mask(const DropoutSpec& dropout) {
           dropout_scale(dropout.p), dropout.p > 0.0};
 }
 
-// Backward over column strips: a strip [j0, j1) of every gradient row is owned by
-// one task, which walks the tokens in flat order. So each gradient element is
-// summed in the same order for any strip width and thread count, with no
-// atomics and no sort of the tokens; grad_out is read once and each mask word
-// drawn once. Strips are whole cache lines (16 floats) so that two threads never
-// write one line. token_rows: the gradient row of each token (its id, or its
-// slot in a row-sparse gradient); token_first: null, or 1 for each token whose
-// row starts at zero and has no earlier token (the row is written, not read).
+// Backward over column strips: a strip of every gradient row is owned by one
+// task, which walks the tokens in flat order. So each gradient element is summed
+// in the same order for any strip width and thread count, with no atomics and
+// no sort of the tokens; grad_out is read once. token_rows: the gradient row of
+// each token (its id, or its slot in a row-sparse gradient); token_first: null,
+// or 1 for each token whose row starts at zero and has no earlier token (the row
+// is written, not read).
 void backward_strips(float* grad_token_table, const std::int64_t* token_rows,
                      const std::uint8_t* token_first, float* grad_position_table, std::span<const float> grad_out,
                      std::span<const std::int64_t> position_ids, const EmbeddingShape& shape,
                      const DropoutSpec& dropout) {
+  if (!grad_token_table && !grad_position_table) return;  // both tables frozen
   const std::int64_t d = shape.embed_dim;
   const auto n = static_cast<std::int64_t>(token_count(shape));
-  const std::int64_t threads =
-      std::clamp<std::int64_t>(n * d / kGrainElements, 1, num_threads());
-  // At least 256 columns (1 KiB of each row) per strip: each (row, strip) pair is one
-  // SIMD call with its own Philox setup, which outweighs a second thread below that
-  // (measured at d = 128: 0.35 ms on one thread, 0.6-1.2 ms on two).
-  const std::int64_t strip = std::max<std::int64_t>(256, ((d + threads - 1) / threads + 15) / 16 * 16);
-  // Strip edges fall on cache lines of the gradient rows (when d is a multiple of
-  // 16 and both gradients share their alignment mod 64): otherwise two threads
-  // write the line that straddles an edge, on every row. When the rows do not
-  // start on a line, the last `wrap` columns of each row share a line with the
-  // first `shift` columns of the next row, so the first strip takes both.
-  const auto base = reinterpret_cast<std::uintptr_t>(grad_token_table ? grad_token_table
-                                                                       : grad_position_table);
-  const auto shift = static_cast<std::int64_t>((64 - base % 64) % 64 / sizeof(float));
-  const std::int64_t wrap = shift > 0 && d % 16 == 0 && d > strip ? 16 - shift : 0;
-  const std::int64_t strips = std::max<std::int64_t>(1, (d - wrap - shift + strip - 1) / strip);
-  const auto edge = [&](std::int64_t s) {
-    return s == 0 ? 0 : s == strips ? d - wrap : shift + s * strip;
+  const std::int64_t threads = std::clamp<std::int64_t>(n * d / kGrainElements, 1, num_threads());
+  // At least 256 columns (1 KiB of each row) per strip: each (row, strip) pair has
+  // its own Philox setup, which outweighs a second thread below that (measured at
+  // d = 128: 0.35 ms on one thread, 0.6-1.2 ms on two).
+  const std::int64_t strips = std::clamp<std::int64_t>(d / 256, 1, threads);
+  // Each table's strip edges fall on its own cache lines, so that no line is
+  // written by two threads: a line straddling an edge would move between the
+  // cores on every row. When the rows start `misaligned` floats into a line (the
+  // same for every row when d is a multiple of 16), the first strip also takes
+  // the last `misaligned` columns of the row before, which share that line. The
+  // two tables' edges may differ by a few columns; those columns' masked values
+  // are computed by both threads.
+  const auto columns = [&](const float* table, std::int64_t s, std::int64_t* cols) {
+    const auto address = table ? reinterpret_cast<std::uintptr_t>(table) : 0;
+    const std::int64_t misaligned =
+        strips > 1 && d % 16 == 0 && address % sizeof(float) == 0
+            ? static_cast<std::int64_t>(address % 64 / sizeof(float))
+            : 0;
+    const std::int64_t shift = (16 - misaligned) % 16;  // the first line boundary in a row
+    const auto edge = [&](std::int64_t e) {
+      if (e == 0) return -misaligned;
+      if (e == strips) return d - misaligned;
+      // The line boundary nearest to an even split.
+      const std::int64_t lines = (e * d / strips - shift + 8) / 16;
+      return std::clamp<std::int64_t>(shift + 16 * lines, shift, d - misaligned);
+    };
+    cols[0] = edge(s);
+    cols[1] = edge(s + 1);
   };
   const simd::DropoutMask mask = dropout_mask(dropout);
   // The padding row is put back afterwards rather than skipped in the SIMD loop:
@@ -92,11 +102,12 @@ void backward_strips(float* grad_token_table, const std::int64_t* token_rows,
   std::vector<float> saved_padding_row;
   if (padding_row) saved_padding_row.assign(padding_row, padding_row + d);
   parallel_for(strips, [&](std::int64_t s) {
-    const std::int64_t j0 = edge(s), j1 = edge(s + 1);
-    simd::backward_strip(grad_token_table, token_rows, token_first, grad_position_table, position_ids.data(),
-                         grad_out.data(), static_cast<std::size_t>(d), static_cast<std::size_t>(n),
-                         static_cast<std::size_t>(j0), static_cast<std::size_t>(j1),
-                         static_cast<std::size_t>(s == 0 ? d - wrap : d), mask);
+    std::int64_t token_cols[2], position_cols[2];
+    columns(grad_token_table, s, token_cols);
+    columns(grad_position_table, s, position_cols);
+    simd::backward_strip(grad_token_table, token_rows, token_first, token_cols, grad_position_table,
+                         position_ids.data(), position_cols, grad_out.data(), static_cast<std::size_t>(d),
+                         static_cast<std::size_t>(n), mask);
   });
   if (padding_row) std::copy(saved_padding_row.begin(), saved_padding_row.end(), padding_row);
 }

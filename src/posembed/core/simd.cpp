@@ -201,18 +201,61 @@ void AddDropout(float* HWY_RESTRICT out, const float* HWY_RESTRICT a, const floa
   });
 }
 
+// v[j] = grad[j] * mask(first + j), j < n <= kTile: the masked gradient of one
+// batch of mask bits, into a stack buffer. Without a mask there is nothing to
+// compute: returns grad itself.
+const float* MaskedGradient(float* HWY_RESTRICT v, const float* HWY_RESTRICT grad, std::size_t n,
+                            std::uint64_t first, const DropoutMask& mask) {
+  if (!mask.active) return grad;
+  const hn::ScalableTag<float> df;
+  const std::size_t lanes = hn::Lanes(df);
+  HWY_ALIGN std::uint32_t bits[kTile + 4];
+  const std::size_t skip = static_cast<std::size_t>(first & 3);
+  PhiloxBlocks(bits, philox_counter(first >> 2, mask.step, RandomStream::dropout), mask.key,
+               (skip + n + 3) / 4);
+  for (std::size_t j = 0; j < n; j += lanes) {
+    const std::size_t count = std::min(lanes, n - j);
+    StorePart(ApplyMask(df, LoadPart(df, grad + j, count), bits + skip + j, count, mask), df, v + j, count);
+  }
+  return v;
+}
+
+// row[j] += v[j], j < n, in vectors aligned to `row` (they never split a cache
+// line, and two threads never write one line through a partial vector).
+// row_is_zero: row holds zeros, so it is written (0 + v, the same bits) without
+// being read, past the cache: a fresh row-sparse gradient row.
+void AddInto(float* HWY_RESTRICT row, const float* HWY_RESTRICT v, std::size_t n, bool row_is_zero) {
+  const hn::ScalableTag<float> df;
+  const std::size_t lanes = hn::Lanes(df);
+  const auto address = reinterpret_cast<std::uintptr_t>(row);
+  const std::size_t head = address % sizeof(float)
+                               ? 0
+                               : (lanes * sizeof(float) - address % (lanes * sizeof(float))) %
+                                     (lanes * sizeof(float)) / sizeof(float);
+  std::size_t j = 0;
+  const auto step = [&](std::size_t count) {
+    const auto sum = hn::Add(row_is_zero ? hn::Zero(df) : LoadPart(df, row + j, count), LoadPart(df, v + j, count));
+    if (row_is_zero && count == lanes) {
+      hn::Stream(sum, df, row + j);  // aligned: after the head
+    } else {
+      StorePart(sum, df, row + j, count);
+    }
+    j += count;
+  };
+  if (head > 0) step(std::min(head, n));
+  while (j < n) step(std::min(lanes, n - j));
+}
+
 void AccumulateDropout(float* tok, float* pos, const float* HWY_RESTRICT grad, std::size_t n,
                        std::uint64_t first, const DropoutMask& mask, bool tok_is_zero) {
-  const hn::ScalableTag<float> df;
-  ForEachVector(n, tok ? tok : pos, first, mask, hn::Lanes(df),
-                [&](std::size_t j, std::size_t count, const std::uint32_t* words) {
-    const auto v = ApplyMask(df, LoadPart(df, grad + j, count), words, count, mask);
-    // 0 + v rather than v: the same bits as accumulating into a zeroed row (-0 becomes +0).
-    if (tok) {
-      StorePart(hn::Add(tok_is_zero ? hn::Zero(df) : LoadPart(df, tok + j, count), v), df, tok + j, count);
-    }
-    if (pos) StorePart(hn::Add(LoadPart(df, pos + j, count), v), df, pos + j, count);
-  });
+  HWY_ALIGN float v[kTile];
+  for (std::size_t t0 = 0; t0 < n; t0 += kTile) {
+    const std::size_t len = std::min(kTile, n - t0);
+    const float* masked = MaskedGradient(v, grad + t0, len, first + t0, mask);
+    if (tok) AddInto(tok + t0, masked, len, tok_is_zero);
+    if (pos) AddInto(pos + t0, masked, len, false);
+  }
+  if (tok_is_zero) hwy::FlushStream();
 }
 
 // Rows [r0, r1) of the fused forward, prefetching the token row two ahead.
@@ -230,29 +273,62 @@ void ForwardRows(float* HWY_RESTRICT out, const float* HWY_RESTRICT token_table,
   if (stream) hwy::FlushStream();
 }
 
-// Columns [j0, j1) and [wrap_from, d) of every row of the backward, rows in flat
-// order. Prefetches
-// the gradient rows two tokens ahead and grad_out's strip as well: a strip is
-// only part of each row, too short for the hardware prefetcher to follow.
+// One thread's share of the backward: every token r in flat order adds its masked
+// gradient row to token_grad row token_rows[r] over columns token_cols and to
+// position_grad row position_rows[r] over columns position_cols. A column range
+// [lo, hi) may start below 0: columns d + lo .. d of the token before (the tail
+// of the previous row that shares a cache line with this row's head). Each step
+// takes the flat range of both tables' columns at once, so one batch of Philox
+// draws serves both and the previous row's tail.
 void BackwardStrip(float* token_grad, const std::int64_t* HWY_RESTRICT token_rows,
-                   const std::uint8_t* HWY_RESTRICT token_first, float* position_grad, const std::int64_t* HWY_RESTRICT position_rows,
-                   const float* HWY_RESTRICT grad_out, std::size_t d, std::size_t n, std::size_t j0,
-                   std::size_t j1, std::size_t wrap_from, const DropoutMask& mask) {
-  for (std::size_t r = 0; r < n; ++r) {
-    if (r + 2 < n) {
-      if (token_grad) PrefetchRow(token_grad + static_cast<std::size_t>(token_rows[r + 2]) * d + j0, j1 - j0);
-      PrefetchRow(grad_out + (r + 2) * d + j0, j1 - j0);
+                   const std::uint8_t* HWY_RESTRICT token_first, const std::int64_t* token_cols,
+                   float* position_grad, const std::int64_t* HWY_RESTRICT position_rows,
+                   const std::int64_t* position_cols, const float* HWY_RESTRICT grad_out, std::size_t d,
+                   std::size_t n, const DropoutMask& mask) {
+  const auto sd = static_cast<std::int64_t>(d), total = static_cast<std::int64_t>(n * d);
+  const std::int64_t lo = std::min(token_grad ? token_cols[0] : position_cols[0],
+                                   position_grad ? position_cols[0] : token_cols[0]);
+  const std::int64_t hi = std::max(token_grad ? token_cols[1] : position_cols[1],
+                                   position_grad ? position_cols[1] : token_cols[1]);
+  HWY_ALIGN float v[kTile];
+  // Adds v's share of [c0, c1) (flat) to one table: columns [cols[0], cols[1]) of
+  // the token that starts at flat r * d, and of the token before when cols[0] < 0.
+  const auto add = [&](float* grad, const std::int64_t* rows, const std::uint8_t* first_use,
+                       const std::int64_t* cols, std::int64_t r, std::int64_t c0, std::int64_t c1,
+                       const float* masked) {
+    const std::int64_t f0 = std::max(c0, r * sd + cols[0]), f1 = std::min(c1, r * sd + cols[1]);
+    for (std::int64_t f = f0; f < f1;) {
+      const std::int64_t token = f < r * sd ? r - 1 : r;
+      const std::int64_t end = std::min(f1, (token + 1) * sd);
+      const auto t = static_cast<std::size_t>(token);
+      AddInto(grad + static_cast<std::size_t>(rows[t]) * d + static_cast<std::size_t>(f - token * sd),
+              masked + (f - c0), static_cast<std::size_t>(end - f), first_use && first_use[t]);
+      f = end;
     }
-    AccumulateDropout(token_grad ? token_grad + static_cast<std::size_t>(token_rows[r]) * d + j0 : nullptr,
-                      position_grad ? position_grad + static_cast<std::size_t>(position_rows[r]) * d + j0 : nullptr,
-                      grad_out + r * d + j0, j1 - j0, r * d + j0, mask, token_first && token_first[r]);
-    if (wrap_from < d) {
-      AccumulateDropout(token_grad ? token_grad + static_cast<std::size_t>(token_rows[r]) * d + wrap_from : nullptr,
-                        position_grad ? position_grad + static_cast<std::size_t>(position_rows[r]) * d + wrap_from : nullptr,
-                        grad_out + r * d + wrap_from, d - wrap_from, r * d + wrap_from, mask,
-                        token_first && token_first[r]);
+  };
+  const std::int64_t steps = static_cast<std::int64_t>(n) + (lo < 0 ? 1 : 0);
+  for (std::int64_t r = 0; r < steps; ++r) {
+    if (r + 2 < static_cast<std::int64_t>(n)) {  // rows two tokens ahead
+      const auto ahead = static_cast<std::size_t>(r + 2);
+      // Only this thread's columns: prefetching the other's would pull lines it writes.
+      if (token_grad) {
+        const auto from = static_cast<std::size_t>(std::max<std::int64_t>(token_cols[0], 0));
+        PrefetchRow(token_grad + static_cast<std::size_t>(token_rows[ahead]) * d + from,
+                    static_cast<std::size_t>(token_cols[1]) - from);
+      }
+      PrefetchRow(grad_out + ahead * d + static_cast<std::size_t>(std::max<std::int64_t>(lo, 0)),
+                  static_cast<std::size_t>(hi - std::max<std::int64_t>(lo, 0)));
+    }
+    const std::int64_t f0 = std::max<std::int64_t>(0, r * sd + lo), f1 = std::min(total, r * sd + hi);
+    for (std::int64_t c0 = f0; c0 < f1; c0 += static_cast<std::int64_t>(kTile)) {
+      const std::int64_t c1 = std::min(f1, c0 + static_cast<std::int64_t>(kTile));
+      const float* masked = MaskedGradient(v, grad_out + c0, static_cast<std::size_t>(c1 - c0),
+                                           static_cast<std::uint64_t>(c0), mask);
+      if (token_grad) add(token_grad, token_rows, token_first, token_cols, r, c0, c1, masked);
+      if (position_grad) add(position_grad, position_rows, nullptr, position_cols, r, c0, c1, masked);
     }
   }
+  if (token_first) hwy::FlushStream();
 }
 
 void AdamW(float* HWY_RESTRICT param, const float* HWY_RESTRICT grad, float* HWY_RESTRICT m,
@@ -315,12 +391,11 @@ void forward_rows(float* out, const float* token_table, const std::int64_t* toke
 }
 
 void backward_strip(float* token_grad, const std::int64_t* token_rows, const std::uint8_t* token_first,
-                    float* position_grad,
-                    const std::int64_t* position_rows, const float* grad_out, std::size_t d,
-                    std::size_t n, std::size_t j0, std::size_t j1, std::size_t wrap_from,
+                    const std::int64_t* token_cols, float* position_grad, const std::int64_t* position_rows,
+                    const std::int64_t* position_cols, const float* grad_out, std::size_t d, std::size_t n,
                     const DropoutMask& mask) {
-  HWY_DYNAMIC_DISPATCH(BackwardStrip)(token_grad, token_rows, token_first, position_grad, position_rows, grad_out,
-                                      d, n, j0, j1, wrap_from, mask);
+  HWY_DYNAMIC_DISPATCH(BackwardStrip)(token_grad, token_rows, token_first, token_cols, position_grad,
+                                      position_rows, position_cols, grad_out, d, n, mask);
 }
 
 void adamw(float* param, const float* grad, float* m, float* v, std::size_t n,

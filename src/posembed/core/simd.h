@@ -57,16 +57,18 @@ void forward_rows(float* out, const float* token_table, const std::int64_t* toke
                   const float* position_table, const std::int64_t* position_ids, std::size_t d,
                   std::size_t r0, std::size_t r1, const DropoutMask& mask, bool stream);
 
-// Columns [j0, j1) and [wrap_from, d) of the backward over rows r = 0 .. n-1 in that order:
-// accumulate_dropout of grad_out row r into token_grad row token_rows[r] and
-// position_grad row position_rows[r]. Either gradient may be null. token_first:
-// null, or per token whether its token_grad row is still zero (tok_is_zero).
+// One thread's share of the backward, tokens r = 0 .. n-1 in flat order: the
+// masked grad_out row r is added to token_grad row token_rows[r] over columns
+// token_cols = [lo, hi) and to position_grad row position_rows[r] over
+// position_cols. lo < 0 also takes columns d + lo .. d of token r - 1 (the tail
+// of a row that shares a cache line with the next row's head). Either gradient
+// may be null. token_first: null, or per token whether its token_grad row is
+// still zero (written, not read).
 // token_grad: (rows, d), position_grad: (max_seq_len, d), grad_out: (n, d),
-// *_rows, token_first: (n)
+// *_rows, token_first: (n), *_cols: (2)
 void backward_strip(float* token_grad, const std::int64_t* token_rows, const std::uint8_t* token_first,
-                    float* position_grad,
-                    const std::int64_t* position_rows, const float* grad_out, std::size_t d,
-                    std::size_t n, std::size_t j0, std::size_t j1, std::size_t wrap_from,
+                    const std::int64_t* token_cols, float* position_grad, const std::int64_t* position_rows,
+                    const std::int64_t* position_cols, const float* grad_out, std::size_t d, std::size_t n,
                     const DropoutMask& mask);
 
 // One AdamW element update, in the order of optim.cpp's scalar definition:
