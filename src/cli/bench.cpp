@@ -90,14 +90,15 @@ Timing time_it(int reps, const std::function<void()>& fn,
   return {ms.size() % 2 ? ms[h] : 0.5 * (ms[h - 1] + ms[h]), ms.front(), reps};
 }
 
-// Streaming bandwidth: a STREAM triad a = b + s * c (3 arrays; bytes counted as
-// 3 per element, without write-allocate) and a parallel memcpy (2 per byte; glibc
-// streams large copies past the cache). The probe is the better of the two, each
-// from its fastest run.
+// Streaming bandwidth, the best of three ways to move memory, each from its
+// fastest run: a STREAM triad a = b + s * c (3 arrays; bytes counted as 3 per
+// element, without write-allocate), a parallel memcpy (2 per byte), and a STREAM
+// add a = b + c written with non-temporal stores (3 per element), which skip the
+// read of each line before it is written, as the forward does for large outputs.
 struct Probe {
-  double triad_gbps = 0, copy_gbps = 0;
+  double triad_gbps = 0, copy_gbps = 0, stream_add_gbps = 0;
   std::size_t bytes = 0;
-  double gbps() const { return std::max(triad_gbps, copy_gbps); }
+  double gbps() const { return std::max({triad_gbps, copy_gbps, stream_add_gbps}); }
 };
 
 Probe bandwidth_probe(std::size_t floats_per_array, int reps) {
@@ -108,19 +109,37 @@ Probe bandwidth_probe(std::size_t floats_per_array, int reps) {
     for (std::int64_t i = 0; i < n; ++i) a[static_cast<std::size_t>(i)] = b[static_cast<std::size_t>(i)] + 3.0f * c[static_cast<std::size_t>(i)];
   });
   if (a[floats_per_array / 2] != 7.0f) throw Error("bandwidth probe: triad gave a wrong value");
-  const Timing copy = time_it(reps, [&] {
+  // Each thread's contiguous share, as memcpy and the kernels split their work.
+  const auto per_thread = [&](const std::function<void(std::size_t, std::size_t)>& part) {
 #pragma omp parallel
     {
       const auto t = static_cast<std::size_t>(omp_get_thread_num());
       const auto k = static_cast<std::size_t>(omp_get_num_threads());
-      const std::size_t begin = floats_per_array * t / k, end = floats_per_array * (t + 1) / k;
-      std::memcpy(a.data() + begin, c.data() + begin, (end - begin) * sizeof(float));
+      part(floats_per_array * t / k, floats_per_array * (t + 1) / k);
     }
+  };
+  const Timing copy = time_it(reps, [&] {
+    per_thread([&](std::size_t begin, std::size_t end) {
+      std::memcpy(a.data() + begin, c.data() + begin, (end - begin) * sizeof(float));
+    });
   });
   if (a[floats_per_array / 3] != 2.0f) throw Error("bandwidth probe: copy gave a wrong value");
+  const Timing stream_add = time_it(reps, [&] {
+    per_thread([&](std::size_t begin, std::size_t end) {
+      simd::add_dropout(a.data() + begin, b.data() + begin, c.data() + begin, end - begin, 0, {},
+                        /*stream=*/true);
+    });
+  });
+  if (a[floats_per_array / 4] != 3.0f) throw Error("bandwidth probe: streaming add gave a wrong value");
   const double bytes = static_cast<double>(floats_per_array * sizeof(float));
   // The best run: other processes can only slow a probe down.
-  return {3 * bytes / triad.min_ms / 1e6, 2 * bytes / copy.min_ms / 1e6, 3 * floats_per_array * sizeof(float)};
+  return {3 * bytes / triad.min_ms / 1e6, 2 * bytes / copy.min_ms / 1e6, 3 * bytes / stream_add.min_ms / 1e6,
+          3 * floats_per_array * sizeof(float)};
+}
+
+template <class To, class From>
+std::vector<To> cast(const std::vector<From>& v) {
+  return std::vector<To>(v.begin(), v.end());
 }
 
 struct Result {
@@ -172,29 +191,23 @@ struct Workload {
   }
 };
 
-// Forward against the mask definition itself, bit for bit, in float.
+// Forward against core/reference.h in double: two roundings (the sum, the
+// dropout scale), and exact zeros where the mask drops.
 void validate_forward(Workload& w, const DropoutSpec& dropout) {
   embedding_forward(w.out, w.tokens, w.positions, w.token_table, w.position_table, w.s, dropout);
-  const std::uint32_t threshold = dropout_threshold(dropout.p);
-  const float scale = dropout_scale(dropout.p);
-  for (std::size_t r = 0; r < w.n; ++r) {
-    for (std::size_t j = 0; j < w.d; ++j) {
-      const std::size_t i = r * w.d + j;
-      const float sum = w.token_table[static_cast<std::size_t>(w.tokens[r]) * w.d + j] +
-                        w.position_table[static_cast<std::size_t>(w.positions[r]) * w.d + j];
-      const float expected =
-          dropout.p == 0 ? sum
-          : philox_bits(dropout.seed, dropout.step, RandomStream::dropout, i) >= threshold ? sum * scale
-                                                                                           : 0.0f;
-      if (std::memcmp(&expected, &w.out[i], sizeof(float)) != 0) {
-        check(false, "forward p " + std::to_string(dropout.p) + " element " + std::to_string(i));
-      }
+  const std::vector<double> ref = reference::embedding_forward<double>(
+      w.tokens, w.positions, cast<double>(w.token_table), cast<double>(w.position_table), w.s, dropout);
+  constexpr double eps = std::numeric_limits<float>::epsilon();
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    if (std::abs(w.out[i] - ref[i]) > 2 * eps * std::abs(ref[i]) || ((ref[i] == 0) != (w.out[i] == 0))) {
+      check(false, "forward p " + std::to_string(dropout.p) + " element " + std::to_string(i));
     }
   }
 }
 
 // Backward: dense and row-sparse agree bit for bit on the touched rows, and both
-// tables' gradients match a double-precision sum within (uses x eps x sum |terms|).
+// tables' gradients match core/reference.h in double within (uses + 1) x eps x
+// the sum of |terms| (which is the reference run on |grad_out|).
 void validate_backward(Workload& w, const DropoutSpec& dropout) {
   std::fill(w.grad_tok.begin(), w.grad_tok.end(), 0.0f);
   std::fill(w.grad_pos.begin(), w.grad_pos.end(), 0.0f);
@@ -204,41 +217,30 @@ void validate_backward(Workload& w, const DropoutSpec& dropout) {
   embedding_backward(w.sparse, pos2, w.grad_out, w.tokens, w.positions, w.s, dropout);
   check(pos2 == w.grad_pos, "position gradient differs between dense and sparse backward");
   check(w.sparse.rows.size() == w.distinct_tokens, "sparse gradient row count");
-  const std::size_t R = w.sparse.rows.size(), P = w.grad_pos.size() / w.d;
-  std::vector<double> ref_tok(R * w.d), abs_tok(R * w.d), ref_pos(P * w.d), abs_pos(P * w.d);
-  std::vector<double> uses_tok(R), uses_pos(P);
-  const std::uint32_t threshold = dropout_threshold(dropout.p);
-  const double scale = 1.0 / (1.0 - dropout.p);
+  std::vector<double> ref_tok(w.grad_tok.size()), abs_tok(w.grad_tok.size()), ref_pos(w.grad_pos.size()),
+      abs_pos(w.grad_pos.size()), abs_grad(w.grad_out.size());
+  std::transform(w.grad_out.begin(), w.grad_out.end(), abs_grad.begin(), [](float g) { return std::abs(double{g}); });
+  reference::embedding_backward<double>(ref_tok, ref_pos, cast<double>(w.grad_out), w.tokens, w.positions, w.s, dropout);
+  reference::embedding_backward<double>(abs_tok, abs_pos, abs_grad, w.tokens, w.positions, w.s, dropout);
+  std::vector<double> uses_tok(static_cast<std::size_t>(w.s.vocab_size)), uses_pos(w.grad_pos.size() / w.d);
   for (std::size_t r = 0; r < w.n; ++r) {
-    const auto k = static_cast<std::size_t>(
-        std::lower_bound(w.sparse.rows.begin(), w.sparse.rows.end(), w.tokens[r]) - w.sparse.rows.begin());
-    const auto q = static_cast<std::size_t>(w.positions[r]);
-    ++uses_tok[k], ++uses_pos[q];
-    for (std::size_t j = 0; j < w.d; ++j) {
-      const std::size_t i = r * w.d + j;
-      const bool keep = dropout.p == 0 ||
-                        philox_bits(dropout.seed, dropout.step, RandomStream::dropout, i) >= threshold;
-      const double g = keep ? w.grad_out[i] * scale : 0.0;
-      ref_tok[k * w.d + j] += g, abs_tok[k * w.d + j] += std::abs(g);
-      ref_pos[q * w.d + j] += g, abs_pos[q * w.d + j] += std::abs(g);
-    }
+    ++uses_tok[static_cast<std::size_t>(w.tokens[r])];
+    ++uses_pos[static_cast<std::size_t>(w.positions[r])];
   }
   constexpr double eps = std::numeric_limits<float>::epsilon();
-  for (std::size_t k = 0; k < R; ++k) {
+  const auto within = [&](const std::vector<float>& got, const std::vector<double>& ref,
+                          const std::vector<double>& abs, const std::vector<double>& uses, const char* what) {
+    for (std::size_t i = 0; i < ref.size(); ++i) {
+      check(std::abs(got[i] - ref[i]) <= (uses[i / w.d] + 1) * eps * abs[i] + 1e-30,
+            std::string(what) + " gradient element " + std::to_string(i));
+    }
+  };
+  within(w.grad_tok, ref_tok, abs_tok, uses_tok, "token");
+  within(w.grad_pos, ref_pos, abs_pos, uses_pos, "position");
+  for (std::size_t k = 0; k < w.sparse.rows.size(); ++k) {
     const float* dense = w.grad_tok.data() + static_cast<std::size_t>(w.sparse.rows[k]) * w.d;
-    const float* sparse = w.sparse.values.data() + k * w.d;
-    check(std::memcmp(dense, sparse, w.d * sizeof(float)) == 0, "dense and sparse token rows differ");
-    for (std::size_t j = 0; j < w.d; ++j) {
-      check(std::abs(sparse[j] - ref_tok[k * w.d + j]) <= (uses_tok[k] + 1) * eps * abs_tok[k * w.d + j] + 1e-30,
-            "token gradient row " + std::to_string(w.sparse.rows[k]));
-    }
-  }
-  for (std::size_t q = 0; q < P; ++q) {
-    for (std::size_t j = 0; j < w.d; ++j) {
-      check(std::abs(w.grad_pos[q * w.d + j] - ref_pos[q * w.d + j]) <=
-                (uses_pos[q] + 1) * eps * abs_pos[q * w.d + j] + 1e-30,
-            "position gradient row " + std::to_string(q));
-    }
+    check(std::memcmp(dense, w.sparse.values.data() + k * w.d, w.d * sizeof(float)) == 0,
+          "dense and sparse token rows differ");
   }
 }
 
@@ -359,6 +361,12 @@ Json run_torch(const BenchOptions& o, const Shape& shape, int reps) {
   return j;
 }
 
+std::string format_number(double v) {
+  char buffer[32];
+  std::snprintf(buffer, sizeof buffer, "%g", v);
+  return buffer;
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const std::size_t h = v.size() / 2;
@@ -370,6 +378,55 @@ struct Series {
   Result first;  // name, description, bytes (same every round)
   std::vector<double> medians, mins, torch_medians, torch_mins;
 };
+
+// Issue 5's targets at the GPT-2 shape, from one shape's report: each a ratio of
+// medians measured in this run, its goal and whether it is met. Forward plus
+// backward is held against PyTorch's default nn.Embedding (dense gradient), for
+// both of our gradients; the row-sparse one is also shown against PyTorch's
+// sparse=True, with no goal.
+Json targets(const Json& shape, const Probe& probe, bool quiet) {
+  const auto kernel = [&](const std::string& name) -> const Json& {
+    for (const Json& k : shape["kernels"]) {
+      if (k["name"] == name) return k;
+    }
+    throw Error("bench: no kernel " + name);
+  };
+  const auto ours = [&](const std::string& name) { return kernel(name)["median_ms"].get<double>(); };
+  const auto torch = [&](const std::string& name) {
+    const Json& k = kernel(name);
+    return k.contains("torch_median_ms") ? k["torch_median_ms"].get<double>() : NAN;
+  };
+  struct Target {
+    std::string what;
+    double value, goal;
+    bool at_least;  // value >= goal, else value <= goal
+  };
+  const std::vector<Target> list = {
+      {"eval forward, PyTorch / ours", torch("forward_eval") / ours("forward_eval"), 3, true},
+      {"eval forward, fraction of the probe", kernel("forward_eval")["gbps"].get<double>() / probe.gbps(), 0.6, true},
+      {"training forward (p 0.1), PyTorch / ours", torch("forward_train") / ours("forward_train"), 12, true},
+      {"training forward / our eval forward", ours("forward_train") / ours("forward_eval"), 2, false},
+      {"fwd+bwd: PyTorch default (dense) / ours, row-sparse", torch("fwd_bwd_dense") / ours("fwd_bwd_sparse"), 12, true},
+      {"fwd+bwd: PyTorch default (dense) / ours, dense", torch("fwd_bwd_dense") / ours("fwd_bwd_dense"), 12, true},
+      {"fwd+bwd: PyTorch sparse=True / ours, row-sparse", torch("fwd_bwd_sparse") / ours("fwd_bwd_sparse"), NAN, true},
+  };
+  Json out = Json::array();
+  if (!quiet) std::printf("\ntargets (issue 5), GPT-2 shape, ratios of medians from this run:\n");
+  for (const Target& t : list) {
+    if (std::isnan(t.value)) continue;  // no PyTorch numbers (run without --torch)
+    const bool has_goal = !std::isnan(t.goal);
+    const bool met = has_goal && (t.at_least ? t.value >= t.goal : t.value <= t.goal);
+    Json j = {{"what", t.what}, {"value", t.value}};
+    if (has_goal) j["goal"] = t.goal, j["at_least"] = t.at_least, j["met"] = met;
+    out.push_back(j);
+    if (!quiet) {
+      const std::string goal = has_goal ? std::string(t.at_least ? ">= " : "<= ") + format_number(t.goal) : "-";
+      std::printf("  %-52s %7.2f  goal %-6s %s\n", t.what.c_str(), t.value, goal.c_str(),
+                  has_goal ? (met ? "met" : "NOT MET") : "(like for like)");
+    }
+  }
+  return out;
+}
 
 void run_bench(const BenchOptions& o) {
   if (o.threads < 1) throw Error("--threads " + std::to_string(o.threads) + " must be >= 1");
@@ -415,15 +472,17 @@ void run_bench(const BenchOptions& o) {
   report["machine"] = {{"cpu", cpu_model()}, {"simd_target", simd::target_name()},
                        {"threads", o.threads}};
   report["probe"] = {{"triad_gbps", probe.triad_gbps}, {"copy_gbps", probe.copy_gbps},
-                     {"gbps", probe.gbps()}, {"triad_bytes", probe.bytes}};
+                     {"stream_add_gbps", probe.stream_add_gbps}, {"gbps", probe.gbps()},
+                     {"triad_bytes", probe.bytes}};
   report["rounds"] = o.rounds;
   if (o.torch) report["torch"] = torch_info;
   if (!o.json) {
     std::printf("posembed bench: %s, SIMD target %s, %d thread(s), %d round(s)%s\n", cpu_model().c_str(),
                 simd::target_name(), o.threads, o.rounds,
                 o.torch ? (", PyTorch " + torch_info.value("version", std::string("?")) + " eager").c_str() : "");
-    std::printf("bandwidth probe (best run): triad %.1f GB/s, memcpy %.1f GB/s -> probe %.1f GB/s\n",
-                probe.triad_gbps, probe.copy_gbps, probe.gbps());
+    std::printf("bandwidth probe (best run): triad %.1f GB/s, memcpy %.1f GB/s, streaming add %.1f GB/s -> "
+                "probe %.1f GB/s\n",
+                probe.triad_gbps, probe.copy_gbps, probe.stream_add_gbps, probe.gbps());
     std::printf("times: median over rounds of each round's median; min: fastest run; spread: slowest / "
                 "fastest round median; ratio: PyTorch's time / ours (median, and fastest runs)\n");
   }
@@ -470,6 +529,7 @@ void run_bench(const BenchOptions& o) {
                     spread, row.first.bytes / 1e6, gbps, 100 * gbps / probe.gbps(), torch_text.c_str());
       }
     }
+    if (shapes[si].name == "gpt2") js["targets"] = targets(js, probe, o.json);
     report["shapes"].push_back(js);
   }
   if (o.json) std::printf("%s\n", report.dump(2).c_str());
