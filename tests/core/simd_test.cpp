@@ -109,8 +109,7 @@ TEST(SimdDropout, AddMatchesTheMaskDefinitionBitForBit) {
           for (std::size_t j = 0; j < n; ++j) {
             const float sum = a[j] + b[j];
             expected[j] = p == 0 ? sum
-                          : philox_bits(spec.seed, spec.step, RandomStream::dropout, first + j) >=
-                                  dropout_threshold(p)
+                          : dropout_draw(spec.seed, spec.step, first + j) >= dropout_threshold(p)
                               ? sum * dropout_scale(p)
                               : 0.0f;
           }
@@ -175,6 +174,36 @@ TEST(SimdDropout, AccumulateMatchesDoubleReference) {
             ASSERT_EQ(as_bits(pos_b), as_bits(pos_a));
           }
         }
+      }
+    }
+  });
+}
+
+// The kernels decide on the high half of a draw and draw the low half only on a
+// tie. Thresholds made to tie with chosen elements' high halves, with the low
+// half just above, equal to and just below the threshold's: each tied element
+// must come out as the full 32-bit comparison says.
+TEST(SimdDropout, TiesOnTheHighHalfAreDecidedByTheLowHalf) {
+  const std::uint64_t seed = 99, step = 4, first = 1000;
+  const std::size_t n = 64;
+  const auto a = test::random_floats(n, 21), b = test::random_floats(n, 22);
+  for_each_target([&] {
+    for (const std::size_t tied : {std::size_t{0}, std::size_t{7}, std::size_t{33}, n - 1}) {
+      const std::uint32_t draw = dropout_draw(seed, step, first + tied);
+      for (const std::int64_t delta : {-1, 0, 1}) {
+        const auto threshold = static_cast<std::uint32_t>(static_cast<std::int64_t>(draw) + delta);
+        if (threshold >> 16 != draw >> 16) continue;  // the low half would wrap: no tie
+        const simd::DropoutMask mask{philox_key(seed), step, threshold, 2.0f, true};
+        std::vector<float> out(n), grad_tok(n, 0.0f);
+        simd::add_dropout(out.data(), a.data(), b.data(), n, first, mask);
+        simd::accumulate_dropout(grad_tok.data(), nullptr, a.data(), n, first, mask);
+        for (std::size_t j = 0; j < n; ++j) {
+          const bool keep = dropout_draw(seed, step, first + j) >= threshold;
+          ASSERT_EQ(out[j] != 0.0f, keep) << "element " << j << " tied with " << tied << " delta " << delta;
+          ASSERT_EQ(grad_tok[j] != 0.0f, keep) << "element " << j;
+        }
+        // The tied element itself: kept exactly when its low half reaches the threshold's.
+        ASSERT_EQ(out[tied] != 0.0f, delta <= 0);
       }
     }
   });

@@ -2,7 +2,7 @@
 //
 // Forward is one pass (gather, add, inverted dropout). The dropout mask is never
 // stored: element i of the output (flat index (b*T + t)*d + j) is kept when
-// philox_bits(seed, step, dropout stream, i) >= round(p * 2^32), so backward
+// dropout_draw(seed, step, i) >= round(p * 2^32) (philox.h), so backward
 // regenerates exactly the mask forward used, on any thread count.
 #pragma once
 

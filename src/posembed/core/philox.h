@@ -41,6 +41,7 @@ enum class RandomStream : std::uint32_t {
   model_init = 4,      // trainer: every other parameter of the model
   model_dropout = 5,   // trainer: residual and attention dropout
   data_sampling = 6,   // trainer: batch sampling
+  dropout_low = 7,     // the low halves of the layer's dropout draws (dropout_draw)
 };
 
 // Counter layout, documented because it fixes every random bit posembed makes:
@@ -67,6 +68,26 @@ inline constexpr std::uint64_t kMaxRandomStep = (std::uint64_t{1} << 48) - 1;
 constexpr std::uint32_t philox_bits(std::uint64_t seed, std::uint64_t step, RandomStream stream,
                                     std::uint64_t index) {
   return philox4x32_10(philox_counter(index >> 2, step, stream), philox_key(seed))[index & 3];
+}
+
+// 16-bit word (index mod 8) of block index / 8 of a stream: the block's four
+// 32-bit words as eight little-endian halves.
+constexpr std::uint32_t philox_half(PhiloxKey key, std::uint64_t step, RandomStream stream,
+                                    std::uint64_t index) {
+  const std::uint32_t word = philox4x32_10(philox_counter(index >> 3, step, stream), key)[(index >> 1) & 3];
+  return (word >> (16 * (index & 1))) & 0xFFFFu;
+}
+
+// The layer's 32-bit dropout draw for flat element `index`: its high half from
+// the dropout stream, its low half from dropout_low. An element is kept when the
+// draw is >= round(p * 2^32) (embedding.h). The kernels compare the high half
+// with the threshold's high half first and draw the low half only on a tie, one
+// element in 65536: one Philox block serves 8 elements, not 4, and the keep rate
+// is still 1 - p to within 2^-32.
+constexpr std::uint32_t dropout_draw(std::uint64_t seed, std::uint64_t step, std::uint64_t index) {
+  const PhiloxKey key = philox_key(seed);
+  return philox_half(key, step, RandomStream::dropout, index) << 16 |
+         philox_half(key, step, RandomStream::dropout_low, index);
 }
 
 }  // namespace posembed

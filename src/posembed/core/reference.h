@@ -1,6 +1,6 @@
 // Plain-loop references of the optimized kernels, templated on the scalar type.
 // Tests run them in double as the oracle. They share only the mask definition
-// (philox_bits) with the fast path, since the mask is part of the layer's spec.
+// (dropout_draw) with the fast path, since the mask is part of the layer's spec.
 #pragma once
 
 #include <cmath>
@@ -15,8 +15,7 @@ namespace posembed::reference {
 template <class T>
 T dropout_factor(const DropoutSpec& dropout, std::uint64_t flat_index) {
   if (dropout.p == 0.0) return T(1);
-  const bool keep = philox_bits(dropout.seed, dropout.step, RandomStream::dropout, flat_index) >=
-                    dropout_threshold(dropout.p);
+  const bool keep = dropout_draw(dropout.seed, dropout.step, flat_index) >= dropout_threshold(dropout.p);
   return keep ? T(1) / (T(1) - T(dropout.p)) : T(0);
 }
 

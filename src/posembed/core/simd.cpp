@@ -134,13 +134,28 @@ HWY_INLINE void StorePart(hn::Vec<D> v, D d, T* HWY_RESTRICT p, std::size_t coun
 #endif
 }
 
-// Calls body(j, count, keep_bits) over [0, n) in vectors of `lanes`, aligned so
+// Words of a buffer for the draws of up to kTile + kMaxLanes elements: 8 per
+// Philox block of 4 words, plus a block for the first element's offset in its block.
+constexpr std::size_t kDrawWords = (kTile + kMaxLanes) / 2 + 8;
+
+// The high halves of the dropout draws (dropout_draw, philox.h) of elements
+// first .. first + n - 1, n <= kTile + kMaxLanes, into bits: 16-bit word
+// (i mod 8) of block i / 8 of the dropout stream. Returns element first's.
+HWY_INLINE const std::uint16_t* DrawHighHalves(std::uint32_t* HWY_RESTRICT bits, std::uint64_t first,
+                                               std::size_t n, const DropoutMask& mask) {
+  const auto skip = static_cast<std::size_t>(first & 7);
+  PhiloxBlocks(bits, philox_counter(first >> 3, mask.step, RandomStream::dropout), mask.key, (skip + n + 7) / 8);
+  return reinterpret_cast<const std::uint16_t*>(bits) + skip;
+}
+
+// Calls body(j, count, high) over [0, n) in vectors of `lanes`, aligned so
 // that each full vector of `aligned` (the array written) starts on a vector
 // boundary: a partial head, full vectors, a partial tail. Aligned stores never
 // split a cache line, and the vectors of two threads writing neighbouring column
-// strips never share one. keep_bits points at the mask words of elements
-// first + j.. (null without an active mask); the bits come from one Philox batch
-// per tile of about kTile elements, whose edges fall on vector boundaries.
+// strips never share one. high points at the high halves of the dropout draws
+// of elements first + j.. (null without an active mask); they come from one
+// Philox batch per tile of about kTile elements, whose edges fall on vector
+// boundaries.
 template <class Body>
 HWY_INLINE void ForEachVector(std::size_t n, const float* aligned, std::uint64_t first,
                               const DropoutMask& mask, std::size_t lanes, Body&& body) {
@@ -149,24 +164,20 @@ HWY_INLINE void ForEachVector(std::size_t n, const float* aligned, std::uint64_t
   // Elements before the first vector boundary (0 when the array is float-misaligned).
   const std::size_t head =
       address % sizeof(float) ? 0 : (vector_bytes - address % vector_bytes) % vector_bytes / sizeof(float);
-  const auto vectors = [&](std::size_t j0, std::size_t j1, const std::uint32_t* words) {
+  const auto vectors = [&](std::size_t j0, std::size_t j1, const std::uint16_t* high) {
     std::size_t j = j0;
     if (j == 0 && head > 0) {
       const std::size_t count = std::min(head, j1);
-      body(j, count, words);
+      body(j, count, high);
       j += count;
     }
-    for (; j < j1; j += lanes) body(j, std::min(lanes, j1 - j), words ? words + (j - j0) : nullptr);
+    for (; j < j1; j += lanes) body(j, std::min(lanes, j1 - j), high ? high + (j - j0) : nullptr);
   };
   if (!mask.active) return vectors(0, n, nullptr);
-  HWY_ALIGN std::uint32_t bits[kTile + kMaxLanes + 4];  // a tile, its head, and the block's skip
+  HWY_ALIGN std::uint32_t bits[kDrawWords];
   for (std::size_t t0 = 0; t0 < n;) {
     const std::size_t t1 = std::min(n, t0 == 0 ? head % lanes + kTile : t0 + kTile);
-    const std::uint64_t i0 = first + t0;
-    const std::size_t skip = static_cast<std::size_t>(i0 & 3);
-    PhiloxBlocks(bits, philox_counter(i0 >> 2, mask.step, RandomStream::dropout), mask.key,
-                 (skip + (t1 - t0) + 3) / 4);
-    vectors(t0, t1, bits + skip);
+    vectors(t0, t1, DrawHighHalves(bits, first + t0, t1 - t0, mask));
     t0 = t1;
   }
 }
@@ -182,13 +193,36 @@ HWY_INLINE void PrefetchRow(const float* row, std::size_t n) {
   for (std::size_t j = 0; j < n; j += 64 / sizeof(float)) __builtin_prefetch(row + j, kForWrite ? 1 : 0, 1);
 }
 
-// v * mask: zero where the element's draw is below the threshold, v * scale elsewhere.
+// Which of the tied lanes (high half of the draw equal to the threshold's) the
+// low half drops: one element in 65536, so the low halves are drawn one by one.
+template <class DU>
+HWY_NOINLINE hn::Mask<DU> TiesDropped(DU du, hn::Mask<DU> tie, std::uint64_t index, std::size_t count,
+                                      const DropoutMask& mask) {
+  HWY_ALIGN std::uint32_t tied[kMaxLanes] = {}, dropped[kMaxLanes] = {};
+  hn::Store(hn::VecFromMask(du, tie), du, tied);
+  for (std::size_t k = 0; k < count; ++k) {
+    if (tied[k] != 0 &&
+        philox_half(mask.key, mask.step, RandomStream::dropout_low, index + k) < (mask.threshold & 0xFFFFu)) {
+      dropped[k] = ~0u;
+    }
+  }
+  return hn::Ne(hn::Load(du, dropped), hn::Zero(du));
+}
+
+// v * mask for elements index .. index + count - 1, whose draws' high halves
+// are at `high` (null: no mask): zero where the draw is below the threshold,
+// v * scale elsewhere.
 template <class DF>
-HWY_INLINE hn::Vec<DF> ApplyMask(DF df, hn::Vec<DF> v, const std::uint32_t* words, std::size_t count,
-                                 const DropoutMask& mask) {
-  if (!words) return v;
+HWY_INLINE hn::Vec<DF> ApplyMask(DF df, hn::Vec<DF> v, const std::uint16_t* high, std::uint64_t index,
+                                 std::size_t count, const DropoutMask& mask) {
+  if (!high) return v;
   const hn::RebindToUnsigned<DF> du;
-  const auto dropped = hn::Lt(LoadPart(du, words, count), hn::Set(du, mask.threshold));
+  const hn::Rebind<std::uint16_t, decltype(du)> d16;
+  const auto draw_high = hn::PromoteTo(du, LoadPart(d16, high, count));
+  const auto threshold_high = hn::Set(du, mask.threshold >> 16);
+  auto dropped = hn::Lt(draw_high, threshold_high);
+  const auto tie = hn::Eq(draw_high, threshold_high);
+  if (HWY_UNLIKELY(!hn::AllFalse(du, tie))) dropped = hn::Or(dropped, TiesDropped(du, tie, index, count, mask));
   return hn::IfThenZeroElse(hn::RebindMask(df, dropped), hn::Mul(v, hn::Set(df, mask.scale)));
 }
 
@@ -196,9 +230,9 @@ void AddDropout(float* HWY_RESTRICT out, const float* HWY_RESTRICT a, const floa
                 std::size_t n, std::uint64_t first, const DropoutMask& mask, bool stream) {
   const hn::ScalableTag<float> df;
   const std::size_t lanes = hn::Lanes(df);
-  ForEachVector(n, out, first, mask, lanes, [&](std::size_t j, std::size_t count, const std::uint32_t* words) {
-    const auto v = ApplyMask(df, hn::Add(LoadPart(df, a + j, count), LoadPart(df, b + j, count)), words,
-                             count, mask);
+  ForEachVector(n, out, first, mask, lanes, [&](std::size_t j, std::size_t count, const std::uint16_t* high) {
+    const auto v = ApplyMask(df, hn::Add(LoadPart(df, a + j, count), LoadPart(df, b + j, count)), high,
+                             first + j, count, mask);
     // A full vector is aligned to `out` here (ForEachVector), as Stream requires.
     if (stream && count == lanes) return hn::Stream(v, df, out + j);
     StorePart(v, df, out + j, count);
@@ -213,13 +247,11 @@ const float* MaskedGradient(float* HWY_RESTRICT v, const float* HWY_RESTRICT gra
   if (!mask.active) return grad;
   const hn::ScalableTag<float> df;
   const std::size_t lanes = hn::Lanes(df);
-  HWY_ALIGN std::uint32_t bits[kTile + 4];
-  const std::size_t skip = static_cast<std::size_t>(first & 3);
-  PhiloxBlocks(bits, philox_counter(first >> 2, mask.step, RandomStream::dropout), mask.key,
-               (skip + n + 3) / 4);
+  HWY_ALIGN std::uint32_t bits[kDrawWords];
+  const std::uint16_t* high = DrawHighHalves(bits, first, n, mask);
   for (std::size_t j = 0; j < n; j += lanes) {
     const std::size_t count = std::min(lanes, n - j);
-    StorePart(ApplyMask(df, LoadPart(df, grad + j, count), bits + skip + j, count, mask), df, v + j, count);
+    StorePart(ApplyMask(df, LoadPart(df, grad + j, count), high + j, first + j, count, mask), df, v + j, count);
   }
   return v;
 }

@@ -26,7 +26,7 @@ const char* target_name();
 void philox_blocks(std::uint32_t* out, PhiloxCounter first, PhiloxKey key, std::size_t blocks);
 
 // The dropout mask of philox.h/embedding.h: element i is kept iff
-// philox_bits(seed, step, dropout, i) >= threshold. active == false: keep all, no scale.
+// dropout_draw(seed, step, i) >= threshold. active == false: keep all, no scale.
 struct DropoutMask {
   PhiloxKey key{};
   std::uint64_t step = 0;
