@@ -156,9 +156,11 @@ HWY_INLINE const std::uint16_t* DrawHighHalves(std::uint32_t* HWY_RESTRICT bits,
 // of elements first + j.. (null without an active mask); they come from one
 // Philox batch per tile of about kTile elements, whose edges fall on vector
 // boundaries.
+// drawn: null, or the high halves already drawn for all n elements.
 template <class Body>
 HWY_INLINE void ForEachVector(std::size_t n, const float* aligned, std::uint64_t first,
-                              const DropoutMask& mask, std::size_t lanes, Body&& body) {
+                              const DropoutMask& mask, const std::uint16_t* drawn, std::size_t lanes,
+                              Body&& body) {
   const std::size_t vector_bytes = lanes * sizeof(float);
   const auto address = reinterpret_cast<std::uintptr_t>(aligned);
   // Elements before the first vector boundary (0 when the array is float-misaligned).
@@ -174,6 +176,7 @@ HWY_INLINE void ForEachVector(std::size_t n, const float* aligned, std::uint64_t
     for (; j < j1; j += lanes) body(j, std::min(lanes, j1 - j), high ? high + (j - j0) : nullptr);
   };
   if (!mask.active) return vectors(0, n, nullptr);
+  if (drawn) return vectors(0, n, drawn);
   HWY_ALIGN std::uint32_t bits[kDrawWords];
   for (std::size_t t0 = 0; t0 < n;) {
     const std::size_t t1 = std::min(n, t0 == 0 ? head % lanes + kTile : t0 + kTile);
@@ -226,17 +229,24 @@ HWY_INLINE hn::Vec<DF> ApplyMask(DF df, hn::Vec<DF> v, const std::uint16_t* high
   return hn::IfThenZeroElse(hn::RebindMask(df, dropped), hn::Mul(v, hn::Set(df, mask.scale)));
 }
 
-void AddDropout(float* HWY_RESTRICT out, const float* HWY_RESTRICT a, const float* HWY_RESTRICT b,
-                std::size_t n, std::uint64_t first, const DropoutMask& mask, bool stream) {
+// drawn: as ForEachVector's.
+void AddDropoutDrawn(float* HWY_RESTRICT out, const float* HWY_RESTRICT a, const float* HWY_RESTRICT b,
+                     std::size_t n, std::uint64_t first, const DropoutMask& mask, bool stream,
+                     const std::uint16_t* drawn) {
   const hn::ScalableTag<float> df;
   const std::size_t lanes = hn::Lanes(df);
-  ForEachVector(n, out, first, mask, lanes, [&](std::size_t j, std::size_t count, const std::uint16_t* high) {
+  ForEachVector(n, out, first, mask, drawn, lanes, [&](std::size_t j, std::size_t count, const std::uint16_t* high) {
     const auto v = ApplyMask(df, hn::Add(LoadPart(df, a + j, count), LoadPart(df, b + j, count)), high,
                              first + j, count, mask);
     // A full vector is aligned to `out` here (ForEachVector), as Stream requires.
     if (stream && count == lanes) return hn::Stream(v, df, out + j);
     StorePart(v, df, out + j, count);
   });
+}
+
+void AddDropout(float* HWY_RESTRICT out, const float* HWY_RESTRICT a, const float* HWY_RESTRICT b,
+                std::size_t n, std::uint64_t first, const DropoutMask& mask, bool stream) {
+  AddDropoutDrawn(out, a, b, n, first, mask, stream, nullptr);
 }
 
 // v[j] = grad[j] * mask(first + j), j < n <= kTile: the masked gradient of one
@@ -294,15 +304,27 @@ void AccumulateDropout(float* tok, float* pos, const float* HWY_RESTRICT grad, s
   if (tok_is_zero) hwy::FlushStream();
 }
 
+// Rows whose mask draws share one Philox batch: the rows are consecutive in
+// flat order, and a batch of several short rows keeps four vectors of counters
+// in flight where one row alone would leave a single chain (d = 128: 16 blocks).
+std::size_t RowsPerDraw(std::size_t d, const DropoutMask& mask) {
+  return mask.active && d <= kTile ? kTile / d : 0;  // 0: each row draws for itself
+}
+
 // Rows [r0, r1) of the fused forward, prefetching the token row two ahead.
 void ForwardRows(float* HWY_RESTRICT out, const float* HWY_RESTRICT token_table,
                  const std::int64_t* HWY_RESTRICT token_ids, const float* HWY_RESTRICT position_table,
                  const std::int64_t* HWY_RESTRICT position_ids, std::size_t d, std::size_t r0,
                  std::size_t r1, const DropoutMask& mask, bool stream) {
+  HWY_ALIGN std::uint32_t bits[kDrawWords];
+  const std::size_t batch = RowsPerDraw(d, mask);
+  const std::uint16_t* drawn = nullptr;
   for (std::size_t r = r0; r < r1; ++r) {
+    if (batch > 0 && (r - r0) % batch == 0) drawn = DrawHighHalves(bits, r * d, std::min(batch, r1 - r) * d, mask);
     if (r + 2 < r1) PrefetchRow(token_table + static_cast<std::size_t>(token_ids[r + 2]) * d, d);
-    AddDropout(out + r * d, token_table + static_cast<std::size_t>(token_ids[r]) * d,
-               position_table + static_cast<std::size_t>(position_ids[r]) * d, d, r * d, mask, stream);
+    AddDropoutDrawn(out + r * d, token_table + static_cast<std::size_t>(token_ids[r]) * d,
+                    position_table + static_cast<std::size_t>(position_ids[r]) * d, d, r * d, mask, stream,
+                    drawn ? drawn + (r - r0) % batch * d : nullptr);
   }
   // Streaming stores are weakly ordered: make them visible before the caller's
   // threads join.
@@ -343,10 +365,15 @@ void BackwardStrip(float* token_grad, const std::int64_t* HWY_RESTRICT token_row
     }
   };
   const std::int64_t steps = static_cast<std::int64_t>(n) + (lo < 0 ? 1 : 0);
-  for (std::int64_t r = 0; r < steps; ++r) {
-    if (r + 2 < static_cast<std::int64_t>(n)) {  // rows two tokens ahead
-      const auto ahead = static_cast<std::size_t>(r + 2);
-      // Only this thread's columns: prefetching the other's would pull lines it writes.
+  // A strip of whole rows (one thread) takes several short rows per step: one
+  // Philox batch for all of them (RowsPerDraw).
+  const std::int64_t group =
+      lo == 0 && hi == sd ? std::max<std::int64_t>(1, static_cast<std::int64_t>(RowsPerDraw(d, mask))) : 1;
+  for (std::int64_t r = 0; r < steps; r += group) {
+    // The tokens two steps ahead, only this thread's columns of their token rows:
+    // prefetching the other thread's would pull lines it writes.
+    for (std::int64_t t = r + 2 * group; t < std::min(r + 3 * group, static_cast<std::int64_t>(n)); ++t) {
+      const auto ahead = static_cast<std::size_t>(t);
       if (token_grad) {
         const auto from = static_cast<std::size_t>(std::max<std::int64_t>(token_cols[0], 0));
         PrefetchRow</*kForWrite=*/true>(token_grad + static_cast<std::size_t>(token_rows[ahead]) * d + from,
@@ -355,13 +382,16 @@ void BackwardStrip(float* token_grad, const std::int64_t* HWY_RESTRICT token_row
       PrefetchRow(grad_out + ahead * d + static_cast<std::size_t>(std::max<std::int64_t>(lo, 0)),
                   static_cast<std::size_t>(hi - std::max<std::int64_t>(lo, 0)));
     }
-    const std::int64_t f0 = std::max<std::int64_t>(0, r * sd + lo), f1 = std::min(total, r * sd + hi);
+    const std::int64_t last = std::min(r + group, steps) - 1;  // the group's tokens: r .. last
+    const std::int64_t f0 = std::max<std::int64_t>(0, r * sd + lo), f1 = std::min(total, last * sd + hi);
     for (std::int64_t c0 = f0; c0 < f1; c0 += static_cast<std::int64_t>(kTile)) {
       const std::int64_t c1 = std::min(f1, c0 + static_cast<std::int64_t>(kTile));
       const float* masked = MaskedGradient(v, grad_out + c0, static_cast<std::size_t>(c1 - c0),
                                            static_cast<std::uint64_t>(c0), mask);
-      if (token_grad) add(token_grad, token_rows, token_first, token_cols, r, c0, c1, masked);
-      if (position_grad) add(position_grad, position_rows, nullptr, position_cols, r, c0, c1, masked);
+      for (std::int64_t t = r; t <= last; ++t) {
+        if (token_grad) add(token_grad, token_rows, token_first, token_cols, t, c0, c1, masked);
+        if (position_grad) add(position_grad, position_rows, nullptr, position_cols, t, c0, c1, masked);
+      }
     }
   }
   if (token_first) hwy::FlushStream();
