@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <span>
 #include <tuple>
 #include <vector>
 
@@ -232,6 +233,20 @@ TEST(Dropout, StepsAndSeedsChangeTheMask) {
 
 // Determinism across thread counts: threads_test.cpp, at a size where the
 // threads really split the work.
+
+// A gradient of 16 MiB and more is cleared with streaming stores: every value,
+// from a start anywhere in a vector, and nothing around it.
+TEST(ZeroGrad, ClearsLargeGradientsExactlyInPlace) {
+  const std::size_t n = (std::size_t{16} << 20) / sizeof(float) + 77;
+  for (const std::size_t offset : {0, 3}) {
+    std::vector<float> buffer(n + offset + 5, 1.5f);
+    zero_grad(std::span<float>(buffer.data() + offset, n));
+    for (std::size_t i = 0; i < buffer.size(); ++i) {
+      const bool inside = i >= offset && i < offset + n;
+      ASSERT_EQ(buffer[i], inside ? 0.0f : 1.5f) << "index " << i << " offset " << offset;
+    }
+  }
+}
 
 TEST(SparseGrad, AccumulatesAcrossBatchesAndZeroes) {
   const Problem a = make_problem(2, 6, 4, 61), b = make_problem(1, 9, 4, 62);

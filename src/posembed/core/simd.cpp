@@ -397,6 +397,16 @@ void BackwardStrip(float* token_grad, const std::int64_t* HWY_RESTRICT token_row
   if (token_first) hwy::FlushStream();
 }
 
+void StreamZeros(float* HWY_RESTRICT out, std::size_t n) {
+  const hn::ScalableTag<float> df;
+  const std::size_t lanes = hn::Lanes(df);
+  ForEachVector(n, out, 0, DropoutMask{}, nullptr, lanes, [&](std::size_t j, std::size_t count, const std::uint16_t*) {
+    if (count == lanes) return hn::Stream(hn::Zero(df), df, out + j);  // aligned: after the head
+    StorePart(hn::Zero(df), df, out + j, count);
+  });
+  hwy::FlushStream();
+}
+
 void AdamW(float* HWY_RESTRICT param, const float* HWY_RESTRICT grad, float* HWY_RESTRICT m,
            float* HWY_RESTRICT v, std::size_t n, const AdamWCoefficients& c) {
   const hn::ScalableTag<float> df;
@@ -430,6 +440,7 @@ HWY_EXPORT(PhiloxBlocks);
 HWY_EXPORT(AddDropout);
 HWY_EXPORT(AccumulateDropout);
 HWY_EXPORT(AdamW);
+HWY_EXPORT(StreamZeros);
 HWY_EXPORT(ForwardRows);
 HWY_EXPORT(BackwardStrip);
 
@@ -463,6 +474,8 @@ void backward_strip(float* token_grad, const std::int64_t* token_rows, const std
   HWY_DYNAMIC_DISPATCH(BackwardStrip)(token_grad, token_rows, token_first, token_cols, position_grad,
                                       position_rows, position_cols, grad_out, d, n, mask);
 }
+
+void stream_zeros(float* out, std::size_t n) { HWY_DYNAMIC_DISPATCH(StreamZeros)(out, n); }
 
 void adamw(float* param, const float* grad, float* m, float* v, std::size_t n,
            const AdamWCoefficients& c) {

@@ -71,6 +71,9 @@ void backward_strip(float* token_grad, const std::int64_t* token_rows, const std
                     const std::int64_t* position_cols, const float* grad_out, std::size_t d, std::size_t n,
                     const DropoutMask& mask);
 
+// out[j] = 0, j < n, with non-temporal stores past the cache, then a store fence.
+void stream_zeros(float* out, std::size_t n);
+
 // One AdamW element update, in the order of optim.cpp's scalar definition:
 //   p *= decay; m = beta1*m + (1-beta1)*g; v = beta2*v + (1-beta2)*g*g;
 //   p -= step_size * m / (sqrt(v) / sqrt_correction2 + eps)
