@@ -9,12 +9,14 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "core/test_util.h"
 #include "posembed/core/embedding.h"
 #include "posembed/core/optim.h"
+#include "posembed/core/parallel.h"
 #include "posembed/core/philox.h"
 #include "posembed/core/reference.h"
 #include "posembed/core/simd.h"
@@ -133,80 +135,100 @@ TEST(SimdDropout, AddMatchesTheMaskDefinitionBitForBit) {
   });
 }
 
-TEST(SimdDropout, AccumulateMatchesDoubleReference) {
-  for_each_target([] {
-    for (const double p : {0.0, 0.3}) {
-      const DropoutSpec spec{p, 5, 6};
-      for (const std::size_t n : kLengths) {
-        auto grad = test::random_floats(n, 3);
-        grad[n / 2] = -0.0f;  // kept, it adds -0 to a row: only a zero row turns it into +0
-        const auto tok0 = test::random_floats(n, 4), pos0 = test::random_floats(n, 5);
-        for (const std::uint64_t first : kFirsts) {
-          std::vector<double> ref_tok(n), ref_pos(n), tol(n);
-          for (std::size_t j = 0; j < n; ++j) {
-            const double g = grad[j] * reference::dropout_factor<double>(spec, first + j);
-            ref_tok[j] = tok0[j] + g;
-            ref_pos[j] = pos0[j] + g;
-            // g * rounded scale, then one add: 2 roundings of values below 2 / (1 - p).
-            tol[j] = 2 * kEps * 2 / (1 - p);
-          }
-          for (const std::size_t offset : kOffsets) {
-            std::vector<float> tok(offset), pos(offset);
-            tok.insert(tok.end(), tok0.begin(), tok0.end());
-            pos.insert(pos.end(), pos0.begin(), pos0.end());
-            simd::accumulate_dropout(tok.data() + offset, pos.data() + offset, grad.data(), n, first,
-                                     mask_of(spec));
-            tok.erase(tok.begin(), tok.begin() + static_cast<std::ptrdiff_t>(offset));
-            pos.erase(pos.begin(), pos.begin() + static_cast<std::ptrdiff_t>(offset));
-            test::expect_near_each(tok, ref_tok, tol, "tok");
-            test::expect_near_each(pos, ref_pos, tol, "pos");
-            // A frozen table (null) leaves the other one exactly as with both.
-            std::vector<float> only_pos = pos0;
-            simd::accumulate_dropout(nullptr, only_pos.data(), grad.data(), n, first, mask_of(spec));
-            ASSERT_EQ(as_bits(only_pos), as_bits(pos));
-            // A row known to be zero is written without being read: the same bits
-            // as accumulating into zeros, whatever the memory held.
-            std::vector<float> zeros(n, 0.0f), garbage(n, std::nanf("")), pos_a = pos0, pos_b = pos0;
-            simd::accumulate_dropout(zeros.data(), pos_a.data(), grad.data(), n, first, mask_of(spec));
-            simd::accumulate_dropout(garbage.data(), pos_b.data(), grad.data(), n, first, mask_of(spec),
-                                     /*tok_is_zero=*/true);
-            ASSERT_EQ(as_bits(garbage), as_bits(zeros));
-            ASSERT_EQ(as_bits(pos_b), as_bits(pos_a));
-          }
-        }
-      }
-    }
-  });
+// The layer's kernels through the public API on every instruction set and on 1,
+// 2 and 3 threads, against a float oracle that does the same operations in the
+// same order (so: bit for bit). Shapes where the backward splits into strips
+// (768: whole cache lines per row, with gradients starting at different offsets
+// into a line, so the first strip takes the row tails), short rows that share one
+// batch of draws (128, with a padding position) and rows longer than a batch
+// (1030). The dropout rates include thresholds that tie with chosen elements'
+// high halves, in a row's tail and in its middle, decided by the low half.
+struct KernelCase {
+  EmbeddingShape shape;
+  std::vector<std::int64_t> tokens, positions;
+  std::vector<float> token_table, position_table, grad_out;
+};
+
+KernelCase kernel_case(std::int64_t batch, std::int64_t seq_len, std::int64_t vocab, std::int64_t dim,
+                       std::int64_t padding_row, std::uint32_t seed) {
+  KernelCase c;
+  c.shape = {batch, seq_len, vocab, seq_len, dim, padding_row};
+  const auto n = static_cast<std::size_t>(batch * seq_len), d = static_cast<std::size_t>(dim);
+  c.tokens = test::random_ids(n, vocab, seed);
+  c.positions = test::random_ids(n, seq_len, seed + 1);
+  c.token_table = test::random_floats(static_cast<std::size_t>(vocab) * d, seed + 2);
+  c.position_table = test::random_floats(static_cast<std::size_t>(seq_len) * d, seed + 3);
+  c.grad_out = test::random_floats(n * d, seed + 4);
+  return c;
 }
 
-// The kernels decide on the high half of a draw and draw the low half only on a
-// tie. Thresholds made to tie with chosen elements' high halves, with the low
-// half just above, equal to and just below the threshold's: each tied element
-// must come out as the full 32-bit comparison says.
-TEST(SimdDropout, TiesOnTheHighHalfAreDecidedByTheLowHalf) {
-  const std::uint64_t seed = 99, step = 4, first = 1000;
-  const std::size_t n = 64;
-  const auto a = test::random_floats(n, 21), b = test::random_floats(n, 22);
-  for_each_target([&] {
-    for (const std::size_t tied : {std::size_t{0}, std::size_t{7}, std::size_t{33}, n - 1}) {
-      const std::uint32_t draw = dropout_draw(seed, step, first + tied);
-      for (const std::int64_t delta : {-1, 0, 1}) {
-        const auto threshold = static_cast<std::uint32_t>(static_cast<std::int64_t>(draw) + delta);
-        if (threshold >> 16 != draw >> 16) continue;  // the low half would wrap: no tie
-        const simd::DropoutMask mask{philox_key(seed), step, threshold, 2.0f, true};
-        std::vector<float> out(n), grad_tok(n, 0.0f);
-        simd::add_dropout(out.data(), a.data(), b.data(), n, first, mask);
-        simd::accumulate_dropout(grad_tok.data(), nullptr, a.data(), n, first, mask);
-        for (std::size_t j = 0; j < n; ++j) {
-          const bool keep = dropout_draw(seed, step, first + j) >= threshold;
-          ASSERT_EQ(out[j] != 0.0f, keep) << "element " << j << " tied with " << tied << " delta " << delta;
-          ASSERT_EQ(grad_tok[j] != 0.0f, keep) << "element " << j;
-        }
-        // The tied element itself: kept exactly when its low half reaches the threshold's.
-        ASSERT_EQ(out[tied] != 0.0f, delta <= 0);
+TEST(SimdKernels, ForwardAndBackwardMatchAFloatOracleOnEveryTargetAndThreadCount) {
+  const KernelCase cases[] = {kernel_case(2, 64, 37, 768, -1, 31), kernel_case(4, 40, 23, 128, 1, 41),
+                              kernel_case(3, 40, 11, 1030, -1, 51)};
+  for (const KernelCase& c : cases) {
+    const EmbeddingShape& s = c.shape;
+    const auto n = static_cast<std::size_t>(s.batch * s.seq_len), d = static_cast<std::size_t>(s.embed_dim);
+    const std::uint64_t seed = 2024, step = 3;
+    // p = 0.1, and thresholds equal to (and one above) the draws of an element in
+    // token 5's row tail and one in token 9's middle: p * 2^32 is exact in double.
+    std::vector<double> rates = {0.1};
+    for (const std::uint64_t chosen : {5 * d + d - 2, 9 * d + d / 2 + 3}) {
+      for (const std::uint32_t above : {0u, 1u}) {
+        rates.push_back((dropout_draw(seed, step, chosen) + above) / 4294967296.0);
       }
     }
-  });
+    for (const double p : rates) {
+      const DropoutSpec dropout{p, seed, step};
+      const float scale = dropout_scale(p);
+      const auto masked = [&](std::size_t i, float x) {
+        return dropout_draw(seed, step, i) >= dropout_threshold(p) ? x * scale : 0.0f;
+      };
+      // The oracle: forward, and the backward accumulated in flat order into
+      // gradients that start at 0.5 / 0.25 (dense) and at 0 (row-sparse).
+      std::vector<float> out(n * d), tok(c.token_table.size(), 0.5f), tok_from_zero(c.token_table.size(), 0.0f),
+          pos(c.position_table.size(), 0.25f);
+      for (std::size_t r = 0; r < n; ++r) {
+        const auto t = static_cast<std::size_t>(c.tokens[r]), q = static_cast<std::size_t>(c.positions[r]);
+        for (std::size_t j = 0; j < d; ++j) {
+          const std::size_t i = r * d + j;
+          out[i] = masked(i, c.token_table[t * d + j] + c.position_table[q * d + j]);
+          const float g = masked(i, c.grad_out[i]);
+          tok[t * d + j] += g;
+          tok_from_zero[t * d + j] += g;
+          if (c.positions[r] != s.position_padding_row) pos[q * d + j] += g;
+        }
+      }
+      for_each_target([&] {
+        for (const int threads : {1, 2, 3}) {
+          set_num_threads(threads);
+          SCOPED_TRACE("d " + std::to_string(d) + ", p " + std::to_string(p) + ", " + std::to_string(threads) +
+                       " threads");
+          // Buffers at offsets 5, 3 and 9 floats into a cache line.
+          std::vector<float> out_buffer(n * d + 5), tok_buffer(tok.size() + 3, 0.5f),
+              pos_buffer(pos.size() + 9, 0.25f);
+          const std::span<float> got_out(out_buffer.data() + 5, n * d), got_tok(tok_buffer.data() + 3, tok.size()),
+              got_pos(pos_buffer.data() + 9, pos.size());
+          embedding_forward(got_out, c.tokens, c.positions, c.token_table, c.position_table, s, dropout);
+          ASSERT_EQ(as_bits({got_out.begin(), got_out.end()}), as_bits(out));
+          embedding_backward(got_tok, got_pos, c.grad_out, c.tokens, c.positions, s, dropout);
+          ASSERT_EQ(as_bits({got_tok.begin(), got_tok.end()}), as_bits(tok));
+          ASSERT_EQ(as_bits({got_pos.begin(), got_pos.end()}), as_bits(pos));
+          SparseRowGrad sparse;
+          std::vector<float> no_pos;
+          embedding_backward(sparse, no_pos, c.grad_out, c.tokens, c.positions, s, dropout);
+          for (std::size_t k = 0; k < sparse.rows.size(); ++k) {
+            const auto row = static_cast<std::size_t>(sparse.rows[k]);
+            const std::vector<float> got(sparse.values.begin() + static_cast<std::ptrdiff_t>(k * d),
+                                         sparse.values.begin() + static_cast<std::ptrdiff_t>((k + 1) * d));
+            ASSERT_EQ(as_bits(got), as_bits({tok_from_zero.begin() + static_cast<std::ptrdiff_t>(row * d),
+                                             tok_from_zero.begin() + static_cast<std::ptrdiff_t>((row + 1) * d)}))
+                << "sparse row " << row;
+          }
+        }
+      });
+      set_num_threads(0);
+    }
+  }
 }
 
 TEST(SimdAdamW, MatchesDoubleReferenceOnAwkwardLengths) {

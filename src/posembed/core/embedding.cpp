@@ -80,9 +80,7 @@ void backward_strips(float* grad_token_table, const std::int64_t* token_rows,
   const auto columns = [&](const float* table, std::int64_t s, std::int64_t* cols) {
     const auto address = table ? reinterpret_cast<std::uintptr_t>(table) : 0;
     const std::int64_t misaligned =
-        strips > 1 && d % 16 == 0 && address % sizeof(float) == 0
-            ? static_cast<std::int64_t>(address % 64 / sizeof(float))
-            : 0;
+        strips > 1 && d % 16 == 0 ? static_cast<std::int64_t>(address % 64 / sizeof(float)) : 0;
     const std::int64_t shift = (16 - misaligned) % 16;  // the first line boundary in a row
     const auto edge = [&](std::int64_t e) {
       if (e == 0) return -misaligned;

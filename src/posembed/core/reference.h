@@ -39,7 +39,8 @@ std::vector<T> embedding_forward(const std::vector<std::int64_t>& token_ids,
   return out;
 }
 
-// grad_token_table (V, d) and grad_position_table (max_seq_len, d) accumulate.
+// grad_token_table (V, d) and grad_position_table (max_seq_len, d) accumulate;
+// the position padding row (s.position_padding_row, if any) gets nothing.
 template <class T>
 void embedding_backward(std::vector<T>& grad_token_table, std::vector<T>& grad_position_table,
                         const std::vector<T>& grad_out, const std::vector<std::int64_t>& token_ids,
@@ -51,7 +52,9 @@ void embedding_backward(std::vector<T>& grad_token_table, std::vector<T>& grad_p
       const auto i = static_cast<std::size_t>(r * d + j);
       const T g = grad_out[i] * dropout_factor<T>(dropout, i);
       grad_token_table[static_cast<std::size_t>(token_ids[r] * d + j)] += g;
-      grad_position_table[static_cast<std::size_t>(position_ids[r] * d + j)] += g;
+      if (position_ids[r] != s.position_padding_row) {
+        grad_position_table[static_cast<std::size_t>(position_ids[r] * d + j)] += g;
+      }
     }
   }
 }

@@ -135,7 +135,8 @@ HWY_INLINE void StorePart(hn::Vec<D> v, D d, T* HWY_RESTRICT p, std::size_t coun
 }
 
 // Words of a buffer for the draws of up to kTile + kMaxLanes elements: 8 per
-// Philox block of 4 words, plus a block for the first element's offset in its block.
+// Philox block of 4 words, plus two blocks for the first element's offset in its
+// block and the rounding up of the last.
 constexpr std::size_t kDrawWords = (kTile + kMaxLanes) / 2 + 8;
 
 // The high halves of the dropout draws (dropout_draw, philox.h) of elements
@@ -163,9 +164,8 @@ HWY_INLINE void ForEachVector(std::size_t n, const float* aligned, std::uint64_t
                               Body&& body) {
   const std::size_t vector_bytes = lanes * sizeof(float);
   const auto address = reinterpret_cast<std::uintptr_t>(aligned);
-  // Elements before the first vector boundary (0 when the array is float-misaligned).
-  const std::size_t head =
-      address % sizeof(float) ? 0 : (vector_bytes - address % vector_bytes) % vector_bytes / sizeof(float);
+  // Elements before the first vector boundary.
+  const std::size_t head = (vector_bytes - address % vector_bytes) % vector_bytes / sizeof(float);
   const auto vectors = [&](std::size_t j0, std::size_t j1, const std::uint16_t* high) {
     std::size_t j = j0;
     if (j == 0 && head > 0) {
@@ -179,7 +179,7 @@ HWY_INLINE void ForEachVector(std::size_t n, const float* aligned, std::uint64_t
   if (drawn) return vectors(0, n, drawn);
   HWY_ALIGN std::uint32_t bits[kDrawWords];
   for (std::size_t t0 = 0; t0 < n;) {
-    const std::size_t t1 = std::min(n, t0 == 0 ? head % lanes + kTile : t0 + kTile);
+    const std::size_t t1 = std::min(n, t0 == 0 ? head + kTile : t0 + kTile);
     vectors(t0, t1, DrawHighHalves(bits, first + t0, t1 - t0, mask));
     t0 = t1;
   }
@@ -247,6 +247,7 @@ void AddDropoutDrawn(float* HWY_RESTRICT out, const float* HWY_RESTRICT a, const
 void AddDropout(float* HWY_RESTRICT out, const float* HWY_RESTRICT a, const float* HWY_RESTRICT b,
                 std::size_t n, std::uint64_t first, const DropoutMask& mask, bool stream) {
   AddDropoutDrawn(out, a, b, n, first, mask, stream, nullptr);
+  if (stream) hwy::FlushStream();
 }
 
 // v[j] = grad[j] * mask(first + j), j < n <= kTile: the masked gradient of one
@@ -273,35 +274,11 @@ const float* MaskedGradient(float* HWY_RESTRICT v, const float* HWY_RESTRICT gra
 void AddInto(float* HWY_RESTRICT row, const float* HWY_RESTRICT v, std::size_t n, bool row_is_zero) {
   const hn::ScalableTag<float> df;
   const std::size_t lanes = hn::Lanes(df);
-  const auto address = reinterpret_cast<std::uintptr_t>(row);
-  const std::size_t head = address % sizeof(float)
-                               ? 0
-                               : (lanes * sizeof(float) - address % (lanes * sizeof(float))) %
-                                     (lanes * sizeof(float)) / sizeof(float);
-  std::size_t j = 0;
-  const auto step = [&](std::size_t count) {
+  ForEachVector(n, row, 0, DropoutMask{}, nullptr, lanes, [&](std::size_t j, std::size_t count, const std::uint16_t*) {
     const auto sum = hn::Add(row_is_zero ? hn::Zero(df) : LoadPart(df, row + j, count), LoadPart(df, v + j, count));
-    if (row_is_zero && count == lanes) {
-      hn::Stream(sum, df, row + j);  // aligned: after the head
-    } else {
-      StorePart(sum, df, row + j, count);
-    }
-    j += count;
-  };
-  if (head > 0) step(std::min(head, n));
-  while (j < n) step(std::min(lanes, n - j));
-}
-
-void AccumulateDropout(float* tok, float* pos, const float* HWY_RESTRICT grad, std::size_t n,
-                       std::uint64_t first, const DropoutMask& mask, bool tok_is_zero) {
-  HWY_ALIGN float v[kTile];
-  for (std::size_t t0 = 0; t0 < n; t0 += kTile) {
-    const std::size_t len = std::min(kTile, n - t0);
-    const float* masked = MaskedGradient(v, grad + t0, len, first + t0, mask);
-    if (tok) AddInto(tok + t0, masked, len, tok_is_zero);
-    if (pos) AddInto(pos + t0, masked, len, false);
-  }
-  if (tok_is_zero) hwy::FlushStream();
+    if (row_is_zero && count == lanes) return hn::Stream(sum, df, row + j);  // aligned: after the head
+    StorePart(sum, df, row + j, count);
+  });
 }
 
 // Rows whose mask draws share one Philox batch: the rows are consecutive in
@@ -438,7 +415,6 @@ namespace posembed::simd {
 HWY_EXPORT(TargetName);
 HWY_EXPORT(PhiloxBlocks);
 HWY_EXPORT(AddDropout);
-HWY_EXPORT(AccumulateDropout);
 HWY_EXPORT(AdamW);
 HWY_EXPORT(StreamZeros);
 HWY_EXPORT(ForwardRows);
@@ -453,11 +429,6 @@ void philox_blocks(std::uint32_t* out, PhiloxCounter first, PhiloxKey key, std::
 void add_dropout(float* out, const float* a, const float* b, std::size_t n, std::uint64_t first,
                  const DropoutMask& mask, bool stream) {
   HWY_DYNAMIC_DISPATCH(AddDropout)(out, a, b, n, first, mask, stream);
-}
-
-void accumulate_dropout(float* tok, float* pos, const float* grad, std::size_t n,
-                        std::uint64_t first, const DropoutMask& mask, bool tok_is_zero) {
-  HWY_DYNAMIC_DISPATCH(AccumulateDropout)(tok, pos, grad, n, first, mask, tok_is_zero);
 }
 
 void forward_rows(float* out, const float* token_table, const std::int64_t* token_ids,

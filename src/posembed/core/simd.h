@@ -37,17 +37,10 @@ struct DropoutMask {
 
 // out[j] = (a[j] + b[j]) * mask(first + j), j < n; mask(i) is scale or 0.
 // stream: write `out` with non-temporal stores, past the cache (for outputs much
-// larger than it; the caller then needs a store fence before other threads read).
+// larger than it), then a store fence.
 // out: (n), a: (n), b: (n)
 void add_dropout(float* out, const float* a, const float* b, std::size_t n, std::uint64_t first,
                  const DropoutMask& mask, bool stream = false);
-
-// v = grad[j] * mask(first + j); tok[j] += v; pos[j] += v. Either of tok, pos
-// may be null (frozen table). tok_is_zero: tok holds zeros, so it is written
-// (0 + v) without being read.
-// tok: (n), pos: (n), grad: (n)
-void accumulate_dropout(float* tok, float* pos, const float* grad, std::size_t n,
-                        std::uint64_t first, const DropoutMask& mask, bool tok_is_zero = false);
 
 // Rows [r0, r1) of the fused forward: out row r = add_dropout of token row
 // token_ids[r] and position row position_ids[r], flat indices r * d + j.
