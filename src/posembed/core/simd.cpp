@@ -100,7 +100,7 @@ void PhiloxBlocks(std::uint32_t* HWY_RESTRICT out, PhiloxCounter first, PhiloxKe
   for (; k < blocks; k += lanes) PhiloxGroup<1>(d64, out, k, blocks, base, c2, c3, k0, k1);
 }
 
-// Elements per batch of mask bits: 4 KiB of bits on the stack, reused from L1.
+// Elements per batch of mask draws: their high halves (2 KiB) stay on the stack, in L1.
 constexpr std::size_t kTile = 1024;
 
 // Lanes of the widest vector of any target: the size of the remainder buffers.
@@ -154,10 +154,9 @@ HWY_INLINE const std::uint16_t* DrawHighHalves(std::uint32_t* HWY_RESTRICT bits,
 // boundary: a partial head, full vectors, a partial tail. Aligned stores never
 // split a cache line, and the vectors of two threads writing neighbouring column
 // strips never share one. high points at the high halves of the dropout draws
-// of elements first + j.. (null without an active mask); they come from one
-// Philox batch per tile of about kTile elements, whose edges fall on vector
-// boundaries.
-// drawn: null, or the high halves already drawn for all n elements.
+// of elements first + j.. (null without an active mask): `drawn` when the caller
+// drew them for all n elements, else one Philox batch per tile of about kTile
+// elements, whose edges fall on vector boundaries.
 template <class Body>
 HWY_INLINE void ForEachVector(std::size_t n, const float* aligned, std::uint64_t first,
                               const DropoutMask& mask, const std::uint16_t* drawn, std::size_t lanes,
