@@ -31,6 +31,7 @@
 #include "posembed/core/position_ids.h"
 #include "posembed/core/reference.h"
 #include "posembed/core/simd.h"
+#include "posembed/tools/format.h"
 
 namespace posembed::cli {
 namespace {
@@ -361,12 +362,6 @@ Json run_torch(const BenchOptions& o, const Shape& shape, int reps) {
   return j;
 }
 
-std::string format_number(double v) {
-  char buffer[32];
-  std::snprintf(buffer, sizeof buffer, "%g", v);
-  return buffer;
-}
-
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const std::size_t h = v.size() / 2;
@@ -420,7 +415,7 @@ Json targets(const Json& shape, const Probe& probe, bool quiet) {
     if (has_goal) j["goal"] = t.goal, j["at_least"] = t.at_least, j["met"] = met;
     out.push_back(j);
     if (!quiet) {
-      const std::string goal = has_goal ? std::string(t.at_least ? ">= " : "<= ") + format_number(t.goal) : "-";
+      const std::string goal = has_goal ? std::string(t.at_least ? ">= " : "<= ") + tools::format("%g", t.goal) : "-";
       std::printf("  %-52s %7.2f  goal %-6s %s\n", t.what.c_str(), t.value, goal.c_str(),
                   has_goal ? (met ? "met" : "NOT MET") : "(like for like)");
     }
