@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <numbers>
+#include <utility>
 #include <vector>
 
 #include "posembed/core/embedding.h"
@@ -68,17 +69,23 @@ void matmul_tied_backward(Vec<T>& dinp, Vec<T>& dtable, const Vec<T>& dout, cons
     }
 }
 
+// Mean and 1 / sqrt(variance + eps) of row n of inp (N, C).
+template <class T>
+std::pair<T, T> mean_rstd(const Vec<T>& inp, std::int64_t n, std::int64_t C, double eps) {
+  T m = 0, var = 0;
+  for (std::int64_t i = 0; i < C; ++i) m += inp[at(n * C + i)];
+  m /= T(C);
+  for (std::int64_t i = 0; i < C; ++i) var += (inp[at(n * C + i)] - m) * (inp[at(n * C + i)] - m);
+  var /= T(C);
+  return {m, T(1) / std::sqrt(var + T(eps))};
+}
+
 // out (N, C); the reference recomputes mean and rstd in backward.
 template <class T>
 void layernorm_forward(Vec<T>& out, const Vec<T>& inp, const Vec<T>& w, const Vec<T>& b,
                        std::int64_t N, std::int64_t C, double eps) {
   for (std::int64_t n = 0; n < N; ++n) {
-    T m = 0, var = 0;
-    for (std::int64_t i = 0; i < C; ++i) m += inp[at(n * C + i)];
-    m /= T(C);
-    for (std::int64_t i = 0; i < C; ++i) var += (inp[at(n * C + i)] - m) * (inp[at(n * C + i)] - m);
-    var /= T(C);
-    const T s = T(1) / std::sqrt(var + T(eps));
+    const auto [m, s] = mean_rstd(inp, n, C, eps);
     for (std::int64_t i = 0; i < C; ++i)
       out[at(n * C + i)] = (inp[at(n * C + i)] - m) * s * w[at(i)] + b[at(i)];
   }
@@ -88,12 +95,7 @@ void layernorm_backward(Vec<T>& dinp, Vec<T>& dw, Vec<T>& db, const Vec<T>& dout
                         const Vec<T>& inp, const Vec<T>& w, std::int64_t N, std::int64_t C,
                         double eps) {
   for (std::int64_t n = 0; n < N; ++n) {
-    T m = 0, var = 0;
-    for (std::int64_t i = 0; i < C; ++i) m += inp[at(n * C + i)];
-    m /= T(C);
-    for (std::int64_t i = 0; i < C; ++i) var += (inp[at(n * C + i)] - m) * (inp[at(n * C + i)] - m);
-    var /= T(C);
-    const T s = T(1) / std::sqrt(var + T(eps));
+    const auto [m, s] = mean_rstd(inp, n, C, eps);
     T a = 0, bsum = 0;  // mean of dnorm and of dnorm * norm
     for (std::int64_t i = 0; i < C; ++i) {
       const T norm = (inp[at(n * C + i)] - m) * s, g = dout[at(n * C + i)];
