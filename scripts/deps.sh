@@ -9,7 +9,7 @@ want=(cmake ninja-build g++ libgtest-dev libbenchmark-dev libcli11-dev nlohmann-
       libhwy-dev libopenblas-dev libeigen3-dev libpng-dev)
 case "${1:-build}" in
   build) ;;
-  test) want+=(python3-torch libopenblas0-pthread python3-numpy clang libclang-rt-14-dev python3-pip) ;;
+  test) want+=(python3-torch libopenblas0-pthread python3-numpy clang libclang-rt-14-dev python3-pip python3-venv) ;;
   run) want+=(fortunes) ;;
   *) echo "usage: scripts/deps.sh [build|test|run]" >&2; exit 2 ;;
 esac

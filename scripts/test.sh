@@ -10,6 +10,8 @@ export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j "$jobs"
 ctest --test-dir build --output-on-failure -j "$jobs"
+# The Python package: built as `pip wheel .` builds it, tested with pytest.
+scripts/test_python.sh
 # The same suite under AddressSanitizer + UndefinedBehaviorSanitizer (-O1, no
 # benchmarks); it shares the main build's download cache.
 cmake -S . -B build-asan -G Ninja -DPOSEMBED_SANITIZE=ON -DPOSEMBED_BUILD_BENCH=OFF \

@@ -3,10 +3,9 @@
 #include <cstdio>
 #include <string>
 
-#include <nlohmann/json.hpp>
-
 #include "cli/commands.h"
 #include "cli/table_flags.h"
+#include "posembed/io/inspect.h"
 #include "posembed/io/names.h"
 #include "posembed/io/safetensors.h"
 #include "posembed/tools/format.h"
@@ -28,54 +27,17 @@ std::string shape_text(const std::vector<std::int64_t>& shape) {
 }
 
 void run_inspect(const InspectOptions& options) {
+  const io::DetectOptions detect = detect_options(options.name, options.offset);
+  if (options.json) {
+    std::printf("%s\n", io::inspect_json(options.file, detect).c_str());
+    return;
+  }
   const auto file = io::SafetensorsFile::open(options.file);
-  const io::DetectedTables t = io::detect_tables(file, detect_options(options.name, options.offset));
+  const io::DetectedTables t = io::detect_tables(file, detect);
   const std::int64_t params = io::parameter_count(file);
   const double share = t.position && params > 0
                            ? static_cast<double>(t.position->numel()) / static_cast<double>(params)
                            : 0.0;
-
-  if (options.json) {
-    nlohmann::ordered_json j;
-    j["file"] = options.file;
-    j["file_bytes"] = file.file_bytes();
-    j["header_bytes"] = file.header_bytes();
-    j["metadata"] = file.metadata();
-    j["tensors"] = nlohmann::ordered_json::array();
-    for (const auto& x : file.tensors()) {
-      j["tensors"].push_back({{"name", x.name},
-                              {"dtype", io::dtype_name(x.dtype)},
-                              {"shape", x.shape},
-                              {"bytes", x.data.size()}});
-    }
-    j["parameters"] = params;
-    if (t.position) {
-      j["position_table"] = {{"name", t.position->name},
-                             {"family", t.family},
-                             {"dtype", io::dtype_name(t.position->dtype)},
-                             {"shape", t.position->shape},
-                             {"offset_rows", t.offset_rows},
-                             {"offset_reason", t.offset_reason},
-                             {"max_seq_len", t.max_seq_len},
-                             {"embed_dim", t.embed_dim},
-                             {"parameters", t.position->numel()},
-                             {"share_of_parameters", share}};
-    } else {
-      j["position_table"] = nullptr;
-    }
-    if (t.token) {
-      j["token_table"] = {{"name", t.token->name},
-                          {"dtype", io::dtype_name(t.token->dtype)},
-                          {"shape", t.token->shape},
-                          {"parameters", t.token->numel()}};
-    } else {
-      j["token_table"] = nullptr;
-    }
-    j["other_position_candidates"] = t.other_candidates;
-    j["notes"] = t.notes;
-    std::printf("%s\n", j.dump(2).c_str());
-    return;
-  }
 
   std::size_t width = 4;
   for (const auto& x : file.tensors()) width = std::max(width, x.name.size());

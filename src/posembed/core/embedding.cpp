@@ -213,12 +213,12 @@ void validate_embedding_inputs(std::span<const std::int64_t> token_ids,
   for (std::size_t i = 0; i < token_ids.size(); ++i) {
     const std::int64_t id = token_ids[i];
     if (id < 0) {
-      throw Error("token id " + std::to_string(id) + " at " + where(i, shape.seq_len) +
+      throw OutOfRange("token id " + std::to_string(id) + " at " + where(i, shape.seq_len) +
                   " is negative; ids lie in [0, " + std::to_string(shape.vocab_size) +
                   "). Give padded slots a real id (pad or eos) and mask them out instead");
     }
     if (id >= shape.vocab_size) {
-      throw Error("token id " + std::to_string(id) + " at " + where(i, shape.seq_len) +
+      throw OutOfRange("token id " + std::to_string(id) + " at " + where(i, shape.seq_len) +
                   " is >= vocab_size " + std::to_string(shape.vocab_size) +
                   "; check that the tokenizer matches the model's vocabulary");
     }
@@ -226,12 +226,12 @@ void validate_embedding_inputs(std::span<const std::int64_t> token_ids,
   for (std::size_t i = 0; i < position_ids.size(); ++i) {
     const std::int64_t pos = position_ids[i];
     if (pos < 0) {
-      throw Error("position id " + std::to_string(pos) + " at " + where(i, shape.seq_len) +
+      throw OutOfRange("position id " + std::to_string(pos) + " at " + where(i, shape.seq_len) +
                   " is negative; positions lie in [0, " + std::to_string(shape.max_seq_len) + ")");
     }
     if (pos >= shape.max_seq_len) {
       const std::string limit = std::to_string(shape.max_seq_len);
-      throw Error("position id " + std::to_string(pos) + " at " + where(i, shape.seq_len) +
+      throw OutOfRange("position id " + std::to_string(pos) + " at " + where(i, shape.seq_len) +
                   " is >= max_seq_len " + limit + " (the position table has " + limit +
                   " rows). Truncate the input to " + limit + " tokens, split it into windows of "
                   "at most " + limit + ", or extend the table to a longer max_seq_len "

@@ -15,6 +15,13 @@ class Error : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
+// A token or position id outside its table: the one error that indexing code
+// (PyTorch's nn.Embedding, Python) reports as IndexError, so bindings can too.
+class OutOfRange : public Error {
+ public:
+  using Error::Error;
+};
+
 // a * b for element counts at API boundaries. A product that wraps around 64 bits
 // would let a huge shape pass a size check against a small buffer, so it is an error.
 inline std::uint64_t checked_product(std::uint64_t a, std::uint64_t b, std::string_view what) {

@@ -1,0 +1,127 @@
+"""posembed: learned absolute position embeddings over fused C++ kernels.
+
+    out[b, t, :] = dropout(token_table[input_ids[b, t]] + position_table[position_ids[b, t]])
+
+- ``posembed.torch.LearnedPositionEmbedding``: the layer as a PyTorch module (imports torch).
+- ``posembed.positions``: the position-id schemes (Hugging Face, OPT, fairseq, packed documents)
+  on NumPy arrays and torch tensors.
+- ``forward`` / ``backward`` / ``backward_sparse``: the kernels on NumPy arrays.
+- ``inspect`` / ``resize`` / ``analyze``: checkpoint files and position tables.
+
+Errors carry the library's message (the value, the limit, the fix): ``ValueError``, or
+``IndexError`` for an id outside its table. Nothing is written when one is raised.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from importlib import metadata as _metadata
+
+import numpy as np
+
+from . import _C, positions
+
+try:
+    __version__ = _metadata.version("posembed")
+except _metadata.PackageNotFoundError:  # imported from a source tree
+    __version__ = "0.0.0+source"
+
+__all__ = [
+    "forward",
+    "backward",
+    "backward_sparse",
+    "inspect",
+    "resize",
+    "analyze",
+    "positions",
+    "set_num_threads",
+    "num_threads",
+    "simd_target",
+    "config_defaults",
+]
+
+set_num_threads = _C.set_num_threads
+num_threads = _C.num_threads
+simd_target = _C.simd_target
+
+
+def config_defaults() -> dict:
+    """The layer's configuration fields with their defaults as text, from the C++ config struct."""
+    return {name: default for name, default, _help in _C.config_fields()}
+
+
+def forward(input_ids, position_ids, token_table, position_table, *, dropout=0.0, seed=1337, step=0,
+            padding_row=-1, out=None):
+    """dropout(token_table[input_ids] + position_table[position_ids]) as a (B, T, d) float32 array.
+
+    input_ids, position_ids: (B, T) int64; tables: (rows, d) float32, C-contiguous. Element i of
+    the output (flat index) is dropped when Philox(seed, step, i) falls below round(p * 2^32):
+    backward() with the same (dropout, seed, step) regenerates the same mask.
+    """
+    ids = np.asarray(input_ids)
+    table = np.asarray(token_table)
+    if out is None:
+        shape = tuple(ids.shape) + (table.shape[-1] if table.ndim == 2 else 0,)
+        out = np.empty(shape, dtype=np.float32)
+    _C.forward(out, input_ids, position_ids, token_table, position_table, float(dropout), seed, step,
+               padding_row)
+    return out
+
+
+def backward(grad_out, input_ids, position_ids, *, grad_token_table=None, grad_position_table=None,
+             vocab_size, max_seq_len, dropout=0.0, seed=1337, step=0, padding_row=-1):
+    """Accumulates (+=) the gradients of forward() into the given float32 tables; None skips one.
+
+    Each gradient row is summed over the batch in flat token order: the same bits on any thread
+    count. Zeroing is up to the caller (``np.zeros`` or ``_C.zero_grad``).
+    """
+    _C.backward_dense(grad_token_table, grad_position_table, grad_out, input_ids, position_ids,
+                      vocab_size, max_seq_len, float(dropout), seed, step, padding_row)
+
+
+def backward_sparse(grad_out, input_ids, position_ids, *, grad_position_table=None, vocab_size,
+                    max_seq_len, dropout=0.0, seed=1337, step=0, padding_row=-1):
+    """The token gradient as (rows, values): the touched rows ascending and their (R, d) sums.
+
+    Accumulates the position gradient into grad_position_table unless it is None.
+    """
+    return _C.backward_sparse(grad_position_table, grad_out, input_ids, position_ids, vocab_size,
+                              max_seq_len, float(dropout), seed, step, padding_row)
+
+
+def inspect(path, *, name=None, offset=None) -> dict:
+    """Every tensor of a safetensors file and the position and token tables found in it.
+
+    The same object as ``posembed inspect --json``: ``tensors``, ``metadata``, ``parameters``,
+    ``position_table`` (``name``, ``family``, ``offset_rows``, ``max_seq_len``, ``embed_dim``,
+    ``share_of_parameters``, ...) or None, ``token_table`` or None, ``notes``. ``name`` and
+    ``offset`` override the detection by tensor name.
+    """
+    return json.loads(_C.inspect_json(os.fspath(path), name, offset))
+
+
+def resize(path, max_seq_len, method="tile", out=None, *, name=None, offset=None, init=None,
+           seed=None) -> dict:
+    """Rewrites the position table of a safetensors file to ``max_seq_len`` usable positions.
+
+    method: ``crop``, ``tile``, ``interpolate`` or ``init`` (as ``posembed resize``); every other
+    tensor and the metadata are copied unchanged; ``out`` (default: ``path`` itself) is written
+    atomically. Returns what was done (tensor, family, old and new lengths, notes).
+    """
+    path = os.fspath(path)
+    out = path if out is None else os.fspath(out)
+    return _C.resize(path, out, int(max_seq_len), method, name, offset, init, seed)
+
+
+def analyze(table) -> dict:
+    """Spectrum, effective dimension, norms and neighbour similarity of a (positions, d) table.
+
+    Accepts a float32 NumPy array or a CPU torch tensor (no copy). Returns ``singular_values``,
+    ``variance_ratio``, ``row_norms``, ``neighbour_cosine`` as float64 arrays and the counts
+    ``components_90/95/99``, ``participation_ratio``, ``gap_rank``, ``gap_ratio``,
+    ``mean_row_norm``, ``zero_rows``, ``rows``, ``cols``.
+    """
+    if positions._is_torch(table):
+        table = table.detach()
+    return _C.analyze(table)
