@@ -22,16 +22,21 @@ from . import _C, positions
 __all__ = ["LearnedPositionEmbedding", "embedding", "empty_cache"]
 
 
-def empty_cache() -> int:
-    """Frees the dense token-gradient blocks that posembed keeps for reuse; returns their bytes.
+def empty_cache() -> None:
+    """Frees the storage that posembed keeps for reuse.
 
-    Backward takes each fresh dense token gradient from a cache of at most four blocks that
-    torch has freed (``zero_grad(set_to_none=True)``), as PyTorch's CUDA caching allocator does,
-    so that a step does not page-fault a whole new table into memory.
+    Outputs, fresh dense token gradients and sparse gradients come from small pools (at most
+    four free items each) of storage that torch has freed, for instance after
+    ``zero_grad(set_to_none=True)``, as PyTorch's CUDA caching allocator does: a step then
+    does not page-fault a whole new table into memory.
     """
-    return _C.empty_cache()
+    _C.empty_cache()
 
 _SCHEMES = ("default", "opt", "fairseq")
+# The kernel's rows are unique, ascending and inside the table: torch 2.x may skip its check
+# (and its warning that the check is off); 1.13 has no such argument.
+_SPARSE_KWARGS = ({"check_invariants": False}
+                  if hasattr(torch.sparse, "check_sparse_tensor_invariants") else {})
 
 
 def _float_table(t: torch.Tensor, name: str) -> torch.Tensor:
@@ -53,7 +58,7 @@ def _sparse_grad(rows: np.ndarray, values: np.ndarray, size, padding_idx) -> tor
     if padding_idx is not None:
         keep = rows_t != padding_idx
         rows_t, values_t = rows_t[keep], values_t[keep]
-    grad = torch.sparse_coo_tensor(rows_t.unsqueeze(0), values_t, size)
+    grad = torch.sparse_coo_tensor(rows_t.unsqueeze(0), values_t, size, **_SPARSE_KWARGS)
     return grad._coalesced_(True)  # rows are unique and ascending
 
 
@@ -65,7 +70,8 @@ class _Embedding(torch.autograd.Function):
                 position_padding_row, sparse, padding_idx):
         tokens = _float_table(token_table, "token_table")
         pos_table = _float_table(position_table, "position_table")
-        out = torch.empty(input_ids.shape + (tokens.shape[1],), dtype=torch.float32)
+        b, t = input_ids.shape
+        out = _C.empty_float32(b * t, tokens.shape[1]).view(b, t, tokens.shape[1])
         _C.set_num_threads(torch.get_num_threads())
         _C.forward(out, input_ids, position_ids, tokens, pos_table, p, seed, step,
                    position_padding_row)
@@ -96,9 +102,9 @@ class _Embedding(torch.autograd.Function):
             grad_tokens = _sparse_grad(rows, values, token_shape, padding_idx)
         else:
             if need_tokens:
-                # A fresh gradient, as PyTorch's own embedding backward makes, from posembed's
-                # cache of blocks that torch has freed (no page faults on reuse).
-                grad_tokens = _C.empty_gradient(*token_shape)
+                # A fresh gradient, as PyTorch's own embedding backward makes, from storage
+                # that torch has freed before (see empty_cache).
+                grad_tokens = _C.empty_float32(*token_shape)
                 _C.zero_grad(grad_tokens)
             _C.backward_dense(grad_tokens, grad_positions, grad_out, input_ids, position_ids,
                               vocab_size, max_seq_len, p, seed, step, position_padding_row)

@@ -15,6 +15,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
@@ -99,8 +100,9 @@ std::span<T> view(const Array& a, const std::string& name, std::size_t ndim) {
     throw Error(name + " has shape " + shape_text(a) + " (" + std::to_string(a.ndim()) +
                 " dimensions) but must have " + std::to_string(ndim));
   }
-  std::int64_t expected = 1;  // row-major stride in elements; size-1 dimensions may have any
-  for (std::size_t i = a.ndim(); i-- > 0;) {
+  // Row-major strides in elements; size-1 dimensions, and empty arrays, may have any.
+  std::int64_t expected = 1;
+  for (std::size_t i = a.ndim(); a.size() > 0 && i-- > 0;) {
     if (a.shape(i) != 1 && a.stride(i) != expected) {
       throw Error(name + " of shape " + shape_text(a) +
                   " is not C-contiguous (a view, a transpose or a slice); pass "
@@ -116,10 +118,8 @@ std::span<T> view_optional(const std::optional<Out>& a, const std::string& name,
   return a ? view<T>(*a, name, ndim) : std::span<T>{};
 }
 
-std::int64_t dim(const nb::ndarray<nb::ro>& a, std::size_t i) {
-  return static_cast<std::int64_t>(a.shape(i));
-}
-std::int64_t dim(const Out& a, std::size_t i) {
+template <class Array>
+std::int64_t dim(const Array& a, std::size_t i) {
   return static_cast<std::int64_t>(a.shape(i));
 }
 
@@ -237,6 +237,91 @@ void backward_dense(std::optional<Out> grad_token_table, std::optional<Out> grad
                      a.batch.position_ids, a.batch.shape, {p, seed, step});
 }
 
+// Storage handed to Python that comes back when Python frees it. A new 154 MB
+// token gradient (GPT-2) from the system allocator costs a page fault per 4 KiB
+// on first touch, which took three times the backward kernel itself; as
+// PyTorch's CUDA caching allocator does, freed storage returns to a small pool
+// and the next call reuses it. At most kMaxFree items wait in a pool.
+template <class Item>
+class Pool {
+ public:
+  static constexpr std::size_t kMaxFree = 4;
+
+  // A free item that `fits`, or nullptr.
+  template <class Fits>
+  std::unique_ptr<Item> take(Fits fits) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if (fits(**it)) {
+        std::unique_ptr<Item> item = std::move(*it);
+        free_.erase(it);
+        return item;
+      }
+    }
+    return nullptr;
+  }
+
+  void give_back(std::unique_ptr<Item> item) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    if (free_.size() < kMaxFree) free_.push_back(std::move(item));
+  }
+
+  void clear() {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    free_.clear();
+  }
+
+  // Python owns `item` through the returned capsule; when Python frees it, the
+  // item comes back to this pool.
+  nb::capsule lend(std::unique_ptr<Item> item) {
+    return nb::capsule(item.release(), [](void* p) noexcept {
+      instance().give_back(std::unique_ptr<Item>(static_cast<Item*>(p)));
+    });
+  }
+
+  static Pool& instance() {
+    static auto* pool = new Pool;  // never destroyed: torch may free tensors at exit
+    return *pool;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::unique_ptr<Item>> free_;
+};
+
+// A 2 MiB-aligned float block, advised as huge pages where the kernel allows.
+struct Block {
+  explicit Block(std::size_t n) : floats(n) {
+    constexpr std::size_t kAlign = std::size_t{1} << 21;
+    const std::size_t bytes = std::max<std::size_t>(1, (n * sizeof(float) + kAlign - 1) / kAlign) * kAlign;
+    data = static_cast<float*>(std::aligned_alloc(kAlign, bytes));
+    if (data == nullptr) throw std::bad_alloc();
+    madvise(data, bytes, MADV_HUGEPAGE);  // advice only
+  }
+  ~Block() { std::free(data); }
+  Block(const Block&) = delete;
+  Block& operator=(const Block&) = delete;
+  std::size_t floats;
+  float* data;
+};
+
+using TorchMatrix = nb::ndarray<nb::pytorch, float, nb::ndim<2>, nb::c_contig>;
+
+// An uninitialised (rows, cols) float32 torch tensor from the block pool: for
+// fresh gradients and outputs.
+TorchMatrix empty_float32(std::size_t rows, std::size_t cols) {
+  const std::size_t n = checked_product(rows, cols, "empty_float32");
+  auto block = Pool<Block>::instance().take([n](const Block& b) { return b.floats == n; });
+  if (!block) block = std::make_unique<Block>(n);
+  float* data = block->data;
+  return {data, {rows, cols}, Pool<Block>::instance().lend(std::move(block))};
+}
+
+void empty_cache() {
+  Pool<Block>::instance().clear();
+  Pool<SparseRowGrad>::instance().clear();
+}
+
 using RowsArray = nb::ndarray<nb::numpy, std::int64_t, nb::ndim<1>>;
 using ValuesArray = nb::ndarray<nb::numpy, float, nb::ndim<2>>;
 
@@ -250,97 +335,23 @@ std::tuple<RowsArray, ValuesArray> backward_sparse(std::optional<Out> grad_posit
                                                    std::int64_t padding_row) {
   const BackwardArgs a = backward_args(grad_position_table, grad_out, token_ids, position_ids,
                                        vocab_size, max_seq_len, padding_row);
-  auto grad = std::make_unique<SparseRowGrad>();
+  // A pooled gradient keeps its storage from earlier steps: the kernel then
+  // allocates nothing (zero_grad forgets the rows and keeps the buffers).
+  auto grad = Pool<SparseRowGrad>::instance().take([](const SparseRowGrad&) { return true; });
+  if (!grad) grad = std::make_unique<SparseRowGrad>();
+  zero_grad(*grad);
   grad->embed_dim = a.batch.shape.embed_dim;
   {
     nb::gil_scoped_release release;
     embedding_backward(*grad, a.grad_position, a.grad_out, a.batch.token_ids, a.batch.position_ids,
                        a.batch.shape, {p, seed, step});
   }
-  SparseRowGrad* raw = grad.release();
-  nb::capsule owner(raw, [](void* g) noexcept { delete static_cast<SparseRowGrad*>(g); });
-  const std::size_t rows = raw->rows.size();
-  const std::size_t d = static_cast<std::size_t>(raw->embed_dim);
-  return {RowsArray(raw->rows.data(), {rows}, owner),
-          ValuesArray(raw->values.data(), {rows, d}, owner)};
-}
-
-// Fresh dense gradients for torch. A new 154 MB token gradient (GPT-2) from the
-// system allocator costs a page fault per 4 KiB on first touch, which took three
-// times the backward kernel itself; as PyTorch's CUDA caching allocator does,
-// blocks freed by torch come back here and the next backward reuses them. New
-// blocks are 2 MiB aligned and advised as huge pages (where the kernel allows).
-class GradientCache {
- public:
-  static constexpr std::size_t kMaxBlocks = 4;
-  static constexpr std::size_t kAlign = std::size_t{1} << 21;
-
-  struct Block {
-    void* data;
-    std::size_t bytes;
-  };
-
-  Block get(std::size_t bytes) {
-    {
-      const std::lock_guard<std::mutex> lock(mutex_);
-      for (std::size_t i = 0; i < free_.size(); ++i) {
-        if (free_[i].bytes == bytes) {
-          const Block block = free_[i];
-          free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(i));
-          return block;
-        }
-      }
-    }
-    const std::size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
-    void* data = std::aligned_alloc(kAlign, rounded);
-    if (data == nullptr) throw std::bad_alloc();
-    madvise(data, rounded, MADV_HUGEPAGE);  // advice only: ignored where unsupported
-    return {data, bytes};
-  }
-
-  void put(Block block) {
-    const std::lock_guard<std::mutex> lock(mutex_);
-    if (free_.size() < kMaxBlocks) {
-      free_.push_back(block);
-    } else {
-      std::free(block.data);
-    }
-  }
-
-  std::size_t clear() {
-    const std::lock_guard<std::mutex> lock(mutex_);
-    std::size_t bytes = 0;
-    for (const Block& block : free_) {
-      bytes += block.bytes;
-      std::free(block.data);
-    }
-    free_.clear();
-    return bytes;
-  }
-
- private:
-  std::mutex mutex_;
-  std::vector<Block> free_;
-};
-
-GradientCache& gradient_cache() {
-  static auto* cache = new GradientCache;  // never destroyed: torch may free tensors at exit
-  return *cache;
-}
-
-using TorchMatrix = nb::ndarray<nb::pytorch, float, nb::ndim<2>, nb::c_contig>;
-
-// An uninitialised (rows, cols) float32 torch tensor whose memory returns to the
-// cache when torch frees it.
-TorchMatrix empty_gradient(std::size_t rows, std::size_t cols) {
-  const std::size_t bytes = checked_product(rows, cols, "gradient") * sizeof(float);
-  auto* block = new GradientCache::Block(gradient_cache().get(bytes));
-  nb::capsule owner(block, [](void* b) noexcept {
-    auto* blk = static_cast<GradientCache::Block*>(b);
-    gradient_cache().put(*blk);
-    delete blk;
-  });
-  return {block->data, {rows, cols}, owner};
+  const std::size_t rows = grad->rows.size();
+  const auto d = static_cast<std::size_t>(grad->embed_dim);
+  std::int64_t* row_data = grad->rows.data();
+  float* value_data = grad->values.data();
+  const nb::capsule owner = Pool<SparseRowGrad>::instance().lend(std::move(grad));
+  return {RowsArray(row_data, {rows}, owner), ValuesArray(value_data, {rows, d}, owner)};
 }
 
 void zero_grad_array(Out grad) {
@@ -534,11 +545,9 @@ NB_MODULE(_C, m) {
         "returns the token gradient as (rows, values), rows ascending; accumulates the "
         "position gradient unless None");
   m.def("zero_grad", &py::zero_grad_array, "grad"_a, "fills a float32 array with zeros");
-  m.def("empty_gradient", &py::empty_gradient, "rows"_a, "cols"_a,
-        "an uninitialised float32 torch tensor from posembed's gradient cache");
-  m.def(
-      "empty_cache", [] { return py::gradient_cache().clear(); },
-      "frees the cached gradient blocks; returns their bytes");
+  m.def("empty_float32", &py::empty_float32, "rows"_a, "cols"_a,
+        "an uninitialised float32 torch tensor whose memory posembed reuses once torch frees it");
+  m.def("empty_cache", &py::empty_cache, "frees the storage kept for reuse");
   m.def("init_table", &py::init_table_array, "table"_a, "init"_a, "seed"_a, "which"_a,
         "fills a (rows, d) table as the C++ layer does: init 'normal:0.02', ...; which "
         "'token' or 'position'");

@@ -5,6 +5,8 @@ import pytest
 import torch
 from torch import nn
 
+import posembed
+
 from posembed.torch import LearnedPositionEmbedding, embedding
 from conftest import sum_bound
 
@@ -139,6 +141,7 @@ def test_frozen_tables_get_no_gradient():
 
 def test_same_bits_for_any_torch_thread_count():
     results = []
+    original = torch.get_num_threads()
     for threads in (1, 2):
         torch.set_num_threads(threads)
         # Wide enough that both kernels split the work: backward's column strips are >= 256 wide.
@@ -147,7 +150,7 @@ def test_same_bits_for_any_torch_thread_count():
         out = m(x)
         out.backward(torch.ones_like(out))
         results.append((out, m.token_table.grad, m.position_table.grad))
-    torch.set_num_threads(2)
+    torch.set_num_threads(original)
     for a, b in zip(*results):
         assert torch.equal(a, b)
 
@@ -245,3 +248,31 @@ def test_functional_form_and_constructor_errors():
         LearnedPositionEmbedding(V, P, D, dropout=1.5)
     with pytest.raises(ValueError, match="padding_idx"):
         LearnedPositionEmbedding(V, P, D, position_scheme="fairseq")
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_reused_storage_never_leaks_an_earlier_step(sparse):
+    # Storage that torch frees (grad = None) is reused by the next step: its gradient must be
+    # the fresh one, as the NumPy kernels compute it into new zeroed arrays.
+    m = LearnedPositionEmbedding(V, P, D, dropout=0.1, sparse=sparse)
+    for step in range(3):
+        x = ids(4, 24, seed=step)
+        m.token_table.grad = m.position_table.grad = None
+        out = m(x)
+        out.backward(torch.ones_like(out))
+        tok, pos = np.zeros((V, D), np.float32), np.zeros((P, D), np.float32)
+        posembed.backward(np.ones((4, 24, D), np.float32), x.numpy(),
+                          torch.arange(24).expand(4, 24).contiguous().numpy(),
+                          grad_token_table=tok, grad_position_table=pos, vocab_size=V,
+                          max_seq_len=P, dropout=0.1, seed=m.seed, step=step)
+        assert torch.equal(m.token_table.grad.to_dense() if sparse else m.token_table.grad,
+                           torch.from_numpy(tok))
+        assert torch.equal(m.position_table.grad, torch.from_numpy(pos))
+
+
+def test_empty_batch():
+    m = LearnedPositionEmbedding(V, P, D)
+    out = m(torch.zeros(0, 5, dtype=torch.long))
+    assert out.shape == (0, 5, D)
+    out.sum().backward()
+    assert m.token_table.grad.abs().sum() == 0
