@@ -6,9 +6,11 @@
 #include <cmath>
 #include <csignal>
 #include <cstring>
-#include <iterator>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <limits>
+#include <numbers>
 
 #include "posembed/core/error.h"
 #include "posembed/core/parallel.h"
@@ -201,6 +203,46 @@ TEST(Train, ThrowingRunRestoresTheSigintHandler) {
   const auto after = std::signal(SIGINT, before);
   EXPECT_EQ(after, &test_sigint_handler);
   EXPECT_EQ(logged_steps(o.out_dir / "log.csv"), (std::vector<long long>{1, 2}));  // flushed, closed
+}
+
+// The schedule as the README states it, written here in another form: warmup
+// step s (0-based) gets lr (s + 1) / warmup; from step `warmup` the rate falls as
+// floor + (lr - floor) cos^2(pi/2 p), p = (s - warmup) / (steps - warmup), the
+// half-angle form of floor + (lr - floor) (1 + cos(pi p)) / 2.
+double schedule_by_hand(const TrainConfig& c, std::int64_t s) {
+  if (s < c.warmup_steps) return c.lr * double(s + 1) / double(c.warmup_steps);
+  const double floor = c.lr * c.min_lr_ratio;
+  const double p = double(s - c.warmup_steps) / double(c.steps - c.warmup_steps);
+  const double half = std::cos(std::numbers::pi / 2 * p);
+  return floor + (c.lr - floor) * half * half;
+}
+
+TEST(Train, LearningRateWarmsUpLinearlyThenFollowsTheCosine) {
+  TrainConfig d;  // lr 3e-3, warmup 100, 1000 steps, floor 3e-4
+  // Both sides take a few double roundings of values <= lr: 8 ulps of lr.
+  const double tol = 8 * std::numeric_limits<double>::epsilon() * d.lr;
+  EXPECT_NEAR(lr_at(d, 0), 3e-5, tol);
+  EXPECT_NEAR(lr_at(d, 49), 1.5e-3, tol);
+  EXPECT_NEAR(lr_at(d, 99), 3e-3, tol);      // the end of the warmup: the peak
+  EXPECT_NEAR(lr_at(d, 100), 3e-3, tol);     // the start of the cosine
+  EXPECT_NEAR(lr_at(d, 550), 1.65e-3, tol);  // half way down: the mean of peak and floor
+  EXPECT_NEAR(lr_at(d, 1000), 3e-4, tol);    // the floor, one past the last step
+  EXPECT_NEAR(lr_at(d, 4000), 3e-4, tol);    // and after it
+  struct Case {
+    std::int64_t steps, warmup;
+    double ratio;
+  };
+  for (const Case k : {Case{1000, 100, 0.1}, Case{10, 3, 0.1}, Case{7, 0, 0.0}, Case{5, 5, 0.5},
+                       Case{4, 1, 1.0}, Case{2, 1, 0.25}}) {
+    TrainConfig c;
+    c.steps = k.steps;
+    c.warmup_steps = k.warmup;
+    c.min_lr_ratio = k.ratio;
+    for (std::int64_t s = 0; s < c.steps; ++s) {
+      EXPECT_NEAR(lr_at(c, s), schedule_by_hand(c, s), tol)
+          << "steps " << k.steps << " warmup " << k.warmup << " ratio " << k.ratio << " step " << s;
+    }
+  }
 }
 
 // Copy-k-back: inputs are random symbols; the target at position t is the input
