@@ -7,8 +7,11 @@
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <source_location>
 #include <string>
 #include <vector>
+
+#include "posembed/core/error.h"
 
 namespace posembed::test {
 
@@ -68,6 +71,22 @@ void expect_near_each(const std::vector<A>& actual, const std::vector<B>& expect
                         << " elements outside their tolerance; worst [" << at
                         << "] = " << actual[at] << ", expected " << expected[at] << " within "
                         << tolerance[at];
+}
+
+// Runs `call`, which must throw posembed::Error, and checks that each buffer is
+// as it was before ("on error, outputs untouched"). Fill outputs with values no
+// successful call would write, so a partial write shows. Failures name `where`.
+template <class T, class Call>
+void expect_rejected_untouched(const std::vector<std::vector<T>*>& buffers, Call&& call,
+                               std::source_location where = std::source_location::current()) {
+  const ::testing::ScopedTrace trace(where.file_name(), static_cast<int>(where.line()),
+                                     "the rejected call");
+  std::vector<std::vector<T>> before;
+  for (const std::vector<T>* b : buffers) before.push_back(*b);
+  EXPECT_THROW(call(), Error);
+  for (std::size_t k = 0; k < buffers.size(); ++k) {
+    EXPECT_EQ(*buffers[k], before[k]) << "buffer " << k << " was written before the error";
+  }
 }
 
 // Cosine similarity of two whole tensors: catches a systematic error that
