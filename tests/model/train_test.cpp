@@ -3,6 +3,7 @@
 // needs the position table.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <csignal>
 #include <cstring>
@@ -243,6 +244,54 @@ TEST(Train, LearningRateWarmsUpLinearlyThenFollowsTheCosine) {
           << "steps " << k.steps << " warmup " << k.warmup << " ratio " << k.ratio << " step " << s;
     }
   }
+}
+
+// A frozen position table is bit for bit what it was after train_step, also
+// with weight decay on (decoupled decay would shrink it even with a zero
+// gradient) and from a non-zero init, while the token table, first in the same
+// decay group, moves.
+TEST(Train, FrozenNonZeroPositionTableIsUnchangedWithWeightDecay) {
+  set_num_threads(1);
+  const GptConfig c{.max_seq_len = 16, .embed_dim = 16, .n_layer = 1, .n_head = 2, .seed = 5};
+  Gpt model = make_gpt(c);  // normal:0.02 tables
+  model.freeze_positions = true;
+  const ParamTensor& wpe = *find_tensor(model, "wpe.weight");
+  const ParamTensor& wte = *find_tensor(model, "wte.weight");
+  const auto slice = [](std::span<const float> buffer, const ParamTensor& t) {
+    return std::vector<float>(buffer.begin() + static_cast<std::ptrdiff_t>(t.offset),
+                              buffer.begin() + static_cast<std::ptrdiff_t>(t.offset + t.numel));
+  };
+  const std::vector<float> wpe_before = slice(model.params, wpe),
+                           wte_before = slice(model.params, wte);
+  ASSERT_EQ(std::count(wpe_before.begin(), wpe_before.end(), 0.0f), 0)
+      << "the table must start non-zero";
+  TrainConfig t;
+  t.steps = 4;
+  t.warmup_steps = 1;
+  t.lr = 1e-2;
+  t.weight_decay = 0.1;
+  const std::int64_t B = 2, T = 16;
+  Activations acts = make_activations(c, B, T);
+  std::vector<std::int64_t> in(static_cast<std::size_t>(B * T)), tg(in.size());
+  for (std::int64_t s = 0; s < t.steps; ++s) {
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      in[i] = philox_bits(9, static_cast<std::uint64_t>(s), RandomStream::data_sampling, i) % 256;
+      tg[i] = philox_bits(9, static_cast<std::uint64_t>(s), RandomStream::data_sampling,
+                          i + in.size()) %
+              256;
+    }
+    train_step(model, acts, in, tg, T, s, t);
+  }
+  const std::vector<float> wpe_after = slice(model.params, wpe);
+  EXPECT_EQ(std::memcmp(wpe_after.data(), wpe_before.data(), wpe_before.size() * sizeof(float)), 0)
+      << "wpe[0] " << wpe_before[0] << " -> " << wpe_after[0];
+  for (const auto& moment : {slice(model.m, wpe), slice(model.v, wpe)}) {
+    EXPECT_EQ(std::count(moment.begin(), moment.end(), 0.0f),
+              static_cast<std::ptrdiff_t>(wpe.numel))
+        << "AdamW state of the frozen table";
+  }
+  EXPECT_NE(slice(model.params, wte), wte_before) << "the token table did not train";
+  set_num_threads(0);
 }
 
 // Copy-k-back: inputs are random symbols; the target at position t is the input
