@@ -1,7 +1,10 @@
 # Runs a command that must end in a specific way: exit status EXPECT_RC and
 # stdout+stderr matching EXPECT_REGEX. PASS_REGULAR_EXPRESSION alone ignores the
 # exit status, so a crash that printed the expected line first would pass.
-#   cmake -DEXPECT_RC=2 -DEXPECT_REGEX=... -P expect_output.cmake COMMAND ARGS...
+# With -DEXPECT_EMPTY_DIR=DIR, DIR is emptied first and must still be empty after
+# the command (a refused write leaves no file, partial or temporary, behind).
+#   cmake -DEXPECT_RC=2 -DEXPECT_REGEX=... [-DEXPECT_EMPTY_DIR=DIR] -P expect_output.cmake \
+#         COMMAND ARGS...
 if(NOT DEFINED EXPECT_RC OR NOT DEFINED EXPECT_REGEX)
   message(FATAL_ERROR "expect_output.cmake needs -DEXPECT_RC=... and -DEXPECT_REGEX=...")
 endif()
@@ -20,6 +23,10 @@ endforeach()
 if(NOT command)
   message(FATAL_ERROR "expect_output.cmake: no command given after the script")
 endif()
+if(DEFINED EXPECT_EMPTY_DIR)
+  file(REMOVE_RECURSE "${EXPECT_EMPTY_DIR}")
+  file(MAKE_DIRECTORY "${EXPECT_EMPTY_DIR}")
+endif()
 execute_process(COMMAND ${command} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 message("exit status: ${rc}\nstdout:\n${out}\nstderr:\n${err}")
 if(NOT rc STREQUAL "${EXPECT_RC}")
@@ -27,4 +34,10 @@ if(NOT rc STREQUAL "${EXPECT_RC}")
 endif()
 if(NOT "${out}${err}" MATCHES "${EXPECT_REGEX}")
   message(FATAL_ERROR "output does not match: ${EXPECT_REGEX}")
+endif()
+if(DEFINED EXPECT_EMPTY_DIR)
+  file(GLOB left LIST_DIRECTORIES true "${EXPECT_EMPTY_DIR}/*" "${EXPECT_EMPTY_DIR}/.*")
+  if(left)
+    message(FATAL_ERROR "the command left files in ${EXPECT_EMPTY_DIR}: ${left}")
+  endif()
 endif()

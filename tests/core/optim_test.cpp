@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <source_location>
 #include <vector>
 
 #include "core/test_util.h"
@@ -56,13 +57,35 @@ TEST(AdamW, SparseStepTouchesOnlyPresentRows) {
   }
 }
 
-TEST(AdamW, RejectsBadHyperparameters) {
-  std::vector<float> p(4), g(4), m(4), v(4), short_m(3);
-  EXPECT_THROW(adamw_step(p, g, m, v, 0, {}), Error);
-  EXPECT_THROW(adamw_step(p, g, m, v, 1, {.beta1 = 1.0}), Error);
-  EXPECT_THROW(adamw_step(p, g, m, v, 1, {.eps = 0}), Error);
-  EXPECT_THROW(adamw_step(p, g, m, v, 1, {.lr = -1}), Error);
-  EXPECT_THROW(adamw_step(p, g, short_m, v, 1, {}), Error);
+// Every rejected step leaves the parameter and both moments as they were; the
+// checks that fail last (the second moment's size, a row outside the table after
+// a valid one) are the ones a partial update would show.
+TEST(AdamW, RejectionsLeaveParameterAndMomentsUntouched) {
+  const std::int64_t d = 2;
+  std::vector<float> p = test::random_floats(8, 21), g = test::random_floats(8, 22),
+                     m = test::random_floats(8, 23), v = test::random_floats(8, 24);
+  for (auto& x : v) x = std::abs(x);
+  std::vector<float> short_m(7), short_v(7);
+  const auto rejected = [&](auto&& call,
+                            std::source_location at = std::source_location::current()) {
+    test::expect_rejected_untouched<float>({&p, &m, &v}, call, at);
+  };
+  rejected([&] { adamw_step(p, g, m, v, 0, {}); });
+  rejected([&] { adamw_step(p, g, m, v, 1, {.beta1 = 1.0}); });
+  rejected([&] { adamw_step(p, g, m, v, 1, {.eps = 0}); });
+  rejected([&] { adamw_step(p, g, m, v, 1, {.lr = -1}); });
+  rejected([&] { adamw_step(p, g, m, v, 1, {.weight_decay = NAN}); });
+  rejected([&] { adamw_step(p, g, short_m, v, 1, {}); });
+  rejected([&] { adamw_step(p, g, m, short_v, 1, {}); });
+  rejected([&] { adamw_step(p, std::vector<float>(7), m, v, 1, {}); });
+  // Row-sparse: row 1 is valid, row 4 lies past the table's 4 rows.
+  const SparseRowGrad outside{d, {1, 4}, test::random_floats(2 * d, 25), {}};
+  rejected([&] { adamw_step(p, outside, m, v, 1, {}); });
+  const SparseRowGrad unsorted{d, {2, 1}, test::random_floats(2 * d, 26), {}};
+  rejected([&] { adamw_step(p, unsorted, m, v, 1, {}); });
+  const SparseRowGrad fine{d, {1, 3}, test::random_floats(2 * d, 27), {}};
+  rejected([&] { adamw_step(p, fine, m, short_v, 1, {}); });
+  rejected([&] { adamw_step(p, fine, m, v, 1, {.beta2 = -0.5}); });
 }
 
 TEST(Sgd, MomentumAndWeightDecayAsPyTorch) {
@@ -83,9 +106,27 @@ TEST(Sgd, SparseUpdatesOnlyPresentRowsAndRefusesMomentum) {
   SparseRowGrad grad{2, {2}, {1.0f, -1.0f}, {}};
   sgd_step(param, grad, {.lr = 0.5});
   EXPECT_EQ(param, (std::vector<float>{1, 1, 2, 2, 2.5f, 3.5f}));
-  EXPECT_THROW(sgd_step(param, grad, {.lr = 0.5, .momentum = 0.9}), Error);
-  SparseRowGrad outside{2, {3}, {1.0f, 1.0f}, {}};
-  EXPECT_THROW(sgd_step(param, outside, {.lr = 0.5}), Error);
+}
+
+// Every rejected step leaves the parameter and the momentum buffer as they were.
+TEST(Sgd, RejectionsLeaveParameterAndMomentumUntouched) {
+  std::vector<float> param = test::random_floats(6, 31), buf = test::random_floats(6, 32);
+  const std::vector<float> grad = test::random_floats(6, 33);
+  const auto rejected = [&](auto&& call,
+                            std::source_location at = std::source_location::current()) {
+    test::expect_rejected_untouched<float>({&param, &buf}, call, at);
+  };
+  rejected([&] { sgd_step(param, grad, buf, false, {.lr = -1}); });
+  rejected([&] { sgd_step(param, grad, buf, false, {.momentum = NAN}); });
+  rejected([&] { sgd_step(param, grad, buf, false, {.weight_decay = INFINITY}); });
+  rejected([&] { sgd_step(param, std::vector<float>(5), buf, false, {}); });
+  std::vector<float> short_buf(5);
+  rejected([&] { sgd_step(param, grad, short_buf, false, {.momentum = 0.9}); });
+  // Row-sparse: momentum is refused, and so is a row past the table after a valid one.
+  const SparseRowGrad rows{2, {0, 2}, {1.0f, -1.0f, 0.5f, 0.25f}, {}};
+  rejected([&] { sgd_step(param, rows, {.lr = 0.5, .momentum = 0.9}); });
+  const SparseRowGrad outside{2, {1, 3}, {1.0f, 1.0f, 1.0f, 1.0f}, {}};
+  rejected([&] { sgd_step(param, outside, {.lr = 0.5}); });
 }
 
 }  // namespace

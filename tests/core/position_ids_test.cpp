@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <source_location>
 #include <string>
 #include <vector>
 
@@ -13,12 +14,24 @@ namespace {
 
 using Ids = std::vector<std::int64_t>;
 
+// An output of n ids that no scheme writes (all negative), to show a partial write.
+Ids sentinel(std::size_t n) {
+  return Ids(n, -7);
+}
+
+// Each rejected call below must leave `out` as it was (position_ids.h's promise).
+template <class Call>
+void rejected(Ids& out, Call&& call, std::source_location where = std::source_location::current()) {
+  test::expect_rejected_untouched<std::int64_t>({&out}, call, where);
+}
+
 TEST(PositionIds, ContiguousFromTheCachedLength) {
   Ids out(6);
   positions_contiguous(out, 2, 3, 5);
   EXPECT_EQ(out, (Ids{5, 6, 7, 5, 6, 7}));
-  EXPECT_THROW(positions_contiguous(out, 2, 3, -1), Error);
-  EXPECT_THROW(positions_contiguous(out, 2, 4, 0), Error);
+  out = sentinel(6);
+  rejected(out, [&] { positions_contiguous(out, 2, 3, -1); });
+  rejected(out, [&] { positions_contiguous(out, 2, 4, 0); });
 }
 
 TEST(PositionIds, LeftPaddingFollowsHuggingFaceGenerate) {
@@ -70,20 +83,41 @@ TEST(PositionIds, ShapesWhoseSizesOverflowAreErrors) {
 }
 
 TEST(PositionIds, MaskErrors) {
-  Ids out(3);
-  EXPECT_THROW(positions_from_attention_mask(out, Ids{1, 2, 1}, 1, 3, 3), Error);   // not 0/1
-  EXPECT_THROW(positions_from_attention_mask(out, Ids{1, 1}, 1, 2, 3), Error);      // too short
-  EXPECT_THROW(positions_from_attention_mask(out, Ids{1, 1, 1, 1}, 1, 3, 3), Error); // bad size
+  Ids out = sentinel(3);
+  rejected(out, [&] { positions_from_attention_mask(out, Ids{1, 2, 1}, 1, 3, 3); });  // not 0/1
+  rejected(out, [&] { positions_from_attention_mask(out, Ids{1, 1}, 1, 2, 3); });     // too short
+  rejected(out, [&] { positions_from_attention_mask(out, Ids{1, 1, 1, 1}, 1, 3, 3); });  // bad size
+  // The bad value in the last row, after a valid one: nothing of row 0 is written either.
+  Ids two_rows = sentinel(6);
+  for (const Ids& mask : {Ids{1, 1, 1, 0, 1, 3}, Ids{0, 1, 1, 1, 1, -1}}) {
+    rejected(two_rows, [&] { positions_from_attention_mask(two_rows, mask, 2, 3, 3); });
+    rejected(two_rows, [&] { positions_opt(two_rows, mask, 2, 3, 3); });
+  }
+  rejected(two_rows, [&] { positions_opt(two_rows, Ids{1, 1, 1, 1}, 2, 2, 3); });  // too short
+}
+
+TEST(PositionIds, TokenShapeErrorsLeaveTheOutputUntouched) {
+  Ids out = sentinel(6);
+  const Ids five{1, 2, 0, 3, 4};  // one token short of (2, 3)
+  rejected(out, [&] { positions_from_eos(out, five, 2, 3, 0); });
+  rejected(out, [&] { positions_fairseq(out, five, 2, 3, 1); });
+  Ids seven = sentinel(7);  // output of the wrong size
+  rejected(seven, [&] { positions_from_eos(seven, Ids{1, 2, 0, 3, 4, 5}, 2, 3, 0); });
+  rejected(seven, [&] { positions_fairseq(seven, Ids{1, 2, 0, 3, 4, 5}, 2, 3, 1); });
+  rejected(seven, [&] { positions_contiguous(seven, 2, 3, 0); });
 }
 
 TEST(PositionIds, PackedByCumulativeLengths) {
   Ids out(8);
   positions_from_cu_seqlens(out, Ids{0, 3, 4, 4, 8});  // lengths 3, 1, 0, 4
   EXPECT_EQ(out, (Ids{0, 1, 2, 0, 0, 1, 2, 3}));
-  EXPECT_THROW(positions_from_cu_seqlens(out, Ids{0, 3, 2, 8}), Error);
-  EXPECT_THROW(positions_from_cu_seqlens(out, Ids{0, 7}), Error);
-  EXPECT_THROW(positions_from_cu_seqlens(out, Ids{1, 8}), Error);
-  EXPECT_THROW(positions_from_cu_seqlens(out, Ids{}), Error);
+  out = sentinel(8);
+  // A decrease after a valid first document: that document must not be written.
+  rejected(out, [&] { positions_from_cu_seqlens(out, Ids{0, 3, 2, 8}); });
+  rejected(out, [&] { positions_from_cu_seqlens(out, Ids{0, 3, 5, 4, 8}); });
+  rejected(out, [&] { positions_from_cu_seqlens(out, Ids{0, 7}); });
+  rejected(out, [&] { positions_from_cu_seqlens(out, Ids{1, 8}); });
+  rejected(out, [&] { positions_from_cu_seqlens(out, Ids{}); });
 }
 
 TEST(PositionIds, PackedByEndOfDocumentRestartsAfterOneTokenDocuments) {

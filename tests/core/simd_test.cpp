@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -183,6 +184,10 @@ TEST(SimdKernels, ForwardAndBackwardMatchAFloatOracleOnEveryTargetAndThreadCount
       const auto masked = [&](std::size_t i, float x) {
         return dropout_draw(seed, step, i) >= dropout_threshold(p) ? x * scale : 0.0f;
       };
+      // The rows the row-sparse gradient must hold: the batch's tokens, ascending, once each.
+      const std::set<std::int64_t> token_set(c.tokens.begin(), c.tokens.end());
+      const std::vector<std::int64_t> sparse_rows(token_set.begin(), token_set.end());
+      ASSERT_GT(sparse_rows.size(), 1u);
       // The oracle: forward, and the backward accumulated in flat order into
       // gradients that start at 0.5 / 0.25 (dense) and at 0 (row-sparse).
       std::vector<float> out(n * d), tok(c.token_table.size(), 0.5f), tok_from_zero(c.token_table.size(), 0.0f),
@@ -216,6 +221,8 @@ TEST(SimdKernels, ForwardAndBackwardMatchAFloatOracleOnEveryTargetAndThreadCount
           SparseRowGrad sparse;
           std::vector<float> no_pos;
           embedding_backward(sparse, no_pos, c.grad_out, c.tokens, c.positions, s, dropout);
+          ASSERT_EQ(sparse.rows, sparse_rows);
+          ASSERT_EQ(sparse.values.size(), sparse_rows.size() * d);
           for (std::size_t k = 0; k < sparse.rows.size(); ++k) {
             const auto row = static_cast<std::size_t>(sparse.rows[k]);
             const std::vector<float> got(sparse.values.begin() + static_cast<std::ptrdiff_t>(k * d),

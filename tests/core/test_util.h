@@ -5,9 +5,13 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
+#include <source_location>
 #include <string>
 #include <vector>
+
+#include "posembed/core/error.h"
 
 namespace posembed::test {
 
@@ -32,16 +36,56 @@ std::vector<To> cast(const std::vector<From>& from) {
   return std::vector<To>(from.begin(), from.end());
 }
 
-// |actual - expected| <= tolerance[i] element by element, reporting the first miss.
-inline void expect_near_each(const std::vector<float>& actual, const std::vector<double>& expected,
-                             const std::vector<double>& tolerance, const std::string& what) {
+// |got - want|, or +infinity when that is not a number (a NaN on either side):
+// a plain `error > tol` is false for NaN and would pass it.
+inline double abs_error(double got, double want) {
+  if (got == want) return 0.0;  // equal infinities too
+  const double error = std::abs(got - want);
+  return std::isnan(error) ? std::numeric_limits<double>::infinity() : error;
+}
+
+// |actual - expected| <= tolerance[i] element by element; a NaN or an infinity
+// where a finite value is expected always misses. Reports the number of misses
+// and the worst element relative to its tolerance.
+template <class A, class B>
+void expect_near_each(const std::vector<A>& actual, const std::vector<B>& expected,
+                      const std::vector<double>& tolerance, const std::string& what) {
   ASSERT_EQ(actual.size(), expected.size()) << what;
+  ASSERT_EQ(tolerance.size(), expected.size()) << what << ": tolerances";
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  std::size_t misses = 0, at = 0;
+  double worst = -1.0;  // error / tolerance
   for (std::size_t i = 0; i < actual.size(); ++i) {
-    if (std::abs(static_cast<double>(actual[i]) - expected[i]) > tolerance[i]) {
-      ADD_FAILURE() << what << "[" << i << "] = " << actual[i] << ", expected " << expected[i]
-                    << " within " << tolerance[i];
-      return;
+    const double error =
+        abs_error(static_cast<double>(actual[i]), static_cast<double>(expected[i]));
+    const bool ok = error <= tolerance[i];  // false for a NaN tolerance as well
+    misses += !ok;
+    double ratio = error / tolerance[i];  // above 1 exactly when it misses
+    if (std::isnan(ratio) || (tolerance[i] == 0 && ok)) ratio = ok ? 0.0 : kInf;
+    if (ratio > worst) {
+      worst = ratio;
+      at = i;
     }
+  }
+  EXPECT_EQ(misses, 0u) << what << ": " << misses << " of " << actual.size()
+                        << " elements outside their tolerance; worst [" << at
+                        << "] = " << actual[at] << ", expected " << expected[at] << " within "
+                        << tolerance[at];
+}
+
+// Runs `call`, which must throw posembed::Error, and checks that each buffer is
+// as it was before ("on error, outputs untouched"). Fill outputs with values no
+// successful call would write, so a partial write shows. Failures name `where`.
+template <class T, class Call>
+void expect_rejected_untouched(const std::vector<std::vector<T>*>& buffers, Call&& call,
+                               std::source_location where = std::source_location::current()) {
+  const ::testing::ScopedTrace trace(where.file_name(), static_cast<int>(where.line()),
+                                     "the rejected call");
+  std::vector<std::vector<T>> before;
+  for (const std::vector<T>* b : buffers) before.push_back(*b);
+  EXPECT_THROW(call(), Error);
+  for (std::size_t k = 0; k < buffers.size(); ++k) {
+    EXPECT_EQ(*buffers[k], before[k]) << "buffer " << k << " was written before the error";
   }
 }
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/test_util.h"
 #include "posembed/core/init.h"
 
 namespace posembed::model::testing {
@@ -36,19 +37,18 @@ double max_abs(const std::vector<T>& v) {
   return m;
 }
 
-// Every element within tol; reports the worst one.
+// Every element within tol (one bound, or one per element); a NaN or an
+// infinity where a finite value is expected always fails. The comparison is
+// core's test::expect_near_each.
+template <class A, class B>
+void expect_all_near(const std::vector<A>& got, const std::vector<B>& want,
+                     const std::vector<double>& tol, const std::string& what) {
+  test::expect_near_each(got, want, tol, what);
+}
 template <class A, class B>
 void expect_all_near(const std::vector<A>& got, const std::vector<B>& want, double tol,
                      const std::string& what) {
-  ASSERT_EQ(got.size(), want.size()) << what;
-  double worst = 0;
-  std::size_t at = 0;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    const double e = std::abs(static_cast<double>(got[i]) - static_cast<double>(want[i]));
-    if (!(e <= worst)) { worst = e; at = i; }
-  }
-  EXPECT_LE(worst, tol) << what << ": worst error at " << at << " (got " << got[at] << ", want "
-                        << want[at] << ")";
+  test::expect_near_each(got, want, std::vector<double>(want.size(), tol), what);
 }
 
 }  // namespace posembed::model::testing

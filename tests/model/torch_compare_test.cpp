@@ -33,7 +33,7 @@ Compared compare(std::span<const float> ours, const std::vector<float>& theirs) 
   Compared c;
   double dot = 0, a2 = 0, b2 = 0;
   for (std::size_t i = 0; i < theirs.size(); ++i) {
-    c.max_err = std::max(c.max_err, std::abs(double(ours[i]) - theirs[i]));
+    c.max_err = std::max(c.max_err, test::abs_error(ours[i], theirs[i]));  // NaN: infinite
     c.max_ref = std::max(c.max_ref, std::abs(double(theirs[i])));
     dot += double(ours[i]) * theirs[i];
     a2 += double(ours[i]) * ours[i];
@@ -46,7 +46,7 @@ Compared compare(std::span<const float> ours, const std::vector<float>& theirs) 
 TEST(TorchComparison, LogitsLossGradientsAndTenAdamWSteps) {
   const io::SafetensorsFile ref = io::SafetensorsFile::open(kDir / "torch_out.safetensors");
   ASSERT_EQ(ref.metadata().at("format"), "posembed-torch-reference");
-  ASSERT_EQ(ref.metadata().at("version"), "2");  // 2: with param.<name> after the last step
+  ASSERT_EQ(ref.metadata().at("version"), "3");  // 3: lr from PyTorch's own schedulers
   RecordProperty("torch", ref.metadata().at("torch"));
   const TorchCase c = make_torch_case();
   Checkpoint info;
@@ -101,6 +101,16 @@ TEST(TorchComparison, LogitsLossGradientsAndTenAdamWSteps) {
   const std::vector<float> start(model.params.begin(), model.params.end());
   const auto ref_losses = ref.to_f64(*ref.find("losses"));
   ASSERT_EQ(ref_losses.size(), static_cast<std::size_t>(c.train.steps));
+  // Our schedule against PyTorch's LinearLR + CosineAnnealingLR, which update the
+  // rate by a chain of multiplications: ~1 ulp per step, 4 ulps of lr per step allowed.
+  const io::TensorInfo* lr_info = ref.find("lr");
+  ASSERT_NE(lr_info, nullptr);
+  const auto ref_lrs = ref.to_f64(*lr_info);
+  ASSERT_EQ(ref_lrs.size(), static_cast<std::size_t>(c.train.steps));
+  for (std::int64_t s = 0; s < c.train.steps; ++s) {
+    const double tol = 4.0 * double(s + 1) * std::numeric_limits<double>::epsilon() * c.train.lr;
+    EXPECT_NEAR(lr_at(c.train, s), ref_lrs[static_cast<std::size_t>(s)], tol) << "step " << s;
+  }
   double worst_step = 0;
   for (std::int64_t s = 0; s < c.train.steps; ++s) {
     const std::span<const std::int64_t> in(c.inputs.data() + s * B * T, n), tg(c.targets.data() + s * B * T, n);

@@ -1,5 +1,6 @@
 // Writes the PyTorch comparison's inputs: our initial checkpoint and 10 batches
-// with their learning rates (usage: gpt_torch_export OUT_DIR). The same
+// with the training settings (usage: gpt_torch_export OUT_DIR); no learning
+// rates: the reference derives its own schedule from the settings. The same
 // settings are rebuilt by torch_compare_test.cpp through torch_case.h.
 #include <cstdio>
 #include <filesystem>
@@ -19,13 +20,10 @@ int main(int argc, char** argv) {
   const model::Gpt gpt = model::make_gpt(c.model);
   model::save_checkpoint(dir / "torch_init.safetensors", gpt,
                          {c.model, c.train, 0, "synthetic", false}, false);
-  std::vector<double> lrs;
-  for (std::int64_t s = 0; s < c.train.steps; ++s) lrs.push_back(model::lr_at(c.train, s));
   const std::vector<std::int64_t> shape{c.train.steps, c.batch, c.seq_len};
   const io::TensorToWrite tensors[] = {
       {"inputs", io::DType::I64, shape, std::as_bytes(std::span(c.inputs))},
-      {"targets", io::DType::I64, shape, std::as_bytes(std::span(c.targets))},
-      {"lr", io::DType::F64, {c.train.steps}, std::as_bytes(std::span(lrs))}};
+      {"targets", io::DType::I64, shape, std::as_bytes(std::span(c.targets))}};
   std::map<std::string, std::string> meta;
   visit_fields(const_cast<model::TrainConfig&>(c.train), [&](const char* name, auto& field, const char*) {
     meta[name] = field_to_string(field);

@@ -3,12 +3,15 @@
 // needs the position table.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <csignal>
 #include <cstring>
-#include <iterator>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <limits>
+#include <numbers>
 
 #include "posembed/core/error.h"
 #include "posembed/core/parallel.h"
@@ -201,6 +204,94 @@ TEST(Train, ThrowingRunRestoresTheSigintHandler) {
   const auto after = std::signal(SIGINT, before);
   EXPECT_EQ(after, &test_sigint_handler);
   EXPECT_EQ(logged_steps(o.out_dir / "log.csv"), (std::vector<long long>{1, 2}));  // flushed, closed
+}
+
+// The schedule as the README states it, written here in another form: warmup
+// step s (0-based) gets lr (s + 1) / warmup; from step `warmup` the rate falls as
+// floor + (lr - floor) cos^2(pi/2 p), p = (s - warmup) / (steps - warmup), the
+// half-angle form of floor + (lr - floor) (1 + cos(pi p)) / 2.
+double schedule_by_hand(const TrainConfig& c, std::int64_t s) {
+  if (s < c.warmup_steps) return c.lr * double(s + 1) / double(c.warmup_steps);
+  const double floor = c.lr * c.min_lr_ratio;
+  const double p = double(s - c.warmup_steps) / double(c.steps - c.warmup_steps);
+  const double half = std::cos(std::numbers::pi / 2 * p);
+  return floor + (c.lr - floor) * half * half;
+}
+
+TEST(Train, LearningRateWarmsUpLinearlyThenFollowsTheCosine) {
+  TrainConfig d;  // lr 3e-3, warmup 100, 1000 steps, floor 3e-4
+  // Both sides take a few double roundings of values <= lr: 8 ulps of lr.
+  const double tol = 8 * std::numeric_limits<double>::epsilon() * d.lr;
+  EXPECT_NEAR(lr_at(d, 0), 3e-5, tol);
+  EXPECT_NEAR(lr_at(d, 49), 1.5e-3, tol);
+  EXPECT_NEAR(lr_at(d, 99), 3e-3, tol);      // the end of the warmup: the peak
+  EXPECT_NEAR(lr_at(d, 100), 3e-3, tol);     // the start of the cosine
+  EXPECT_NEAR(lr_at(d, 550), 1.65e-3, tol);  // half way down: the mean of peak and floor
+  EXPECT_NEAR(lr_at(d, 1000), 3e-4, tol);    // the floor, one past the last step
+  EXPECT_NEAR(lr_at(d, 4000), 3e-4, tol);    // and after it
+  struct Case {
+    std::int64_t steps, warmup;
+    double ratio;
+  };
+  for (const Case k : {Case{1000, 100, 0.1}, Case{10, 3, 0.1}, Case{7, 0, 0.0}, Case{5, 5, 0.5},
+                       Case{4, 1, 1.0}, Case{2, 1, 0.25}}) {
+    TrainConfig c;
+    c.steps = k.steps;
+    c.warmup_steps = k.warmup;
+    c.min_lr_ratio = k.ratio;
+    for (std::int64_t s = 0; s < c.steps; ++s) {
+      EXPECT_NEAR(lr_at(c, s), schedule_by_hand(c, s), tol)
+          << "steps " << k.steps << " warmup " << k.warmup << " ratio " << k.ratio << " step " << s;
+    }
+  }
+}
+
+// A frozen position table is bit for bit what it was after train_step, also
+// with weight decay on (decoupled decay would shrink it even with a zero
+// gradient) and from a non-zero init, while the token table, first in the same
+// decay group, moves.
+TEST(Train, FrozenNonZeroPositionTableIsUnchangedWithWeightDecay) {
+  set_num_threads(1);
+  const GptConfig c{.max_seq_len = 16, .embed_dim = 16, .n_layer = 1, .n_head = 2, .seed = 5};
+  Gpt model = make_gpt(c);  // normal:0.02 tables
+  model.freeze_positions = true;
+  const ParamTensor& wpe = *find_tensor(model, "wpe.weight");
+  const ParamTensor& wte = *find_tensor(model, "wte.weight");
+  const auto slice = [](std::span<const float> buffer, const ParamTensor& t) {
+    return std::vector<float>(buffer.begin() + static_cast<std::ptrdiff_t>(t.offset),
+                              buffer.begin() + static_cast<std::ptrdiff_t>(t.offset + t.numel));
+  };
+  const std::vector<float> wpe_before = slice(model.params, wpe),
+                           wte_before = slice(model.params, wte);
+  ASSERT_EQ(std::count(wpe_before.begin(), wpe_before.end(), 0.0f), 0)
+      << "the table must start non-zero";
+  TrainConfig t;
+  t.steps = 4;
+  t.warmup_steps = 1;
+  t.lr = 1e-2;
+  t.weight_decay = 0.1;
+  const std::int64_t B = 2, T = 16;
+  Activations acts = make_activations(c, B, T);
+  std::vector<std::int64_t> in(static_cast<std::size_t>(B * T)), tg(in.size());
+  for (std::int64_t s = 0; s < t.steps; ++s) {
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      in[i] = philox_bits(9, static_cast<std::uint64_t>(s), RandomStream::data_sampling, i) % 256;
+      tg[i] = philox_bits(9, static_cast<std::uint64_t>(s), RandomStream::data_sampling,
+                          i + in.size()) %
+              256;
+    }
+    train_step(model, acts, in, tg, T, s, t);
+  }
+  const std::vector<float> wpe_after = slice(model.params, wpe);
+  EXPECT_EQ(std::memcmp(wpe_after.data(), wpe_before.data(), wpe_before.size() * sizeof(float)), 0)
+      << "wpe[0] " << wpe_before[0] << " -> " << wpe_after[0];
+  for (const auto& moment : {slice(model.m, wpe), slice(model.v, wpe)}) {
+    EXPECT_EQ(std::count(moment.begin(), moment.end(), 0.0f),
+              static_cast<std::ptrdiff_t>(wpe.numel))
+        << "AdamW state of the frozen table";
+  }
+  EXPECT_NE(slice(model.params, wte), wte_before) << "the token table did not train";
+  set_num_threads(0);
 }
 
 // Copy-k-back: inputs are random symbols; the target at position t is the input

@@ -65,25 +65,47 @@ def write(outdir):
         json.dump(reference(x), f)
 
 
+def require(condition, message):
+    """A check that stays on under python -O (a bare assert would not)."""
+    if not condition:
+        sys.exit(f"analyze_reference: {message}")
+
+
+def max_error(name, got, want):
+    """Largest |got - want| of two sequences that must have the same length (zip
+    would stop at the shorter one); NaN compares as an infinite error."""
+    require(len(got) == len(want), f"{name}: {len(got)} values, expected {len(want)}")
+    errors = [abs(a - b) for a, b in zip(got, want)]
+    return max((e if e == e else float("inf") for e in errors), default=0.0)
+
+
 def check(cli, outdir):
     ref = reference(make_table())
     out = subprocess.run([cli, "analyze", f"{outdir}/analyze_table.safetensors", "--json",
                           "--out-dir", outdir, "--prefix", "analyze_cli"],
                          check=True, capture_output=True, text=True).stdout
     got = json.loads(out)
-    assert got["format"] == "posembed-analyze" and got["rows"] == ROWS and got["cols"] == COLS
-    assert got["components"] == ref["components"], (got["components"], ref["components"])
+    require(got["format"] == "posembed-analyze", got["format"])
+    require((got["rows"], got["cols"]) == (ROWS, COLS), (got["rows"], got["cols"]))
+    require(got["components"] == ref["components"], (got["components"], ref["components"]))
     s_max = ref["singular_values"][0]
+    require(len(ref["singular_values"]) == min(ROWS, COLS), len(ref["singular_values"]))
     # Two double-precision SVDs of one matrix agree to a few eps * n * s_max.
-    err = max(abs(a - b) for a, b in zip(got["singular_values"], ref["singular_values"]))
-    assert err <= 1e-12 * s_max, err
-    assert abs(got["participation_ratio"] - ref["participation_ratio"]) <= 1e-10
+    err = max_error("singular_values", got["singular_values"], ref["singular_values"])
+    require(err <= 1e-12 * s_max, f"singular values differ by {err}")
+    err = abs(got["participation_ratio"] - ref["participation_ratio"])
+    require(err <= 1e-10, f"participation ratio differs by {err}")
+    # Norms and cosines of double rows, in another summation order: ~n eps relative.
+    err = max_error("row_norms", got["row_norms"], ref["row_norms"])
+    require(err <= 1e-13 * max(ref["row_norms"]), f"row norms differ by {err}")
+    err = max_error("neighbour_cosine", got["neighbour_cosine"], ref["neighbour_cosine"])
+    require(err <= 1e-13, f"neighbour cosines differ by {err}")
     for name in ("analyze_cli.heatmap.png", "analyze_cli.spectrum.png"):
         with open(f"{outdir}/{name}", "rb") as f:
             head = f.read(24)
-        assert head[:8] == b"\x89PNG\r\n\x1a\n", name
+        require(head[:8] == b"\x89PNG\r\n\x1a\n", f"{name} is not a PNG")
         width, height = struct.unpack(">II", head[16:24])
-        assert width >= 512 and height >= 512, (name, width, height)
+        require(width >= 512 and height >= 512, (name, width, height))
     print("analyze CLI matches NumPy; PNGs written")
 
 

@@ -7,7 +7,9 @@ model in plain PyTorch (Conv1D layout: y = x @ W + b, tied output layer, tanh
 GELU, pre-LayerNorm blocks, dropout 0), and writes:
   logits (B, T, V), loss () and grad.<name> for every parameter at step 0, and
   losses (S,): the loss before each of S AdamW steps (GPT-2 decay groups,
-  clip_grad_norm_, the learning rates given in the batches file), and
+  clip_grad_norm_), lr (S,): the learning rate of each step, from PyTorch's own
+  schedulers (LinearLR warmup, then CosineAnnealingLR to lr * min_lr_ratio) set
+  up from the settings in the batches file, not from our values, and
   param.<name> for every parameter after the last of those steps.
 The output carries format/version metadata and the torch version.
 
@@ -17,6 +19,7 @@ import json
 import math
 import struct
 import sys
+import warnings
 
 import numpy as np
 import torch
@@ -24,7 +27,7 @@ import torch.nn.functional as F
 
 import safetensors_pack
 
-FORMAT, VERSION = "posembed-torch-reference", "2"
+FORMAT, VERSION = "posembed-torch-reference", "3"
 DTYPES = {"F32": np.float32, "F64": np.float64, "I64": np.int64}
 
 
@@ -64,6 +67,21 @@ def forward(p, idx, cfg):
     return x @ p["wte.weight"].t()
 
 
+def make_schedule(opt, lr, min_lr_ratio, warmup, steps):
+    """Linear warmup from lr / warmup to lr over the first `warmup` steps, then a
+    cosine from lr (at step `warmup`) towards lr * min_lr_ratio (at step `steps`)."""
+    if warmup < 2 or steps <= warmup:
+        sys.exit(f"gpt_reference: the schedule needs 2 <= warmup_steps < steps, got {warmup}, {steps}")
+    # SequentialLR steps the cosine with an explicit epoch at the milestone, which
+    # PyTorch 1.13 reports as deprecated; the closed form it then uses is the one we want.
+    warnings.filterwarnings("ignore", message="The epoch parameter", category=UserWarning)
+    sched = torch.optim.lr_scheduler
+    return sched.SequentialLR(opt, [
+        sched.LinearLR(opt, start_factor=1 / warmup, end_factor=1.0, total_iters=warmup - 1),
+        sched.CosineAnnealingLR(opt, T_max=steps - warmup, eta_min=lr * min_lr_ratio)],
+        milestones=[warmup])
+
+
 def main():
     ckpt, batches_path, out = sys.argv[1:4]
     torch.manual_seed(0)
@@ -74,7 +92,6 @@ def main():
     assert float(meta["model.dropout"]) == 0.0, "the comparison runs at dropout 0"
     params = {n: torch.tensor(w, requires_grad=True) for n, w in weights.items()}
     inputs, targets = torch.from_numpy(batches["inputs"]), torch.from_numpy(batches["targets"])
-    lrs = batches["lr"]
     wd, clip = float(bmeta["weight_decay"]), float(bmeta["grad_clip"])
     b1, b2, eps = float(bmeta["beta1"]), float(bmeta["beta2"]), float(bmeta["eps"])
 
@@ -89,13 +106,15 @@ def main():
 
     decay = [t for t in params.values() if t.dim() == 2]
     no_decay = [t for t in params.values() if t.dim() != 2]
+    steps = int(bmeta["steps"])
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": wd},
                              {"params": no_decay, "weight_decay": 0.0}],
-                            lr=float(lrs[0]), betas=(b1, b2), eps=eps)
-    losses = []
-    for s in range(len(lrs)):
-        for g in opt.param_groups:
-            g["lr"] = float(lrs[s])
+                            lr=float(bmeta["lr"]), betas=(b1, b2), eps=eps)
+    schedule = make_schedule(opt, float(bmeta["lr"]), float(bmeta["min_lr_ratio"]),
+                             int(bmeta["warmup_steps"]), steps)
+    losses, lrs = [], []
+    for s in range(steps):
+        lrs.append(opt.param_groups[0]["lr"])
         opt.zero_grad(set_to_none=True)
         logits = forward(params, inputs[s], cfg)
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets[s].reshape(-1))
@@ -103,8 +122,10 @@ def main():
         if clip > 0:
             torch.nn.utils.clip_grad_norm_(list(params.values()), clip)
         opt.step()
+        schedule.step()
         losses.append(loss.item())
     result["losses"] = np.array(losses, dtype=np.float64)
+    result["lr"] = np.array(lrs, dtype=np.float64)
     for n, t in params.items():
         result["param." + n] = t.detach().numpy().copy()
     safetensors_pack.save(out, result, {"format": FORMAT, "version": VERSION,

@@ -1,5 +1,6 @@
 #include "posembed/tools/analyze.h"
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstdio>
@@ -34,6 +35,7 @@ TEST(Analyze, KnownSpectrum) {
   const std::int64_t m = 7, rows = 2 * m, cols = 5;
   const TableAnalysis r = analyze_table(orthogonal_columns(a, m), rows, cols);
   ASSERT_EQ(r.singular_values.size(), 5u);
+  ASSERT_EQ(r.variance_ratio.size(), 5u);
   // A backward-stable SVD is exact to a small multiple of eps * ||A||.
   const double tol = 64 * DBL_EPSILON * 4 * std::sqrt(2.0);
   double sum_sq = 0, sum_4 = 0;
@@ -121,6 +123,8 @@ TEST(Analyze, NormsAndNeighbourCosines) {
   const TableAnalysis r = analyze_table(t, 5, 2);
   const std::vector<double> norms = {1, std::sqrt(2.0), 1, 0, 1};
   const std::vector<double> cos = {1 / std::sqrt(2.0), -1 / std::sqrt(2.0), 0, 0};
+  ASSERT_EQ(r.row_norms.size(), norms.size());
+  ASSERT_EQ(r.neighbour_cosine.size(), cos.size());
   for (std::size_t i = 0; i < norms.size(); ++i) EXPECT_NEAR(r.row_norms[i], norms[i], 1e-15);
   for (std::size_t i = 0; i < cos.size(); ++i) EXPECT_NEAR(r.neighbour_cosine[i], cos[i], 1e-15);
   EXPECT_EQ(r.zero_rows, 1);
@@ -154,6 +158,8 @@ TEST(Analyze, RejectsBadTables) {
   EXPECT_THROW(analyze_table(t, 4, 3), Error);
   // All rows equal: zero spectrum, reported without dividing by zero.
   const TableAnalysis r = analyze_table(std::vector<float>(12, 0.5f), 4, 3);
+  ASSERT_EQ(r.row_norms.size(), 4u);
+  ASSERT_EQ(r.neighbour_cosine.size(), 3u);
   EXPECT_EQ(r.components_90, 0);
   EXPECT_EQ(r.participation_ratio, 0.0);
   EXPECT_NEAR(r.neighbour_cosine[0], 1.0, 1e-15);
@@ -173,6 +179,7 @@ TEST(Analyze, MatchesNumPy) {
 
   const TableAnalysis r = analyze_table(t, rows, cols);
   const auto s = ref.at("singular_values").get<std::vector<double>>();
+  ASSERT_EQ(s.size(), static_cast<std::size_t>(std::min(rows, cols)));
   ASSERT_EQ(r.singular_values.size(), s.size());
   // Two double SVDs of the same matrix: agreement to ~n eps s_max; 1e-12 s_max leaves margin.
   for (std::size_t i = 0; i < s.size(); ++i) EXPECT_NEAR(r.singular_values[i], s[i], 1e-12 * s[0]);
@@ -182,6 +189,10 @@ TEST(Analyze, MatchesNumPy) {
   EXPECT_NEAR(r.participation_ratio, ref.at("participation_ratio").get<double>(), 1e-10);
   const auto norms = ref.at("row_norms").get<std::vector<double>>();
   const auto cos = ref.at("neighbour_cosine").get<std::vector<double>>();
+  ASSERT_EQ(norms.size(), static_cast<std::size_t>(rows));
+  ASSERT_EQ(cos.size(), static_cast<std::size_t>(rows - 1));
+  ASSERT_EQ(r.row_norms.size(), norms.size());
+  ASSERT_EQ(r.neighbour_cosine.size(), cos.size());
   for (std::size_t i = 0; i < norms.size(); ++i) EXPECT_NEAR(r.row_norms[i], norms[i], 1e-13 * norms[i]);
   for (std::size_t i = 0; i < cos.size(); ++i) EXPECT_NEAR(r.neighbour_cosine[i], cos[i], 1e-13);
 }
