@@ -35,6 +35,9 @@ def empty_cache() -> None:
 _SCHEMES = ("default", "opt", "fairseq")
 # The kernel's rows are unique, ascending and inside the table: torch 2.x may skip its check
 # (and its warning that the check is off); 1.13 has no such argument.
+# The layer is one C++ call: torch.compile (2.1+) runs it as it is, between the compiled
+# graphs around it, instead of tracing into NumPy and C++ code it cannot see.
+_not_compiled = getattr(getattr(torch, "compiler", None), "disable", lambda fn: fn)
 _SPARSE_KWARGS = ({"check_invariants": False}
                   if hasattr(torch.sparse, "check_sparse_tensor_invariants") else {})
 
@@ -260,6 +263,7 @@ class LearnedPositionEmbedding(nn.Module):
         scheme = positions.opt if self.position_scheme == "opt" else positions.from_attention_mask
         return scheme(mask, past_length)
 
+    @_not_compiled
     def forward(self, input_ids, position_ids=None, *, attention_mask=None, past_length: int = 0,
                 cu_seqlens=None, eos_token_id=None) -> torch.Tensor:
         """(B, T, embed_dim) = dropout(token_table[input_ids] + position_table[positions]).
