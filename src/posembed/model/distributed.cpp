@@ -353,13 +353,12 @@ DataParallel make_data_parallel(const World& w, const Gpt& model, const TrainCon
   return dp;
 }
 
-StepStats data_parallel_step(Gpt& model, DataParallel& dp, std::span<const std::uint8_t> text,
-                             std::uint64_t seed, std::int64_t step, const TrainConfig& c) {
+StepStats data_parallel_step(Gpt& model, DataParallel& dp, const BatchSource& batch,
+                             std::int64_t step, const TrainConfig& c) {
   const std::int64_t M = dp.micro_batches, T = dp.seq_len, tokens = c.batch_size * T;
   const bool several = dp.world.size > 1;
   for (std::int64_t k = dp.mine.begin; k < dp.mine.end; ++k) {
-    fill_train_batch(dp.inputs, dp.targets, text, dp.micro_batch, T, seed,
-                     static_cast<std::uint64_t>(step), k * dp.micro_batch);
+    batch(dp.inputs, dp.targets, k * dp.micro_batch);
     dp.loss_sums[sz(k)] = micro_batch_gradient(model, dp.acts, dp.inputs, dp.targets, T,
                                                static_cast<std::uint64_t>(step * M + k), tokens);
     if (several) stage(model, dp, k - dp.mine.begin);

@@ -39,6 +39,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -130,10 +131,15 @@ struct DataParallel {
 DataParallel make_data_parallel(const World& world, const Gpt& model, const TrainConfig& config,
                                 std::int64_t seq_len, bool shard_optimizer);
 
+// Writes the windows of batch rows first_row .. first_row + micro_batch - 1 of
+// the step being taken (train(): fill_train_batch from the train split).
+using BatchSource = std::function<void(std::span<std::int64_t> inputs,
+                                       std::span<std::int64_t> targets, std::int64_t first_row)>;
+
 // One optimizer step over the batch of `step` (see the order above); every rank
 // returns the same stats and holds the same parameters afterwards.
-StepStats data_parallel_step(Gpt& model, DataParallel& dp, std::span<const std::uint8_t> text,
-                             std::uint64_t seed, std::int64_t step, const TrainConfig& config);
+StepStats data_parallel_step(Gpt& model, DataParallel& dp, const BatchSource& batch,
+                             std::int64_t step, const TrainConfig& config);
 
 // Mean eval-mode loss over the windows, the chunks split over the ranks.
 double data_parallel_evaluate(const Gpt& model, DataParallel& dp,

@@ -643,7 +643,12 @@ TrainResult train(const TrainOptions& options) {
   double tokens = 0;
   std::int64_t step = info.step;
   while (step < tc.steps) {
-    const StepStats s = data_parallel_step(model, dp, corpus.train, info.model.seed, step, tc);
+    const auto windows = [&](std::span<std::int64_t> in, std::span<std::int64_t> tg,
+                             std::int64_t first_row) {
+      fill_train_batch(in, tg, corpus.train, tc.micro_batch, T, info.model.seed,
+                       static_cast<std::uint64_t>(step), first_row);
+    };
+    const StepStats s = data_parallel_step(model, dp, windows, step, tc);
     ++step;
     result.losses.push_back(s.loss);
     tokens += static_cast<double>(B * T);
