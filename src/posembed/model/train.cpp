@@ -703,6 +703,14 @@ TrainResult train(const TrainOptions& options) {
   result.checkpoint = ckpt;
   result.tokens_per_second = tokens / elapsed();
   result.exchange_seconds = dp.exchange_seconds;
+  if (!quiet && w.size > 1) {
+    // Rank 0's time in MPI calls, waiting for slower ranks included.
+    std::printf("exchange between ranks (rank 0): %.2f MB per step, %.2f ms per step (%.1f%% of "
+                "the training time)\n",
+                static_cast<double>(dp.bytes_per_step) / 1e6,
+                1e3 * dp.exchange_seconds / static_cast<double>(step - result.first_step),
+                100.0 * dp.exchange_seconds / elapsed());
+  }
   if (step == tc.steps && !result.interrupted) {
     // (the checkpoint is already written; an interrupt here just ends the run)
     result.final_val_loss = data_parallel_evaluate(model, dp, corpus.val, val_all);
@@ -711,13 +719,6 @@ TrainResult train(const TrainOptions& options) {
       std::printf("%sdone: %lld steps in %s, %.0f tokens/s\n", tty ? "\n" : "",
                   static_cast<long long>(step), seconds_text(elapsed()).c_str(),
                   result.tokens_per_second);
-      if (w.size > 1) {
-        std::printf("exchange between ranks (rank 0): %.2f MB per step, %.3f s in all (%.1f%% of "
-                    "the run, %.2f ms per step)\n",
-                    static_cast<double>(dp.bytes_per_step) / 1e6, dp.exchange_seconds,
-                    100.0 * dp.exchange_seconds / elapsed(),
-                    1e3 * dp.exchange_seconds / static_cast<double>(step - result.first_step));
-      }
       std::printf("final loss (nats/byte, eval mode): train %.4f (%zu windows), validation %.4f "
                   "(all %zu windows); unigram entropy of the text %.4f\n",
                   result.final_train_loss, train_some.size(), result.final_val_loss,
