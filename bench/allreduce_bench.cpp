@@ -36,7 +36,8 @@ struct Timing {
 template <class F>
 Seconds time_exchange(F&& exchange, std::size_t floats) {
   // Enough repetitions for ~0.3 s per size, between 3 and 200.
-  const int reps = static_cast<int>(std::clamp<double>(3e7 / static_cast<double>(floats + 1000), 3, 200));
+  const int reps =
+      static_cast<int>(std::clamp<double>(3e7 / static_cast<double>(floats + 1000), 3, 200));
   std::vector<double> t;
   exchange();  // warm-up: first-touch of the buffers, connection set-up
   for (int r = 0; r < reps; ++r) {
@@ -95,16 +96,20 @@ int main(int argc, char** argv) {
     Timing row;
     row.floats = floats;
     row.moved = 2.0 * (n - 1) / n * 4.0 * static_cast<double>(floats);
-    row.allreduce = time_exchange([&] {
-      MPI_Allreduce(grad.data(), sum.data(), static_cast<int>(floats), MPI_FLOAT, MPI_SUM,
-                    MPI_COMM_WORLD);
-    }, floats);
-    row.ordered = time_exchange([&] {
-      MPI_Alltoallv(grad.data(), counts.data(), displs.data(), MPI_FLOAT, received.data(),
-                    rcounts.data(), rdispls.data(), MPI_FLOAT, MPI_COMM_WORLD);
-      MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, sum.data(), counts.data(),
-                     displs.data(), MPI_FLOAT, MPI_COMM_WORLD);
-    }, floats);
+    row.allreduce = time_exchange(
+        [&] {
+          MPI_Allreduce(grad.data(), sum.data(), static_cast<int>(floats), MPI_FLOAT, MPI_SUM,
+                        MPI_COMM_WORLD);
+        },
+        floats);
+    row.ordered = time_exchange(
+        [&] {
+          MPI_Alltoallv(grad.data(), counts.data(), displs.data(), MPI_FLOAT, received.data(),
+                        rcounts.data(), rdispls.data(), MPI_FLOAT, MPI_COMM_WORLD);
+          MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, sum.data(), counts.data(),
+                         displs.data(), MPI_FLOAT, MPI_COMM_WORLD);
+        },
+        floats);
     rows.push_back(row);
   }
   if (rank == 0) {

@@ -23,8 +23,8 @@ GptConfig tiny_config() {
 }
 
 TEST(ParamShard, WholePiecesCoverEveryParameterOnce) {
-  for (const std::size_t P : {std::size_t{1}, kParamPiece, kParamPiece + 1, std::size_t{118528},
-                              std::size_t{842496}}) {
+  for (const std::size_t P :
+       {std::size_t{1}, kParamPiece, kParamPiece + 1, std::size_t{118528}, std::size_t{842496}}) {
     for (int ranks = 1; ranks <= 7; ++ranks) {
       std::size_t next = 0, smallest = P, largest = 0;
       for (int r = 0; r < ranks; ++r) {
@@ -88,7 +88,8 @@ TEST(DataParallel, OneMicroBatchIsTrainStep) {
   const std::int64_t T = 16;
   std::vector<std::uint8_t> text(5000);
   for (std::size_t i = 0; i < text.size(); ++i) {
-    text[i] = static_cast<std::uint8_t>('a' + philox_bits(5, 0, RandomStream::data_sampling, i) % 26);
+    text[i] =
+        static_cast<std::uint8_t>('a' + philox_bits(5, 0, RandomStream::data_sampling, i) % 26);
   }
   Gpt a = make_gpt(c), b = make_gpt(c);
   Activations acts = make_activations(c, t.batch_size, T);
@@ -97,8 +98,10 @@ TEST(DataParallel, OneMicroBatchIsTrainStep) {
   for (std::int64_t step = 0; step < 4; ++step) {
     fill_train_batch(in, tg, text, t.batch_size, T, c.seed, static_cast<std::uint64_t>(step));
     const StepStats sa = train_step(a, acts, in, tg, T, step, t);
-    const auto rows = [&](std::span<std::int64_t> ins, std::span<std::int64_t> tgs, std::int64_t first) {
-      fill_train_batch(ins, tgs, text, t.micro_batch, T, c.seed, static_cast<std::uint64_t>(step), first);
+    const auto rows = [&](std::span<std::int64_t> ins, std::span<std::int64_t> tgs,
+                          std::int64_t first) {
+      fill_train_batch(ins, tgs, text, t.micro_batch, T, c.seed, static_cast<std::uint64_t>(step),
+                       first);
     };
     const StepStats sb = data_parallel_step(b, dp, rows, step, t);
     EXPECT_EQ(sa.loss, sb.loss) << step;
@@ -112,7 +115,8 @@ TEST(DataParallel, OneMicroBatchIsTrainStep) {
   t.micro_batch = 1;
   Gpt m = make_gpt(c0);
   DataParallel dm = make_data_parallel(World{}, m, t, T, false);
-  const auto rows = [&](std::span<std::int64_t> ins, std::span<std::int64_t> tgs, std::int64_t first) {
+  const auto rows = [&](std::span<std::int64_t> ins, std::span<std::int64_t> tgs,
+                        std::int64_t first) {
     fill_train_batch(ins, tgs, text, 1, T, c.seed, 0, first);
   };
   Gpt ref = make_gpt(c0);

@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
-#include <cstdio>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <type_traits>
@@ -24,7 +24,9 @@
 namespace posembed::model {
 namespace {
 
-std::size_t sz(std::int64_t n) { return static_cast<std::size_t>(n); }
+std::size_t sz(std::int64_t n) {
+  return static_cast<std::size_t>(n);
+}
 
 // Ranks an MPI launcher started, from the variables Open MPI (OMPI_COMM_WORLD_SIZE)
 // and MPICH's Hydra (PMI_SIZE) give each process; 0 when no launcher did.
@@ -61,14 +63,18 @@ void mpi_start() {
   // Only the main thread calls MPI; OpenMP threads never do.
   MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
 }
-void mpi_finish() { MPI_Finalize(); }
+void mpi_finish() {
+  MPI_Finalize();
+}
 World mpi_world() {
   World w;
   MPI_Comm_rank(MPI_COMM_WORLD, &w.rank);
   MPI_Comm_size(MPI_COMM_WORLD, &w.size);
   return w;
 }
-void mpi_abort(int code) { MPI_Abort(MPI_COMM_WORLD, code); }
+void mpi_abort(int code) {
+  MPI_Abort(MPI_COMM_WORLD, code);
+}
 
 // Counts are ints, so large buffers go in pieces of at most 1 GiB.
 void mpi_broadcast(void* data, std::size_t bytes) {
@@ -116,27 +122,50 @@ int mpi_ranks_on_this_machine() {
 [[noreturn]] void no_mpi() {
   throw Error("this posembed was built without MPI; distributed training needs a build with it");
 }
-bool mpi_running() { return false; }
-void mpi_start() { no_mpi(); }
+bool mpi_running() {
+  return false;
+}
+void mpi_start() {
+  no_mpi();
+}
 void mpi_finish() {}
-World mpi_world() { no_mpi(); }
+World mpi_world() {
+  no_mpi();
+}
 void mpi_abort(int) {}
-void mpi_broadcast(void*, std::size_t) { no_mpi(); }
-void mpi_all_to_all(const float*, const int*, const int*, float*, const int*, const int*) { no_mpi(); }
+void mpi_broadcast(void*, std::size_t) {
+  no_mpi();
+}
+void mpi_all_to_all(const float*, const int*, const int*, float*, const int*, const int*) {
+  no_mpi();
+}
 template <class T>
-void mpi_all_gather(T*, const int*, const int*) { no_mpi(); }
-void mpi_gather(const float*, int, float*, const int*, const int*) { no_mpi(); }
-void mpi_scatter(const float*, const int*, const int*, float*, int) { no_mpi(); }
-int mpi_or(int) { no_mpi(); }
-int mpi_ranks_on_this_machine() { no_mpi(); }
+void mpi_all_gather(T*, const int*, const int*) {
+  no_mpi();
+}
+void mpi_gather(const float*, int, float*, const int*, const int*) {
+  no_mpi();
+}
+void mpi_scatter(const float*, const int*, const int*, float*, int) {
+  no_mpi();
+}
+int mpi_or(int) {
+  no_mpi();
+}
+int mpi_ranks_on_this_machine() {
+  no_mpi();
+}
 #endif
 
 // ---- layout ----
 
-std::size_t pieces_in(ParamRange r) { return (r.size() + kParamPiece - 1) / kParamPiece; }
+std::size_t pieces_in(ParamRange r) {
+  return (r.size() + kParamPiece - 1) / kParamPiece;
+}
 
 // Counts and displacements of one rank-by-rank exchange.
-void set_counts(DataParallel::Counts& c, int ranks, auto&& count_and_displ, const std::string& what) {
+void set_counts(DataParallel::Counts& c, int ranks, auto&& count_and_displ,
+                const std::string& what) {
   c.counts.assign(sz(ranks), 0);
   c.displs.assign(sz(ranks), 0);
   for (int r = 0; r < ranks; ++r) {
@@ -151,7 +180,8 @@ template <class F>
 void timed(DataParallel& dp, F&& exchange) {
   const auto t0 = std::chrono::steady_clock::now();
   exchange();
-  dp.exchange_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  dp.exchange_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 // Element-wise work over n floats in fixed blocks (any thread count, same bits).
@@ -172,10 +202,12 @@ void accumulate(Gpt& model, DataParallel& dp, std::int64_t k) {
   float* sum = dp.sum.data();
   float* g = model.grads.data();
   for_blocks(model.num_params, [&](std::size_t i0, std::size_t i1) {
-    for (std::size_t i = i0; i < i1; ++i) {
-      if (k == 0) sum[i] = g[i];
-      else if (k < M - 1) sum[i] += g[i];
-      else g[i] = sum[i] + g[i];
+    if (k == 0) {
+      std::copy(g + i0, g + i1, sum + i0);
+    } else if (k < M - 1) {
+      for (std::size_t i = i0; i < i1; ++i) sum[i] += g[i];
+    } else {
+      for (std::size_t i = i0; i < i1; ++i) g[i] = sum[i] + g[i];
     }
   });
 }
@@ -207,7 +239,9 @@ void reduce_own_shard(Gpt& model, DataParallel& dp) {
 
 }  // namespace
 
-bool mpi_built() { return POSEMBED_HAVE_MPI != 0; }
+bool mpi_built() {
+  return POSEMBED_HAVE_MPI != 0;
+}
 
 MpiSession::MpiSession() {
   if (launched_ranks() == 0 || mpi_running()) return;
@@ -227,14 +261,17 @@ World world() {
   if (mpi_running()) return mpi_world();
   const int launched = launched_ranks();
   if (launched > 1) {
-    throw Error(mpi_built()
-                    ? "an MPI launcher started " + std::to_string(launched) +
-                          " ranks but MPI is not running in this process: create a "
-                          "posembed::model::MpiSession before training"
-                    : "this posembed was built without MPI, but an MPI launcher started it as one "
-                      "of " + std::to_string(launched) + " ranks, which would each train alone on "
-                      "the same files. Install libopenmpi-dev and rebuild (cmake -DPOSEMBED_MPI=ON), "
-                      "or run a single process without mpirun");
+    throw Error(
+        mpi_built()
+            ? "an MPI launcher started " + std::to_string(launched) +
+                  " ranks but MPI is not running in this process: create a "
+                  "posembed::model::MpiSession before training"
+            : "this posembed was built without MPI, but an MPI launcher started it as one "
+              "of " +
+                  std::to_string(launched) +
+                  " ranks, which would each train alone on "
+                  "the same files. Install libopenmpi-dev and rebuild (cmake -DPOSEMBED_MPI=ON), "
+                  "or run a single process without mpirun");
   }
   return {};
 }
@@ -244,8 +281,10 @@ IndexRange split_range(std::int64_t count, int part, int parts) {
 }
 
 void abort_job(const World& w, const std::string& message, int code) {
-  if (w.size > 1) std::fprintf(stderr, "error (rank %d of %d): %s\n", w.rank, w.size, message.c_str());
-  else std::fprintf(stderr, "error: %s\n", message.c_str());
+  if (w.size > 1)
+    std::fprintf(stderr, "error (rank %d of %d): %s\n", w.rank, w.size, message.c_str());
+  else
+    std::fprintf(stderr, "error: %s\n", message.c_str());
   std::fflush(stderr);
   if (w.size > 1 && mpi_running()) mpi_abort(code);  // ends every rank; mpirun says which
   std::exit(code);
@@ -275,14 +314,18 @@ void broadcast(const World& w, Checkpoint& info) {
   std::map<std::string, std::string> meta;
   std::vector<std::string> fields(1);
   for (const std::uint8_t b : bytes) {
-    if (b != 0) fields.back() += static_cast<char>(b);
-    else fields.emplace_back();
+    if (b != 0)
+      fields.back() += static_cast<char>(b);
+    else
+      fields.emplace_back();
   }
   for (std::size_t i = 0; i + 1 < fields.size(); i += 2) meta[fields[i]] = fields[i + 1];
   info = checkpoint_from_metadata(meta, "rank 0's settings");
 }
 
-int flags_of_all_ranks(const World& w, int flags) { return w.size == 1 ? flags : mpi_or(flags); }
+int flags_of_all_ranks(const World& w, int flags) {
+  return w.size == 1 ? flags : mpi_or(flags);
+}
 
 int default_threads(const World& w) {
   if (w.size == 1) return 0;  // all cores
@@ -302,8 +345,11 @@ DataParallel make_data_parallel(const World& w, const Gpt& model, const TrainCon
   if (M < w.size) {
     throw Error(std::to_string(w.size) + " ranks but only " + std::to_string(M) +
                 " micro-batches per step (batch_size " + std::to_string(c.batch_size) +
-                " / micro_batch " + std::to_string(c.micro_batch) + "): every rank needs at "
-                "least one. Run at most " + std::to_string(M) + " ranks, or a larger --batch-size "
+                " / micro_batch " + std::to_string(c.micro_batch) +
+                "): every rank needs at "
+                "least one. Run at most " +
+                std::to_string(M) +
+                " ranks, or a larger --batch-size "
                 "or a smaller --micro-batch (either changes the bits of the run)");
   }
   dp.mine = split_range(M, w.rank, w.size);
@@ -323,30 +369,45 @@ DataParallel make_data_parallel(const World& w, const Gpt& model, const TrainCon
   dp.targets.assign(dp.inputs.size(), 0);
   dp.loss_sums.assign(sz(M), 0.0);
   dp.piece_squares.assign((P + kParamPiece - 1) / kParamPiece, 0.0);
-  set_counts(dp.micro_counts, w.size, [&](int r) {
-    const IndexRange m = split_range(M, r, w.size);
-    return std::pair{sz(m.size()), sz(m.begin)};
-  }, "the loss sums");
+  set_counts(
+      dp.micro_counts, w.size,
+      [&](int r) {
+        const IndexRange m = split_range(M, r, w.size);
+        return std::pair{sz(m.size()), sz(m.begin)};
+      },
+      "the loss sums");
   if (w.size == 1) {
     if (M > 1) dp.sum.assign(P, 0.0f);
     return dp;
   }
   const auto mine = sz(dp.mine.size());
   const std::string what = "the gradient exchange";
-  set_counts(dp.to_send, w.size, [&](int r) {
-    const ParamRange& s = dp.shards[sz(r)];
-    return std::pair{mine * s.size(), mine * s.begin};
-  }, what);
-  set_counts(dp.to_receive, w.size, [&](int r) {
-    const IndexRange m = split_range(M, r, w.size);
-    return std::pair{sz(m.size()) * own.size(), sz(m.begin) * own.size()};
-  }, what);
-  set_counts(dp.shard_floats, w.size, [&](int r) {
-    return std::pair{dp.shards[sz(r)].size(), dp.shards[sz(r)].begin};
-  }, what);
-  set_counts(dp.shard_pieces, w.size, [&](int r) {
-    return std::pair{pieces_in(dp.shards[sz(r)]), dp.shards[sz(r)].begin / kParamPiece};
-  }, what);
+  set_counts(
+      dp.to_send, w.size,
+      [&](int r) {
+        const ParamRange& s = dp.shards[sz(r)];
+        return std::pair{mine * s.size(), mine * s.begin};
+      },
+      what);
+  set_counts(
+      dp.to_receive, w.size,
+      [&](int r) {
+        const IndexRange m = split_range(M, r, w.size);
+        return std::pair{sz(m.size()) * own.size(), sz(m.begin) * own.size()};
+      },
+      what);
+  set_counts(
+      dp.shard_floats, w.size,
+      [&](int r) {
+        return std::pair{dp.shards[sz(r)].size(), dp.shards[sz(r)].begin};
+      },
+      what);
+  set_counts(
+      dp.shard_pieces, w.size,
+      [&](int r) {
+        return std::pair{pieces_in(dp.shards[sz(r)]), dp.shards[sz(r)].begin / kParamPiece};
+      },
+      what);
   dp.sent.assign(mine * P, 0.0f);
   dp.received.assign(sz(M) * own.size(), 0.0f);
   dp.bytes_per_step = sizeof(float) * (mine * (P - own.size()) + (P - own.size()));
@@ -361,8 +422,10 @@ StepStats data_parallel_step(Gpt& model, DataParallel& dp, const BatchSource& ba
     batch(dp.inputs, dp.targets, k * dp.micro_batch);
     dp.loss_sums[sz(k)] = micro_batch_gradient(model, dp.acts, dp.inputs, dp.targets, T,
                                                static_cast<std::uint64_t>(step * M + k), tokens);
-    if (several) stage(model, dp, k - dp.mine.begin);
-    else accumulate(model, dp, k);
+    if (several)
+      stage(model, dp, k - dp.mine.begin);
+    else
+      accumulate(model, dp, k);
   }
   StepStats stats;
   if (several) {
@@ -381,7 +444,8 @@ StepStats data_parallel_step(Gpt& model, DataParallel& dp, const BatchSource& ba
   stats.loss = loss / static_cast<double>(tokens);
   const ParamRange own = dp.shards[sz(dp.world.rank)];
   if (dp.shard_optimizer && several) {
-    const std::span<double> pieces(dp.piece_squares.data() + own.begin / kParamPiece, pieces_in(own));
+    const std::span<double> pieces(dp.piece_squares.data() + own.begin / kParamPiece,
+                                   pieces_in(own));
     grad_piece_squares(model.grads.subspan(own.begin, own.size()), pieces);
     timed(dp, [&] {
       mpi_all_gather(dp.piece_squares.data(), dp.shard_pieces.counts.data(),
@@ -419,11 +483,16 @@ double data_parallel_evaluate(const Gpt& model, DataParallel& dp,
                   std::span<double>(dp.chunk_sums).subspan(sz(mine.begin), sz(mine.size())));
   if (dp.world.size > 1) {
     DataParallel::Counts counts;
-    set_counts(counts, dp.world.size, [&](int r) {
-      const IndexRange m = split_range(chunks, r, dp.world.size);
-      return std::pair{sz(m.size()), sz(m.begin)};
-    }, "the evaluation");
-    timed(dp, [&] { mpi_all_gather(dp.chunk_sums.data(), counts.counts.data(), counts.displs.data()); });
+    set_counts(
+        counts, dp.world.size,
+        [&](int r) {
+          const IndexRange m = split_range(chunks, r, dp.world.size);
+          return std::pair{sz(m.size()), sz(m.begin)};
+        },
+        "the evaluation");
+    timed(dp, [&] {
+      mpi_all_gather(dp.chunk_sums.data(), counts.counts.data(), counts.displs.data());
+    });
   }
   double total = 0.0;
   for (const double s : dp.chunk_sums) total += s;
@@ -451,7 +520,8 @@ void load_checkpoint(const std::filesystem::path& path, Gpt& model, DataParallel
   const bool sharded = dp.shard_optimizer && dp.world.size > 1;
   // Sharded: rank 0 reads every moment into its idle buffers (as when saving).
   const std::span<float> m_all = sharded ? model.grads : model.m;
-  const std::span<float> v_all = sharded ? std::span<float>(dp.sent.data(), model.num_params) : model.v;
+  const std::span<float> v_all =
+      sharded ? std::span<float>(dp.sent.data(), model.num_params) : model.v;
   if (dp.world.rank == 0) load_checkpoint_tensors(path, model, m_all, v_all);
   if (dp.world.size == 1) return;
   mpi_broadcast(model.params.data(), model.params.size_bytes());

@@ -104,14 +104,14 @@ struct DataParallel {
   World world;
   bool shard_optimizer = false;
   std::int64_t seq_len = 0, micro_batch = 0;  // T; windows per micro-batch
-  std::int64_t micro_batches = 0;              // M per step
-  IndexRange mine;                             // this rank's micro-batches
-  std::vector<ParamRange> shards;              // every rank's parameters (whole pieces)
-  Activations acts;                            // one micro-batch
-  std::vector<std::int64_t> inputs, targets;   // (micro_batch, T)
-  std::vector<float> sent;      // N > 1: (mine.size, P), grouped by destination shard
-  std::vector<float> received;  // N > 1: (M, own shard) in micro-batch order
-  std::vector<float> sum;       // N = 1, M > 1: running sum of the micro-batch gradients (P)
+  std::int64_t micro_batches = 0;             // M per step
+  IndexRange mine;                            // this rank's micro-batches
+  std::vector<ParamRange> shards;             // every rank's parameters (whole pieces)
+  Activations acts;                           // one micro-batch
+  std::vector<std::int64_t> inputs, targets;  // (micro_batch, T)
+  std::vector<float> sent;                    // N > 1: (mine.size, P), grouped by destination shard
+  std::vector<float> received;                // N > 1: (M, own shard) in micro-batch order
+  std::vector<float> sum;             // N = 1, M > 1: running sum of the micro-batch gradients (P)
   std::vector<double> loss_sums;      // (M)
   std::vector<double> piece_squares;  // one per kParamPiece piece of the parameters
   std::vector<double> chunk_sums;     // evaluation, one per chunk
@@ -121,8 +121,8 @@ struct DataParallel {
     std::vector<int> counts, displs;
   };
   Counts to_send, to_receive, micro_counts, shard_floats, shard_pieces;
-  double exchange_seconds = 0;        // time spent exchanging gradients and parameters
-  std::uint64_t bytes_per_step = 0;   // sent in the reduce-scatter + received in the all-gather
+  double exchange_seconds = 0;       // time spent exchanging gradients and parameters
+  std::uint64_t bytes_per_step = 0;  // sent in the reduce-scatter + received in the all-gather
 };
 
 // Checks that every rank gets at least one micro-batch and that the exchange
