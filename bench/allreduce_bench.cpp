@@ -4,19 +4,24 @@
 //   ordered    posembed train's exchange with one micro-batch per rank:
 //              MPI_Alltoallv of the gradient's shards, then MPI_Allgatherv of
 //              the summed shards (model/distributed.h; the fold is not timed)
-// and the ring model t = latency + 2 (N-1)/N x bytes / bandwidth fitted to the
-// fastest repetitions (least squares on relative error; on a shared machine the
-// minimum is the transport, the median adds other jobs' scheduling), with each
-// size's time beside the model's. Rank 0 prints.
+// with the bandwidth each reaches (2 (N-1)/N x bytes / time) and a check of the
+// ring model t = latency + 2 (N-1)/N x bytes / bandwidth. Through shared memory
+// the "link" is the cache or the memory, so the model is fitted per regime: the
+// sizes whose buffers (3 x 4 bytes x floats on each rank) fit in the last-level
+// cache, and the others. For each size, the model fitted to the other sizes of
+// its regime (least squares on relative error, fastest repetitions: on a shared
+// machine the minimum is the transport, the median adds other jobs'
+// scheduling) predicts its time. Rank 0 prints.
 //   mpirun -np 2 build/bench/allreduce_bench [FLOATS ...]
 // Default sizes include the trainer's default model (842,496 parameters) and
-// GPT-2 small (124,439,808).
+// GPT-2 small (124,439,808): four sizes in cache here and four beyond.
 #include <mpi.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -68,6 +73,13 @@ void fit(const std::vector<double>& x, const std::vector<double>& t, double& a, 
   b = (s00 * r1 - s01 * r0) / det;
 }
 
+// Bytes of the last-level cache (Linux sysfs), 32 MiB when it cannot be read.
+double cache_bytes() {
+  std::ifstream in("/sys/devices/system/cpu/cpu0/cache/index3/size");
+  double kib = 0;
+  return in >> kib ? kib * 1024 : 32.0 * 1024 * 1024;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -75,7 +87,8 @@ int main(int argc, char** argv) {
   int rank = 0, n = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &n);
-  std::vector<std::size_t> sizes = {1024, 16384, 262144, 842496, 4194304, 16777216, 124439808};
+  std::vector<std::size_t> sizes = {1024,    16384,    262144,   842496,
+                                    4194304, 16777216, 33554432, 124439808};
   if (argc > 1) {
     sizes.clear();
     for (int i = 1; i < argc; ++i) sizes.push_back(std::strtoull(argv[i], nullptr, 10));
@@ -113,26 +126,46 @@ int main(int argc, char** argv) {
     rows.push_back(row);
   }
   if (rank == 0) {
-    std::vector<double> x, ta, to;
-    for (const Timing& r : rows) {
-      x.push_back(r.moved);
-      ta.push_back(r.allreduce.min);
-      to.push_back(r.ordered.min);
+    const double cache = cache_bytes();
+    const auto in_cache = [&](const Timing& r) {
+      return 3.0 * 4.0 * static_cast<double>(r.floats) * n <= cache;
+    };
+    // The model fitted to the sizes of `regime` but `skip`; at `skip` its time,
+    // for skip == rows.size() its bandwidth; 0 with fewer than 2 sizes to fit.
+    const auto predict = [&](std::size_t skip, bool ordered, bool regime) {
+      std::vector<double> x, t;
+      for (std::size_t i = 0; i < rows.size(); ++i) {
+        if (i == skip || in_cache(rows[i]) != regime) continue;
+        x.push_back(rows[i].moved);
+        t.push_back(ordered ? rows[i].ordered.min : rows[i].allreduce.min);
+      }
+      if (x.size() < 2) return 0.0;
+      double a = 0, b = 0;
+      fit(x, t, a, b);
+      return skip < rows.size() ? a + b * rows[skip].moved : 1e-9 / b;
+    };
+    std::printf(
+        "%d ranks, last-level cache %.0f MiB. GB/s = 2(N-1)/N x bytes / fastest time; "
+        "LOO = the ring model fitted to the other sizes of the same regime / measured\n",
+        n, cache / (1024 * 1024));
+    std::printf("%11s %9s %6s | %36s | %36s\n", "", "", "", "allreduce", "ordered");
+    std::printf("%11s %9s %6s | %8s %8s %8s %8s | %8s %8s %8s %8s\n", "floats", "MB moved",
+                "regime", "min ms", "med ms", "GB/s", "LOO", "min ms", "med ms", "GB/s", "LOO");
+    for (std::size_t i = 0; i < rows.size(); ++i) {
+      const Timing& r = rows[i];
+      const bool c = in_cache(r);
+      std::printf("%11zu %9.3f %6s | %8.3f %8.3f %8.2f %7.2fx | %8.3f %8.3f %8.2f %7.2fx\n",
+                  r.floats, r.moved / 1e6, c ? "cache" : "memory", r.allreduce.min * 1e3,
+                  r.allreduce.median * 1e3, r.moved / r.allreduce.min / 1e9,
+                  predict(i, false, c) / r.allreduce.min, r.ordered.min * 1e3,
+                  r.ordered.median * 1e3, r.moved / r.ordered.min / 1e9,
+                  predict(i, true, c) / r.ordered.min);
     }
-    double aa = 0, ba = 0, ao = 0, bo = 0;
-    fit(x, ta, aa, ba);
-    fit(x, to, ao, bo);
-    std::printf("%d ranks; ring model: latency + 2(N-1)/N x bytes / bandwidth, fitted here:\n", n);
-    std::printf("  allreduce: latency %.1f us, bandwidth %.2f GB/s\n", aa * 1e6, 1e-9 / ba);
-    std::printf("  ordered:   latency %.1f us, bandwidth %.2f GB/s\n", ao * 1e6, 1e-9 / bo);
-    std::printf("%11s %9s | %27s | %27s\n", "", "", "allreduce ms", "ordered ms");
-    std::printf("%11s %9s | %8s %8s %9s | %8s %8s %9s\n", "floats", "MB moved", "min", "median",
-                "model/min", "min", "median", "model/min");
-    for (const Timing& r : rows) {
-      std::printf("%11zu %9.3f | %8.3f %8.3f %8.2fx | %8.3f %8.3f %8.2fx\n", r.floats,
-                  r.moved / 1e6, r.allreduce.min * 1e3, r.allreduce.median * 1e3,
-                  (aa + ba * r.moved) / r.allreduce.min, r.ordered.min * 1e3,
-                  r.ordered.median * 1e3, (ao + bo * r.moved) / r.ordered.min);
+    for (const bool c : {true, false}) {
+      std::printf(
+          "fitted to every size in %s: bandwidth %.2f GB/s (allreduce), %.2f GB/s "
+          "(ordered)\n",
+          c ? "cache" : "memory", predict(rows.size(), false, c), predict(rows.size(), true, c));
     }
   }
   MPI_Finalize();
