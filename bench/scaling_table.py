@@ -8,9 +8,10 @@ is N sequences); its exchange moves what a ring all-reduce does,
 
     exchange = 2 (N-1) latency + 2 (N-1)/N x 4 P / bandwidth
 
-Usage: bench/scaling_table.py GFLOPS_PER_RANK
-  GFLOPS_PER_RANK: training FLOP rate of one rank, measured (the README uses the
-  default model's rate on this machine, from bench/data_parallel.sh)
+Usage: bench/scaling_table.py GFLOPS_PER_RANK ...
+  GFLOPS_PER_RANK: training FLOP rate of one rank (the README uses the default
+  model's rate measured on this machine by bench/data_parallel.sh, and one 100x
+  faster to show where the links start to matter); one table per rate
 """
 import sys
 
@@ -26,8 +27,7 @@ def exchange_seconds(ranks, bandwidth, latency):
     return 2 * (ranks - 1) * latency + 2 * (ranks - 1) / ranks * 4 * PARAMS / bandwidth
 
 
-def main():
-    rate = float(sys.argv[1]) * 1e9
+def table(rate):
     compute = FLOPS_PER_SEQUENCE / rate
     print(f"compute per rank and step: {compute:.2f} s (one 1024-token sequence at "
           f"{rate / 1e9:.1f} GFLOP/s)\n")
@@ -44,7 +44,9 @@ def main():
             t = exchange_seconds(n, bandwidth, latency)
             row += f" {t * 1e3:.0f} ms, {compute + t:.2f} s, {compute / (compute + t):.1%} |"
         print(row)
+    print()
 
 
 if __name__ == "__main__":
-    main()
+    for gflops in sys.argv[1:]:
+        table(float(gflops) * 1e9)
