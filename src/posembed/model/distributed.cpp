@@ -47,8 +47,8 @@ int count_of(std::size_t n, const std::string& what) {
 }
 
 // ---- the MPI calls, all of them; a build without MPI never reaches them ----
-// (world() refuses a launch of several ranks, and every collective below
-// returns early in a world of one).
+// (world() refuses a launch of several ranks, and the collectives return early
+// in a world of one).
 
 #if POSEMBED_HAVE_MPI
 bool mpi_running() {
@@ -261,17 +261,16 @@ World world() {
   if (mpi_running()) return mpi_world();
   const int launched = launched_ranks();
   if (launched > 1) {
-    throw Error(
-        mpi_built()
-            ? "an MPI launcher started " + std::to_string(launched) +
-                  " ranks but MPI is not running in this process: create a "
-                  "posembed::model::MpiSession before training"
-            : "this posembed was built without MPI, but an MPI launcher started it as one "
-              "of " +
-                  std::to_string(launched) +
-                  " ranks, which would each train alone on "
-                  "the same files. Install libopenmpi-dev and rebuild (cmake -DPOSEMBED_MPI=ON), "
-                  "or run a single process without mpirun");
+    const std::string ranks = std::to_string(launched) + " ranks";
+    if (mpi_built()) {
+      throw Error("an MPI launcher started " + ranks +
+                  " but MPI is not running in this process: create a posembed::model::MpiSession "
+                  "before training");
+    }
+    throw Error("this posembed was built without MPI, but an MPI launcher started it as one of " +
+                ranks +
+                ", which would each train alone on the same files. Install libopenmpi-dev and "
+                "rebuild (cmake -DPOSEMBED_MPI=ON), or run a single process without mpirun");
   }
   return {};
 }
@@ -281,10 +280,11 @@ IndexRange split_range(std::int64_t count, int part, int parts) {
 }
 
 void abort_job(const World& w, const std::string& message, int code) {
-  if (w.size > 1)
+  if (w.size > 1) {
     std::fprintf(stderr, "error (rank %d of %d): %s\n", w.rank, w.size, message.c_str());
-  else
+  } else {
     std::fprintf(stderr, "error: %s\n", message.c_str());
+  }
   std::fflush(stderr);
   if (w.size > 1 && mpi_running()) mpi_abort(code);  // ends every rank; mpirun says which
   std::exit(code);
@@ -314,10 +314,11 @@ void broadcast(const World& w, Checkpoint& info) {
   std::map<std::string, std::string> meta;
   std::vector<std::string> fields(1);
   for (const std::uint8_t b : bytes) {
-    if (b != 0)
+    if (b != 0) {
       fields.back() += static_cast<char>(b);
-    else
+    } else {
       fields.emplace_back();
+    }
   }
   for (std::size_t i = 0; i + 1 < fields.size(); i += 2) meta[fields[i]] = fields[i + 1];
   info = checkpoint_from_metadata(meta, "rank 0's settings");
@@ -346,11 +347,9 @@ DataParallel make_data_parallel(const World& w, const Gpt& model, const TrainCon
     throw Error(std::to_string(w.size) + " ranks but only " + std::to_string(M) +
                 " micro-batches per step (batch_size " + std::to_string(c.batch_size) +
                 " / micro_batch " + std::to_string(c.micro_batch) +
-                "): every rank needs at "
-                "least one. Run at most " +
-                std::to_string(M) +
-                " ranks, or a larger --batch-size "
-                "or a smaller --micro-batch (either changes the bits of the run)");
+                "): every rank needs at least one. Run at most " + std::to_string(M) +
+                " ranks, or a larger --batch-size or a smaller --micro-batch (either changes the "
+                "bits of the run)");
   }
   dp.mine = split_range(M, w.rank, w.size);
   const std::size_t P = model.num_params;
@@ -422,10 +421,11 @@ StepStats data_parallel_step(Gpt& model, DataParallel& dp, const BatchSource& ba
     batch(dp.inputs, dp.targets, k * dp.micro_batch);
     dp.loss_sums[sz(k)] = micro_batch_gradient(model, dp.acts, dp.inputs, dp.targets, T,
                                                static_cast<std::uint64_t>(step * M + k), tokens);
-    if (several)
+    if (several) {
       stage(model, dp, k - dp.mine.begin);
-    else
+    } else {
       accumulate(model, dp, k);
+    }
   }
   StepStats stats;
   if (several) {
