@@ -3,8 +3,8 @@
 # mpirun must give the same log and the same checkpoint, byte for byte, as a
 # plain run (model/distributed.h says why it can). One case per CTest test:
 #   mpi_test.sh CASE POSEMBED MPIRUN WORK_DIR   (MPIRUN may be "none" for no_mpi)
-# Cases: ranks, shard_optimizer, resume, interrupt, killed_rank, too_many_ranks,
-# no_mpi (the last for a build without MPI).
+# Cases: ranks, shard_optimizer, resume, interrupt, killed_rank, errors (too
+# many ranks; an error on one rank), no_mpi (the last for a build without MPI).
 set -euo pipefail
 case_name=$1 posembed=$2 mpirun=$3 work=$4
 rm -rf "$work" && mkdir -p "$work" && cd "$work"
@@ -126,12 +126,17 @@ killed_rank)
   "$posembed" train --resume run/ckpt.safetensors --stop-after $((step + 1)) --out run > /dev/null
   echo "ok: the job ended $ms ms after rank 1 was killed (status $rc); the checkpoint at step $step loads and resumes"
   ;;
-too_many_ranks)
+errors)
   rc=0; "${mpi[@]}" -np 6 "$posembed" "${run[@]}" --out six > six.txt 2>&1 || rc=$?
   [ "$rc" -ne 0 ] || fail "6 ranks for 5 micro-batches ran"
   grep -q "6 ranks but only 5 micro-batches per step" six.txt || fail "unclear error: $(cat six.txt)"
   [ ! -e six/log.csv ] || fail "a log was written"
   echo "ok: $(grep -m1 "6 ranks" six.txt)"
+  # An error on rank 0 alone (only it reads the text) must end the other rank too.
+  rc=0; timeout 60 "${mpi[@]}" -np 2 "$posembed" "${model[@]/text.txt/missing.txt}" --out miss > miss.txt 2>&1 || rc=$?
+  [ "$rc" = 2 ] || fail "a missing text on rank 0: status $rc, want 2 (124: the job hung): $(cat miss.txt)"
+  grep -q "error (rank 0 of 2): training data missing.txt not found" miss.txt || fail "unclear error: $(cat miss.txt)"
+  echo "ok: $(grep -m1 "rank 0 of 2" miss.txt)"
   ;;
 no_mpi)
   # A build without MPI, started by mpirun as 2 ranks, must refuse to train.
