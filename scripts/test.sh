@@ -13,8 +13,9 @@ ctest --test-dir build --output-on-failure -j "$jobs"
 # The Python package: built as `pip wheel .` builds it, tested with pytest.
 scripts/test_python.sh
 # The same suite under AddressSanitizer + UndefinedBehaviorSanitizer (-O1, no
-# benchmarks); it shares the main build's download cache.
-cmake -S . -B build-asan -G Ninja -DPOSEMBED_SANITIZE=ON -DPOSEMBED_BUILD_BENCH=OFF \
+# benchmarks); it shares the main build's download cache. It is also the build
+# without MPI, whose test checks that mpirun gets a clear error from it.
+cmake -S . -B build-asan -G Ninja -DPOSEMBED_SANITIZE=ON -DPOSEMBED_BUILD_BENCH=OFF -DPOSEMBED_MPI=OFF \
   -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" \
   -DPOSEMBED_TEST_CACHE="$PWD/build/test-cache" >/dev/null
 cmake --build build-asan -j "$jobs"

@@ -18,6 +18,7 @@ struct PlanOptions {
   // 0: keep the preset's value.
   std::int64_t max_seq_len = 0, embed_dim = 0, vocab = 0, layers = 0, heads = 0;
   std::int64_t seq_len = 0, batch = 1;
+  std::int64_t ranks = 1, micro_batch = 0;
   std::vector<std::int64_t> sweep = tools::default_sweep_lengths();
   bool no_sweep = false;
   bool json = false;
@@ -47,7 +48,7 @@ void run_plan(const PlanOptions& o) {
   override_field(o.heads, shape.heads);
   if (custom) shape.name += " (custom)";
 
-  const tools::Plan plan = tools::make_plan(shape, o.seq_len, o.batch);
+  const tools::Plan plan = tools::make_plan(shape, o.seq_len, o.batch, o.ranks, o.micro_batch);
   std::vector<tools::SweepRow> sweep;
   if (!o.no_sweep) sweep = tools::sweep_max_seq_len(shape, o.sweep);
   const std::string text = o.json ? tools::plan_json(plan, sweep) : tools::format_plan(plan, sweep);
@@ -74,6 +75,11 @@ void add_plan_command(CLI::App& app) {
                   "tokens per training sequence for activations and FLOPs (default max-seq-len)");
   cmd->add_option("--batch", o->batch, "sequences per batch for the activation total")
       ->capture_default_str();
+  cmd->add_option("--ranks", o->ranks,
+                  "data-parallel ranks (mpirun -np): memory per rank, with and without ZeRO-1")
+      ->capture_default_str();
+  cmd->add_option("--micro-batch", o->micro_batch,
+                  "sequences per micro-batch with --ranks (default: batch / ranks)");
   cmd->add_option("--sweep", o->sweep, "max_seq_len values of the sweep")
       ->delimiter(',')
       ->capture_default_str();

@@ -10,6 +10,7 @@
 #include "posembed/core/error.h"
 #include "posembed/core/parallel.h"
 #include "posembed/core/philox.h"
+#include "posembed/model/distributed.h"
 #include "posembed/model/train.h"
 
 namespace posembed::cli {
@@ -115,10 +116,30 @@ void add_train_command(CLI::App& app) {
   cmd->add_flag("--freeze-positions", options->freeze_positions,
                 "give the position table no gradient (pair with --position-init zeros to train "
                 "without position information)");
-  cmd->add_option("--threads", options->threads, "threads (0 = all cores; results are identical)")
+  cmd->add_option("--stop-after", options->stop_after,
+                  "stop when this many steps are done in all, saving a checkpoint to --resume "
+                  "from (a run in parts, as by Ctrl-C); -1 = train to --steps")
+      ->capture_default_str();
+  cmd->add_flag("--shard-optimizer", options->shard_optimizer,
+                "under mpirun: each rank keeps the AdamW moments of 1/N of the parameters "
+                "(ZeRO-1); the same bits as without");
+  cmd->add_option("--threads", options->threads,
+                  "threads per rank (0 = all cores, shared among the ranks on one machine; "
+                  "results are identical)")
       ->capture_default_str();
   cmd->callback([options] {
-    if (model::train(*options).interrupted) throw CLI::RuntimeError(130);  // as a shell's Ctrl-C
+    // Under mpirun every rank runs this; MPI starts here and ends with the session.
+    const model::MpiSession mpi;
+    const model::World world = model::world();
+    bool interrupted = false;
+    try {
+      interrupted = model::train(*options).interrupted;
+    } catch (const std::exception& e) {
+      // The other ranks would wait for this one forever: end the whole job.
+      if (world.size > 1) model::abort_job(world, e.what(), 2);
+      throw;
+    }
+    if (interrupted) throw CLI::RuntimeError(130);  // as a shell's Ctrl-C
   });
 }
 

@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "posembed/io/safetensors.h"
+#include "posembed/model/distributed.h"
 #include "test_util.h"
 #include "torch_case.h"
 
@@ -77,12 +78,13 @@ TEST(TorchComparison, LogitsLossGradientsAndTenAdamWSteps) {
   // Gradients: every tensor, elementwise within 2e-5 of its largest entry
   // (backward chains ~3x as many fp32 ops as forward, and small entries are
   // differences of larger terms; observed worst 4.4e-7) and cosine > 1 - 1e-6.
-  double worst = 0;
+  double worst = 0, ref_squares = 0;
   std::string worst_name;
   for (const ParamTensor& t : model.tensors) {
     const io::TensorInfo* g = ref.find("grad." + t.name);
     ASSERT_NE(g, nullptr) << t.name;
     ASSERT_EQ(g->shape, t.shape) << t.name;
+    for (const double x : ref.to_f64(*g)) ref_squares += x * x;
     const Compared cg = compare(model.grads.subspan(t.offset, t.numel), ref.to_f32(*g));
     EXPECT_LE(cg.max_err, 2e-5 * cg.max_ref + 1e-9) << t.name;
     EXPECT_GT(cg.cosine, 1 - 1e-6) << t.name;
@@ -94,11 +96,13 @@ TEST(TorchComparison, LogitsLossGradientsAndTenAdamWSteps) {
   RecordProperty("gradient_worst_relative_error", sci(worst) + " (" + worst_name + ")");
 
   // Ten AdamW steps from the same start, with clipping and the schedule's learning
-  // rates. Adam normalises each update, so fp32 noise in tiny gradients moves
-  // weights by up to lr per step; we allow 1e-5 relative on each step's loss
-  // (observed 1e-7: the mean over 128 tokens averages the noise out).
-  model = load_checkpoint(kDir / "torch_init.safetensors", nullptr, false);
-  const std::vector<float> start(model.params.begin(), model.params.end());
+  // rates, twice: the batch as one micro-batch (train_step), and as 4 micro-batches
+  // of one window whose gradients are summed in order (data_parallel_step in a
+  // world of one, as posembed train runs). PyTorch computes the batch at once;
+  // the fold adds 3 fp32 roundings per gradient element, far below the noise
+  // the tolerances below allow for. Adam normalises each update, so fp32 noise in
+  // tiny gradients moves weights by up to lr per step; we allow 1e-5 relative on
+  // each step's loss (observed 1e-7: the mean over 128 tokens averages the noise out).
   const auto ref_losses = ref.to_f64(*ref.find("losses"));
   ASSERT_EQ(ref_losses.size(), static_cast<std::size_t>(c.train.steps));
   // Our schedule against PyTorch's LinearLR + CosineAnnealingLR, which update the
@@ -111,51 +115,72 @@ TEST(TorchComparison, LogitsLossGradientsAndTenAdamWSteps) {
     const double tol = 4.0 * double(s + 1) * std::numeric_limits<double>::epsilon() * c.train.lr;
     EXPECT_NEAR(lr_at(c.train, s), ref_lrs[static_cast<std::size_t>(s)], tol) << "step " << s;
   }
-  double worst_step = 0;
-  for (std::int64_t s = 0; s < c.train.steps; ++s) {
-    const std::span<const std::int64_t> in(c.inputs.data() + s * B * T, n), tg(c.targets.data() + s * B * T, n);
-    const StepStats st = train_step(model, acts, in, tg, T, s, c.train);
-    const double r = ref_losses[static_cast<std::size_t>(s)];
-    EXPECT_NEAR(st.loss, r, 1e-5 * r) << "step " << s;
-    worst_step = std::max(worst_step, std::abs(st.loss - r) / r);
-  }
-  EXPECT_LT(ref_losses.back(), ref_losses.front() - 0.5) << "the reference did not train";
-  RecordProperty("adamw_losses_worst_relative_error", sci(worst_step));
+  for (const std::int64_t micro_batch : {B, std::int64_t{1}}) {
+    const std::string how = micro_batch == B ? "whole_batch" : "micro_batches";
+    SCOPED_TRACE(how);
+    model = load_checkpoint(kDir / "torch_init.safetensors", nullptr, false);
+    const std::vector<float> start(model.params.begin(), model.params.end());
+    TrainConfig tc = c.train;
+    tc.batch_size = B;
+    tc.micro_batch = micro_batch;
+    DataParallel dp = make_data_parallel(World{}, model, tc, T, false);
+    double worst_step = 0;
+    for (std::int64_t s = 0; s < c.train.steps; ++s) {
+      const std::span<const std::int64_t> in(c.inputs.data() + s * B * T, n), tg(c.targets.data() + s * B * T, n);
+      const auto rows = [&](std::span<std::int64_t> ins, std::span<std::int64_t> tgs, std::int64_t first_row) {
+        const auto at = static_cast<std::size_t>(first_row * T);
+        std::copy_n(in.begin() + at, ins.size(), ins.begin());
+        std::copy_n(tg.begin() + at, tgs.size(), tgs.begin());
+      };
+      const StepStats st = micro_batch == B ? train_step(model, acts, in, tg, T, s, tc)
+                                            : data_parallel_step(model, dp, rows, s, tc);
+      const double r = ref_losses[static_cast<std::size_t>(s)];
+      EXPECT_NEAR(st.loss, r, 1e-5 * r) << "step " << s;
+      // Adam and clipping would hide a wrongly scaled sum of micro-batch
+      // gradients; the norm before clipping does not (fp32 noise: ~1e-7).
+      if (s == 0) {
+        EXPECT_NEAR(st.grad_norm, std::sqrt(ref_squares), 1e-5 * std::sqrt(ref_squares));
+      }
+      worst_step = std::max(worst_step, std::abs(st.loss - r) / r);
+    }
+    EXPECT_LT(ref_losses.back(), ref_losses.front() - 0.5) << "the reference did not train";
+    RecordProperty(how + "_adamw_losses_worst_relative_error", sci(worst_step));
 
-  // Every parameter after the last step, through its displacement from the
-  // start (the start itself is shared, so comparing raw values would mostly
-  // compare the init with itself). Adam divides each gradient element by its
-  // own RMS, so the gradients' fp32 noise (~4e-7 of a tensor's largest entry,
-  // above) becomes ~4e-4 of the step of an element whose gradient is 1000x
-  // smaller: we allow 2e-3 of the largest displacement (observed worst 5.8e-4,
-  // the key biases, whose gradient is zero in exact arithmetic as softmax
-  // ignores a per-query constant), plus 2 ulps of |param| per step for the
-  // update's and the decay's rounding; and cosine of the displacements > 1 - 1e-6.
-  const double ulps = 2.0 * static_cast<double>(c.train.steps) * std::numeric_limits<float>::epsilon();
-  double worst_param = 0;
-  std::string worst_param_name;
-  for (const ParamTensor& t : model.tensors) {
-    const io::TensorInfo* p = ref.find("param." + t.name);
-    ASSERT_NE(p, nullptr) << t.name;
-    ASSERT_EQ(p->shape, t.shape) << t.name;
-    const std::vector<float> theirs = ref.to_f32(*p);
-    std::vector<float> ours_moved(t.numel), theirs_moved(t.numel);
-    for (std::size_t i = 0; i < t.numel; ++i) {
-      ours_moved[i] = model.params[t.offset + i] - start[t.offset + i];
-      theirs_moved[i] = theirs[i] - start[t.offset + i];
+    // Every parameter after the last step, through its displacement from the
+    // start (the start itself is shared, so comparing raw values would mostly
+    // compare the init with itself). Adam divides each gradient element by its
+    // own RMS, so the gradients' fp32 noise (~4e-7 of a tensor's largest entry,
+    // above) becomes ~4e-4 of the step of an element whose gradient is 1000x
+    // smaller: we allow 2e-3 of the largest displacement (observed worst 5.8e-4,
+    // the key biases, whose gradient is zero in exact arithmetic as softmax
+    // ignores a per-query constant), plus 2 ulps of |param| per step for the
+    // update's and the decay's rounding; and cosine of the displacements > 1 - 1e-6.
+    const double ulps = 2.0 * static_cast<double>(c.train.steps) * std::numeric_limits<float>::epsilon();
+    double worst_param = 0;
+    std::string worst_param_name;
+    for (const ParamTensor& t : model.tensors) {
+      const io::TensorInfo* p = ref.find("param." + t.name);
+      ASSERT_NE(p, nullptr) << t.name;
+      ASSERT_EQ(p->shape, t.shape) << t.name;
+      const std::vector<float> theirs = ref.to_f32(*p);
+      std::vector<float> ours_moved(t.numel), theirs_moved(t.numel);
+      for (std::size_t i = 0; i < t.numel; ++i) {
+        ours_moved[i] = model.params[t.offset + i] - start[t.offset + i];
+        theirs_moved[i] = theirs[i] - start[t.offset + i];
+      }
+      const Compared cp = compare(model.params.subspan(t.offset, t.numel), theirs);
+      const Compared cd = compare(ours_moved, theirs_moved);
+      EXPECT_LE(cp.max_err, 2e-3 * cd.max_ref + ulps * cp.max_ref) << t.name;
+      EXPECT_GT(cd.cosine, 1 - 1e-6) << t.name;
+      EXPECT_GT(cd.max_ref, 0) << t.name << " did not move";
+      if (cp.max_err / cd.max_ref > worst_param) {
+        worst_param = cp.max_err / cd.max_ref;
+        worst_param_name = t.name;
+      }
     }
-    const Compared cp = compare(model.params.subspan(t.offset, t.numel), theirs);
-    const Compared cd = compare(ours_moved, theirs_moved);
-    EXPECT_LE(cp.max_err, 2e-3 * cd.max_ref + ulps * cp.max_ref) << t.name;
-    EXPECT_GT(cd.cosine, 1 - 1e-6) << t.name;
-    EXPECT_GT(cd.max_ref, 0) << t.name << " did not move";
-    if (cp.max_err / cd.max_ref > worst_param) {
-      worst_param = cp.max_err / cd.max_ref;
-      worst_param_name = t.name;
-    }
+    RecordProperty(how + "_params_after_adamw_worst_error_of_displacement",
+                   sci(worst_param) + " (" + worst_param_name + ")");
   }
-  RecordProperty("params_after_adamw_worst_error_of_displacement",
-                 sci(worst_param) + " (" + worst_param_name + ")");
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "posembed/tools/plan.h"
 
+#include <algorithm>
 #include <fstream>
 #include <string>
 
@@ -7,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "posembed/core/error.h"
+#include "posembed/model/distributed.h"
 
 namespace posembed::tools {
 namespace {
@@ -102,6 +104,48 @@ TEST(Plan, TrainingMemoryBytesPerParameter) {
   EXPECT_EQ(m.fp32.total(), 16'000u);  // 4 weights + 4 grads + 8 moments
   EXPECT_EQ(m.bf16.total(), 8'000u);
   EXPECT_EQ(m.mixed.total(), 16'000u);  // 2 + 2 + 4 master + 8 moments
+}
+
+// The per-rank numbers are what posembed train allocates: the trainer's default
+// model over 3 ranks, 4 micro-batches (1/1/2), shards of 18/17/17 pieces.
+TEST(Plan, DataParallelIsWhatTheTrainerAllocates) {
+  const Plan plan = make_plan(preset("trainer"), 0, 16, 3, 4);
+  const DataParallelPlan& d = plan.data_parallel;
+  model::TrainConfig t;
+  t.batch_size = 16;
+  t.micro_batch = 4;
+  std::uint64_t sent = 0, received = 0, sharded = 0, exchanged = 0;
+  std::int64_t most = 0;
+  for (int r = 0; r < 3; ++r) {
+    const model::Gpt m = model::make_gpt(model::GptConfig{}, model::MomentShard{r, 3});
+    ASSERT_EQ(static_cast<std::int64_t>(m.num_params), plan.params.total());
+    const model::DataParallel dp = model::make_data_parallel(model::World{r, 3}, m, t, 128, true);
+    sent = std::max<std::uint64_t>(sent, 4 * dp.sent.size());
+    received = std::max<std::uint64_t>(received, 4 * dp.received.size());
+    sharded = std::max<std::uint64_t>(sharded, 4 * (m.m.size() + m.v.size()));
+    exchanged = std::max(exchanged, dp.bytes_per_step);
+    most = std::max(most, dp.mine.size());
+  }
+  EXPECT_EQ(d.micro_batches, 4);
+  EXPECT_EQ(d.most_micro_batches, most);
+  EXPECT_EQ(d.sent, sent);
+  EXPECT_EQ(d.received, received);
+  EXPECT_EQ(d.adamw_sharded, sharded);
+  EXPECT_EQ(d.exchanged_per_step, exchanged);
+  EXPECT_EQ(d.adamw, plan.memory.fp32.adamw);
+  // One process: nothing to exchange, nothing to shard.
+  const DataParallelPlan one = make_plan(preset("trainer"), 0, 16).data_parallel;
+  EXPECT_EQ(one.sent + one.received + one.exchanged_per_step, 0u);
+  EXPECT_EQ(one.total(true), plan.memory.fp32.total());
+  // One micro-batch per rank and equal shards move what a ring all-reduce does.
+  ModelShape even = preset("trainer");
+  even.max_seq_len = 256;  // 858,880 parameters: not whole pieces, so not exactly equal
+  const DataParallelPlan ring = make_plan(even, 0, 16, 4).data_parallel;
+  EXPECT_NEAR(static_cast<double>(ring.exchanged_per_step), static_cast<double>(ring.ring_allreduce),
+              0.02 * static_cast<double>(ring.ring_allreduce));
+  EXPECT_THROW(make_plan(preset("trainer"), 0, 16, 5), Error);     // 16 over 5 ranks
+  EXPECT_THROW(make_plan(preset("trainer"), 0, 16, 8, 4), Error);  // 4 micro-batches, 8 ranks
+  EXPECT_THROW(make_plan(preset("trainer"), 0, 16, 2, 3), Error);  // 3 does not divide 16
 }
 
 TEST(Plan, RejectsBadShapes) {

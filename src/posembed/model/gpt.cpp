@@ -59,7 +59,20 @@ EmbeddingConfig embedding_config(const GptConfig& c) {
           .position_init = c.position_init};
 }
 
-Gpt make_gpt(const GptConfig& config) {
+ParamRange param_shard(std::size_t num_params, int rank, int ranks) {
+  if (ranks < 1 || rank < 0 || rank >= ranks) {
+    throw Error("shard " + std::to_string(rank) + " of " + std::to_string(ranks) +
+                ": need 0 <= rank < ranks");
+  }
+  const std::size_t pieces = (num_params + kParamPiece - 1) / kParamPiece;
+  const auto edge = [&](int r) {
+    const std::size_t piece = pieces * static_cast<std::size_t>(r) / static_cast<std::size_t>(ranks);
+    return std::min(num_params, piece * kParamPiece);
+  };
+  return {edge(rank), edge(rank + 1)};
+}
+
+Gpt make_gpt(const GptConfig& config, MomentShard shard) {
   validate(config);
   set_blas_single_threaded();
   Gpt model;
@@ -102,19 +115,22 @@ Gpt make_gpt(const GptConfig& config) {
     if (decay) model.num_decayed = offset;
   }
   model.num_params = offset;
+  model.moments = param_shard(offset, shard.rank, shard.ranks);
+  const std::size_t held = model.moments.size();
   // validate() bounds the shapes, so this product cannot overflow.
-  const std::uint64_t bytes = 4 * offset * sizeof(float);
+  const std::uint64_t bytes = (2 * offset + 2 * held) * sizeof(float);
   check_fits_in_memory(bytes,
                        "the model needs " + std::to_string(bytes) + " bytes (" +
-                           std::to_string(offset) +
-                           " parameters, their gradients and AdamW m and v, fp32)",
-                       "reduce n_layer, embed_dim or max_seq_len");
-  model.memory.assign(4 * offset, 0.0f);
+                           std::to_string(offset) + " parameters, their gradients and AdamW m "
+                           "and v of " + std::to_string(held) + " of them, fp32)",
+                       shard.ranks > 1 ? "use more ranks, or reduce n_layer, embed_dim or max_seq_len"
+                                       : "reduce n_layer, embed_dim or max_seq_len");
+  model.memory.assign(2 * offset + 2 * held, 0.0f);
   float* base = model.memory.data();
   model.params = {base, offset};
   model.grads = {base + offset, offset};
-  model.m = {base + 2 * offset, offset};
-  model.v = {base + 3 * offset, offset};
+  model.m = {base + 2 * offset, held};
+  model.v = {base + 2 * offset + held, held};
 
   for (auto* views : {&model.p, &model.g}) {
     const std::span<float> buf = views == &model.p ? model.params : model.grads;
@@ -292,15 +308,23 @@ double gpt_forward(const Gpt& model, Activations& a, std::span<const std::int64_
   layernorm_forward(a.ln_f, a.ln_f_mean, a.ln_f_rstd, residual, p.ln_f_w, p.ln_f_b, N, C);
   matmul_tied_forward(a.logits, a.ln_f, p.wte, N, C, V);
   crossentropy_forward(a.losses, a.probs, a.logits, targets, N, V);
+  return gpt_loss_sum(a, N) / static_cast<double>(N);
+}
+
+double gpt_loss_sum(const Activations& a, std::int64_t tokens) {
+  if (tokens < 0 || sz(tokens) > a.losses.size()) {
+    throw Error("loss sum over " + std::to_string(tokens) + " tokens: the activations hold " +
+                std::to_string(a.losses.size()));
+  }
   double sum = 0.0;  // fixed order, any thread count
-  for (std::int64_t i = 0; i < N; ++i) sum += a.losses[sz(i)];
-  return sum / static_cast<double>(N);
+  for (std::int64_t i = 0; i < tokens; ++i) sum += a.losses[sz(i)];
+  return sum;
 }
 
 void gpt_zero_grad(Gpt& model) { zero_grad(model.grads); }
 
 void gpt_backward(Gpt& model, Activations& a, std::span<const std::int64_t> inputs,
-                  std::span<const std::int64_t> targets) {
+                  std::span<const std::int64_t> targets, std::int64_t loss_count) {
   const GptConfig& c = model.config;
   const std::int64_t T = a.last_seq_len;
   validate_batch(c, a, inputs, targets, T);
@@ -311,7 +335,9 @@ void gpt_backward(Gpt& model, Activations& a, std::span<const std::int64_t> inpu
   ParamViews& g = model.g;
   const auto zero = [](std::span<float> s) { std::fill(s.begin(), s.end(), 0.0f); };
 
-  std::fill(a.d_losses.begin(), a.d_losses.begin() + N, 1.0f / static_cast<float>(N));
+  if (loss_count < 0) throw Error("loss_count = " + std::to_string(loss_count) + " must be >= 0");
+  const std::int64_t count = loss_count == 0 ? N : loss_count;
+  std::fill(a.d_losses.begin(), a.d_losses.begin() + N, 1.0f / static_cast<float>(count));
   zero(a.d_logits.first(sz(N * V)));
   crossentropy_backward(a.d_logits, a.d_losses, a.probs, targets, N, V);
   zero(a.d_residual.first(nc));

@@ -5,7 +5,9 @@
 //
 // Parameters, gradients and AdamW moments live in one allocation with typed
 // views; activations in a second one sized once for (batch, seq_len). Nothing
-// is allocated by gpt_forward, gpt_backward or the optimizer step.
+// is allocated by gpt_forward, gpt_backward or the optimizer step. With the
+// optimizer state sharded (ZeRO-1, model/distributed.h) the moments cover one
+// shard of the parameters only.
 #pragma once
 
 #include <cstdint>
@@ -76,13 +78,29 @@ struct ParamViews {
   std::span<float> ln_f_w, ln_f_b;  // (C)
 };
 
+// Fixed pieces of the flat parameter buffer: the gradient norm sums each piece
+// separately and then the pieces in order, and optimizer shards (ZeRO-1) are
+// whole pieces, so a sharded norm adds the same numbers in the same order.
+inline constexpr std::size_t kParamPiece = 16384;
+
+// A range [begin, end) of the flat parameter buffer.
+struct ParamRange {
+  std::size_t begin = 0, end = 0;
+  std::size_t size() const { return end - begin; }
+};
+// Shard `rank` of `ranks`: whole kParamPiece pieces, split as evenly as they go
+// (the last shard ends at num_params; a shard may be empty when there are more
+// ranks than pieces).
+ParamRange param_shard(std::size_t num_params, int rank, int ranks);
+
 struct Gpt {
   GptConfig config;
   std::vector<ParamTensor> tensors;  // in buffer order: wte, wpe, other 2-D weights, then 1-D
   std::size_t num_params = 0;
   std::size_t num_decayed = 0;       // params [0, num_decayed) are the decayed 2-D weights
-  std::vector<float> memory;         // params | grads | m | v, each num_params
+  std::vector<float> memory;         // params | grads (num_params each) | m | v (moments.size() each)
   std::span<float> params, grads, m, v;
+  ParamRange moments;                // m[i], v[i] belong to params[moments.begin + i]
   ParamViews p, g;                   // views into params and grads
   bool freeze_positions = false;     // backward skips the position table's gradient
 
@@ -92,10 +110,16 @@ struct Gpt {
   Gpt(const Gpt&) = delete;
 };
 
+// Which parameters' AdamW moments a model holds: shard `rank` of `ranks`
+// (param_shard); the default holds all of them.
+struct MomentShard {
+  int rank = 0, ranks = 1;
+};
+
 // Validates the config, lays out the buffers and initialises the parameters
 // (GPT-2: weights N(0, 0.02), residual projections N(0, 0.02/sqrt(2 n_layer)),
 // biases 0, LayerNorm gains 1; the tables from the core layer's init).
-Gpt make_gpt(const GptConfig& config);
+Gpt make_gpt(const GptConfig& config, MomentShard shard = {});
 const ParamTensor* find_tensor(const Gpt& model, std::string_view name);
 std::span<float> tensor_view(const Gpt& model, std::span<float> buffer, const ParamTensor& t);
 
@@ -143,9 +167,14 @@ Activations make_activations(const GptConfig& config, std::int64_t batch, std::i
 double gpt_forward(const Gpt& model, Activations& acts, std::span<const std::int64_t> inputs,
                    std::span<const std::int64_t> targets, std::int64_t T, bool train,
                    std::uint64_t step);
-// Accumulates d(mean loss)/d(params) into model.grads for the last forward.
+// Sum of the last forward's first `tokens` per-token losses, in token order, in double.
+double gpt_loss_sum(const Activations& acts, std::int64_t tokens);
+// Accumulates d(loss)/d(params) into model.grads for the last forward, where the
+// loss is the sum of this batch's per-token losses divided by loss_count: the
+// batch's own B*T (its mean) when 0, or the token count of the whole batch when
+// this one is a micro-batch of it.
 void gpt_backward(Gpt& model, Activations& acts, std::span<const std::int64_t> inputs,
-                  std::span<const std::int64_t> targets);
+                  std::span<const std::int64_t> targets, std::int64_t loss_count = 0);
 void gpt_zero_grad(Gpt& model);
 
 // Throws unless buffers made for `made` (Activations, KvCache) fit a model of

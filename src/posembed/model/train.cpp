@@ -23,6 +23,7 @@
 #include "posembed/core/parallel_for.h"
 #include "posembed/core/philox.h"
 #include "posembed/io/safetensors.h"
+#include "posembed/model/distributed.h"
 
 namespace posembed::model {
 namespace {
@@ -34,24 +35,35 @@ constexpr const char* kFormatVersion = "1";
 constexpr std::int64_t kChunkBytes = 4096;  // granularity of the train/validation split
 
 std::atomic<bool> g_interrupted{false};
-extern "C" void on_sigint(int) { g_interrupted.store(true); }
+extern "C" void on_stop_signal(int) { g_interrupted.store(true); }
 
-// Closes the log and restores the previous SIGINT handler however train()
+// Closes the log and restores the previous signal handlers however train()
 // leaves (return or exception).
 struct FileCloser {
   void operator()(std::FILE* f) const { std::fclose(f); }
 };
 using FilePtr = std::unique_ptr<std::FILE, FileCloser>;
-class SigintGuard {
+// Signals that save a checkpoint and stop: Ctrl-C; under MPI also SIGTERM (what
+// mpirun sends every rank on Ctrl-C, SIGKILL following a second later by
+// default) and SIGUSR1 (which mpirun forwards as it is).
+class StopSignalGuard {
  public:
-  SigintGuard() : previous_(std::signal(SIGINT, on_sigint)) {}
-  ~SigintGuard() { std::signal(SIGINT, previous_); }
-  SigintGuard(const SigintGuard&) = delete;
-  SigintGuard& operator=(const SigintGuard&) = delete;
+  explicit StopSignalGuard(bool distributed) : count_(distributed ? 3 : 1) {
+    for (int i = 0; i < count_; ++i) previous_[i] = std::signal(kSignals[i], on_stop_signal);
+  }
+  ~StopSignalGuard() {
+    for (int i = 0; i < count_; ++i) std::signal(kSignals[i], previous_[i]);
+  }
+  StopSignalGuard(const StopSignalGuard&) = delete;
+  StopSignalGuard& operator=(const StopSignalGuard&) = delete;
 
  private:
-  void (*previous_)(int);
+  static constexpr int kSignals[3] = {SIGINT, SIGTERM, SIGUSR1};
+  int count_;
+  void (*previous_[3])(int) = {};
 };
+// Why a run stops at a step, as flags every rank ORs together.
+constexpr int kStopSignal = 1, kStopAfter = 2;
 
 // On resume, rows after the checkpoint's step were logged by a run that died
 // before its next checkpoint and will be trained (and logged) again: keep the
@@ -102,6 +114,12 @@ void validate(const TrainConfig& t, const GptConfig& m) {
   };
   positive("steps", t.steps);
   positive("batch_size", t.batch_size);
+  positive("micro_batch", t.micro_batch);
+  if (t.batch_size % t.micro_batch != 0) {
+    throw Error("batch_size " + std::to_string(t.batch_size) + " is not a multiple of micro_batch " +
+                std::to_string(t.micro_batch) + ": every micro-batch holds the same number of "
+                "windows; pick a --micro-batch that divides --batch-size");
+  }
   positive("eval_every", t.eval_every);
   positive("eval_batches", t.eval_batches);
   positive("checkpoint_every", t.checkpoint_every);
@@ -142,57 +160,78 @@ double lr_at(const TrainConfig& c, std::int64_t step) {
   return min_lr + 0.5 * (1.0 + std::cos(std::numbers::pi * ratio)) * (c.lr - min_lr);
 }
 
+void grad_piece_squares(std::span<const float> grads, std::span<double> out) {
+  const std::size_t n = grads.size();
+  if (out.size() != (n + kParamPiece - 1) / kParamPiece) {
+    throw Error("grad_piece_squares: " + std::to_string(out.size()) + " outputs for " +
+                std::to_string(n) + " gradients in pieces of " + std::to_string(kParamPiece));
+  }
+  parallel_for(static_cast<std::int64_t>(out.size()), [&](std::int64_t k) {
+    const std::size_t i0 = sz(k) * kParamPiece, i1 = std::min(n, i0 + kParamPiece);
+    double s = 0.0;
+    for (std::size_t i = i0; i < i1; ++i) {
+      const double g = grads[i];
+      s += g * g;
+    }
+    out[sz(k)] = s;
+  });
+}
+
 double grad_norm(const Gpt& model) {
-  constexpr std::int64_t kPiece = 16384;  // fixed pieces, summed in order afterwards
-  const auto n = static_cast<std::int64_t>(model.grads.size());
-  const std::int64_t pieces = (n + kPiece - 1) / kPiece;
-  // Each piece sums in double; the pieces' sums are added in piece order, in
-  // rounds of kBatch so the partials fit on the stack (no allocation).
+  // In rounds of kRound pieces so the partial sums fit on the stack (no allocation).
+  constexpr std::size_t kRound = 256;
+  const std::size_t n = model.grads.size();
   double total = 0.0;
-  constexpr std::int64_t kBatch = 256;  // pieces per round: partials on the stack
-  for (std::int64_t p0 = 0; p0 < pieces; p0 += kBatch) {
-    double partial[kBatch] = {};
-    const std::int64_t count = std::min(kBatch, pieces - p0);
-    parallel_for(count, [&](std::int64_t k) {
-      const std::int64_t i0 = (p0 + k) * kPiece, i1 = std::min(n, i0 + kPiece);
-      double s = 0.0;
-      for (std::int64_t i = i0; i < i1; ++i) {
-        const double g = model.grads[sz(i)];
-        s += g * g;
-      }
-      partial[k] = s;
-    });
-    for (std::int64_t k = 0; k < count; ++k) total += partial[k];
+  for (std::size_t i0 = 0; i0 < n; i0 += kRound * kParamPiece) {
+    double partial[kRound];
+    const std::size_t len = std::min(n - i0, kRound * kParamPiece);
+    const std::span<double> pieces(partial, (len + kParamPiece - 1) / kParamPiece);
+    grad_piece_squares(model.grads.subspan(i0, len), pieces);
+    for (const double p : pieces) total += p;
   }
   return std::sqrt(total);
 }
 
-StepStats train_step(Gpt& model, Activations& acts, std::span<const std::int64_t> inputs,
-                     std::span<const std::int64_t> targets, std::int64_t T, std::int64_t step,
-                     const TrainConfig& c) {
-  StepStats stats;
+double micro_batch_gradient(Gpt& model, Activations& acts, std::span<const std::int64_t> inputs,
+                            std::span<const std::int64_t> targets, std::int64_t T,
+                            std::uint64_t dropout_step, std::int64_t loss_count) {
   gpt_zero_grad(model);
-  stats.loss = gpt_forward(model, acts, inputs, targets, T, true, static_cast<std::uint64_t>(step));
-  gpt_backward(model, acts, inputs, targets);
-  stats.grad_norm = grad_norm(model);
+  gpt_forward(model, acts, inputs, targets, T, true, dropout_step);
+  gpt_backward(model, acts, inputs, targets, loss_count);
+  return gpt_loss_sum(acts, static_cast<std::int64_t>(inputs.size()));
+}
+
+double clip_and_update(Gpt& model, ParamRange range, double norm, std::int64_t step,
+                       const TrainConfig& c) {
+  if (range.begin > range.end || range.begin < model.moments.begin ||
+      range.end > model.moments.end) {
+    throw Error("the update of parameters [" + std::to_string(range.begin) + ", " +
+                std::to_string(range.end) + ") needs their AdamW moments, but the model holds "
+                "those of [" + std::to_string(model.moments.begin) + ", " +
+                std::to_string(model.moments.end) + ") only");
+  }
   if (c.grad_clip > 0) {
     // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6), capped at 1.
-    const double coef = std::min(1.0, c.grad_clip / (stats.grad_norm + 1e-6));
+    const double coef = std::min(1.0, c.grad_clip / (norm + 1e-6));
     if (coef < 1.0) {
       const auto f = static_cast<float>(coef);
-      parallel_for(static_cast<std::int64_t>(model.grads.size()),
-                   [&](std::int64_t i) { model.grads[sz(i)] *= f; });
+      parallel_for(static_cast<std::int64_t>(range.size()),
+                   [&](std::int64_t i) { model.grads[range.begin + sz(i)] *= f; });
     }
   }
-  stats.lr = lr_at(c, step);
+  const double lr = lr_at(c, step);
   // Two contiguous groups (make_gpt's layout): decayed 2-D weights, then the
-  // rest. wte and wpe open the first group; a frozen wpe is skipped.
+  // rest. wte and wpe open the first group; a frozen wpe is skipped. Each group
+  // is cut to `range`; AdamW is element-wise, so the cut changes no bit.
   const auto update = [&](std::size_t begin, std::size_t end, double weight_decay) {
-    const AdamWConfig adamw{.lr = stats.lr, .beta1 = c.beta1, .beta2 = c.beta2, .eps = c.eps,
+    begin = std::max(begin, range.begin);
+    end = std::min(end, range.end);
+    if (begin >= end) return;
+    const AdamWConfig adamw{.lr = lr, .beta1 = c.beta1, .beta2 = c.beta2, .eps = c.eps,
                             .weight_decay = weight_decay};
-    adamw_step(model.params.subspan(begin, end - begin), model.grads.subspan(begin, end - begin),
-               model.m.subspan(begin, end - begin), model.v.subspan(begin, end - begin), step + 1,
-               adamw);
+    const std::size_t n = end - begin, at = begin - model.moments.begin;
+    adamw_step(model.params.subspan(begin, n), model.grads.subspan(begin, n), model.m.subspan(at, n),
+               model.v.subspan(at, n), step + 1, adamw);
   };
   const ParamTensor& wpe = *find_tensor(model, "wpe.weight");
   if (model.freeze_positions) {
@@ -202,6 +241,18 @@ StepStats train_step(Gpt& model, Activations& acts, std::span<const std::int64_t
     update(0, model.num_decayed, c.weight_decay);
   }
   update(model.num_decayed, model.num_params, 0.0);
+  return lr;
+}
+
+StepStats train_step(Gpt& model, Activations& acts, std::span<const std::int64_t> inputs,
+                     std::span<const std::int64_t> targets, std::int64_t T, std::int64_t step,
+                     const TrainConfig& c) {
+  StepStats stats;
+  stats.loss = micro_batch_gradient(model, acts, inputs, targets, T,
+                                    static_cast<std::uint64_t>(step), 0) /
+               static_cast<double>(inputs.size());
+  stats.grad_norm = grad_norm(model);
+  stats.lr = clip_and_update(model, {0, model.num_params}, stats.grad_norm, step, c);
   return stats;
 }
 
@@ -257,11 +308,11 @@ Corpus split_corpus(std::vector<std::uint8_t> text, double val_fraction) {
 
 void fill_train_batch(std::span<std::int64_t> inputs, std::span<std::int64_t> targets,
                       std::span<const std::uint8_t> text, std::int64_t B, std::int64_t T,
-                      std::uint64_t seed, std::uint64_t step) {
+                      std::uint64_t seed, std::uint64_t step, std::int64_t first_row) {
   const std::uint64_t range = text.size() - static_cast<std::uint64_t>(T);  // offsets [0, range)
   for (std::int64_t b = 0; b < B; ++b) {
     const PhiloxCounter w = philox4x32_10(
-        philox_counter(static_cast<std::uint64_t>(b), step, RandomStream::data_sampling),
+        philox_counter(static_cast<std::uint64_t>(first_row + b), step, RandomStream::data_sampling),
         philox_key(seed));
     const std::uint64_t offset = ((std::uint64_t{w[0]} << 32) | w[1]) % range;
     for (std::int64_t t = 0; t < T; ++t) {
@@ -271,28 +322,45 @@ void fill_train_batch(std::span<std::int64_t> inputs, std::span<std::int64_t> ta
   }
 }
 
-double evaluate(const Gpt& model, Activations& acts, std::span<const std::uint8_t> text,
-                std::span<const std::int64_t> starts, std::int64_t T,
-                std::vector<std::int64_t>& inputs, std::vector<std::int64_t>& targets) {
-  const std::int64_t B = acts.batch;
+void evaluate_chunks(const Gpt& model, Activations& acts, std::span<const std::uint8_t> text,
+                     std::span<const std::int64_t> starts, std::int64_t T,
+                     std::vector<std::int64_t>& inputs, std::vector<std::int64_t>& targets,
+                     std::int64_t first_chunk, std::span<double> sums) {
+  const std::int64_t B = acts.batch, W = static_cast<std::int64_t>(starts.size());
+  const auto last = first_chunk + static_cast<std::int64_t>(sums.size());
+  if (sums.empty()) return;
+  if (first_chunk < 0 || (last - 1) * B >= W) {
+    throw Error("evaluation chunks [" + std::to_string(first_chunk) + ", " + std::to_string(last) +
+                ") of " + std::to_string(B) + " windows lie outside the " + std::to_string(W) +
+                " windows given");
+  }
   const std::span<std::int64_t> in(inputs.data(), sz(B * T)), tg(targets.data(), sz(B * T));
-  double sum = 0.0;
-  std::int64_t count = 0;
-  for (std::size_t w0 = 0; w0 < starts.size(); w0 += sz(B)) {
-    const std::int64_t rows = std::min<std::int64_t>(B, static_cast<std::int64_t>(starts.size() - w0));
+  for (std::int64_t c = first_chunk; c < last; ++c) {
+    const std::int64_t w0 = c * B, rows = std::min(B, W - w0);
     for (std::int64_t b = 0; b < B; ++b) {
       // Rows past the last window repeat it; their losses are not counted.
-      const auto s = static_cast<std::size_t>(starts[w0 + sz(std::min(b, rows - 1))]);
+      const auto s = static_cast<std::size_t>(starts[sz(w0 + std::min(b, rows - 1))]);
       for (std::int64_t t = 0; t < T; ++t) {
         in[sz(b * T + t)] = text[s + sz(t)];
         tg[sz(b * T + t)] = text[s + sz(t) + 1];
       }
     }
     gpt_forward(model, acts, in, tg, T, false, 0);
-    for (std::int64_t i = 0; i < rows * T; ++i) sum += acts.losses[sz(i)];
-    count += rows * T;
+    sums[sz(c - first_chunk)] = gpt_loss_sum(acts, rows * T);
   }
-  return count ? sum / static_cast<double>(count) : 0.0;
+}
+
+double evaluate(const Gpt& model, Activations& acts, std::span<const std::uint8_t> text,
+                std::span<const std::int64_t> starts, std::int64_t T,
+                std::vector<std::int64_t>& inputs, std::vector<std::int64_t>& targets) {
+  const auto W = static_cast<std::int64_t>(starts.size());
+  double total = 0.0;
+  for (std::int64_t c = 0; c * acts.batch < W; ++c) {
+    double sum = 0.0;
+    evaluate_chunks(model, acts, text, starts, T, inputs, targets, c, {&sum, 1});
+    total += sum;
+  }
+  return W ? total / static_cast<double>(W * T) : 0.0;
 }
 
 // ---- checkpoints ----
@@ -327,40 +395,33 @@ std::string meta_get(const std::map<std::string, std::string>& meta, const std::
 
 }  // namespace
 
-void save_checkpoint(const std::filesystem::path& path, const Gpt& model, const Checkpoint& info,
-                     bool with_optimizer) {
+std::map<std::string, std::string> checkpoint_metadata(const Checkpoint& info) {
   std::map<std::string, std::string> meta;
   meta["format"] = kFormat;
   meta["format_version"] = kFormatVersion;
-  put_fields(meta, "model.", model.config);
-  meta["model.vocab_size"] = field_to_string(model.config.vocab_size);
+  put_fields(meta, "model.", info.model);
+  meta["model.vocab_size"] = field_to_string(info.model.vocab_size);
   put_fields(meta, "train.", info.train);
   meta["train.step"] = field_to_string(info.step);
   meta["train.data"] = info.data;
   meta["train.freeze_positions"] = info.freeze_positions ? "1" : "0";
-  std::vector<io::TensorToWrite> tensors;
-  const auto add = [&](const std::string& name, const ParamTensor& t, std::span<const float> buf) {
-    tensors.push_back({name, io::DType::F32, t.shape,
-                       std::as_bytes(buf.subspan(t.offset, t.numel))});
-  };
-  for (const auto& t : model.tensors) add(t.name, t, model.params);
-  if (with_optimizer) {
-    for (const auto& t : model.tensors) add("optimizer.exp_avg." + t.name, t, model.m);
-    for (const auto& t : model.tensors) add("optimizer.exp_avg_sq." + t.name, t, model.v);
-  }
-  io::save_safetensors(path, tensors, meta);
+  return meta;
 }
 
-namespace {
-Checkpoint info_from(const io::SafetensorsFile& file) {
-  const auto& meta = file.metadata();
-  const std::string& src = file.source();
-  if (meta_get(meta, "format", src) != kFormat) {
-    throw Error(src + ": metadata format is '" + meta.at("format") + "', expected " + kFormat);
+Checkpoint checkpoint_from_metadata(const std::map<std::string, std::string>& file_meta,
+                                    const std::string& src) {
+  if (meta_get(file_meta, "format", src) != kFormat) {
+    throw Error(src + ": metadata format is '" + file_meta.at("format") + "', expected " + kFormat);
   }
-  if (meta_get(meta, "format_version", src) != kFormatVersion) {
-    throw Error(src + ": checkpoint format version " + meta.at("format_version") +
+  if (meta_get(file_meta, "format_version", src) != kFormatVersion) {
+    throw Error(src + ": checkpoint format version " + file_meta.at("format_version") +
                 " but this build reads version " + kFormatVersion);
+  }
+  // Checkpoints from before micro-batches trained each step as one micro-batch
+  // of the whole batch; that is what micro_batch = batch_size continues.
+  std::map<std::string, std::string> meta = file_meta;
+  if (!meta.contains("train.micro_batch")) {
+    meta["train.micro_batch"] = meta_get(meta, "train.batch_size", src);
   }
   Checkpoint info;
   get_fields(meta, "model.", info.model, src);
@@ -370,17 +431,52 @@ Checkpoint info_from(const io::SafetensorsFile& file) {
   info.freeze_positions = meta_get(meta, "train.freeze_positions", src) == "1";
   return info;
 }
-}  // namespace
 
-Checkpoint read_checkpoint_info(const std::filesystem::path& path) {
-  return info_from(io::SafetensorsFile::open(path));
+void save_checkpoint(const std::filesystem::path& path, const Gpt& model, const Checkpoint& info,
+                     std::span<const float> m, std::span<const float> v) {
+  if (m.size() != v.size() || (!m.empty() && m.size() != model.num_params)) {
+    throw Error("saving the AdamW moments needs both for all " + std::to_string(model.num_params) +
+                " parameters, not " + std::to_string(m.size()) + " and " + std::to_string(v.size()));
+  }
+  Checkpoint described = info;
+  described.model = model.config;
+  std::vector<io::TensorToWrite> tensors;
+  const auto add = [&](const std::string& name, const ParamTensor& t, std::span<const float> buf) {
+    tensors.push_back({name, io::DType::F32, t.shape,
+                       std::as_bytes(buf.subspan(t.offset, t.numel))});
+  };
+  for (const auto& t : model.tensors) add(t.name, t, model.params);
+  if (!m.empty()) {
+    for (const auto& t : model.tensors) add("optimizer.exp_avg." + t.name, t, m);
+    for (const auto& t : model.tensors) add("optimizer.exp_avg_sq." + t.name, t, v);
+  }
+  io::save_safetensors(path, tensors, checkpoint_metadata(described));
 }
 
-Gpt load_checkpoint(const std::filesystem::path& path, Checkpoint* info_out, bool with_optimizer) {
+void save_checkpoint(const std::filesystem::path& path, const Gpt& model, const Checkpoint& info,
+                     bool with_optimizer) {
+  if (with_optimizer && model.moments.size() != model.num_params) {
+    throw Error("this model holds the AdamW moments of " + std::to_string(model.moments.size()) +
+                " of its " + std::to_string(model.num_params) + " parameters (a ZeRO-1 shard); "
+                "gather them and pass all of them");
+  }
+  save_checkpoint(path, model, info, with_optimizer ? model.m : std::span<const float>(),
+                  with_optimizer ? model.v : std::span<const float>());
+}
+
+Checkpoint read_checkpoint_info(const std::filesystem::path& path) {
   const io::SafetensorsFile file = io::SafetensorsFile::open(path);
-  const Checkpoint info = info_from(file);
-  Gpt model = make_gpt(info.model);
-  model.freeze_positions = info.freeze_positions;
+  return checkpoint_from_metadata(file.metadata(), file.source());
+}
+
+namespace {
+void load_tensors(const io::SafetensorsFile& file, Gpt& model, std::span<float> m,
+                  std::span<float> v) {
+  if (m.size() != v.size() || (!m.empty() && m.size() != model.num_params)) {
+    throw Error("loading the AdamW moments needs room for both for all " +
+                std::to_string(model.num_params) + " parameters, not " + std::to_string(m.size()) +
+                " and " + std::to_string(v.size()));
+  }
   // Validate every tensor first, then copy: a bad file leaves nothing half-loaded.
   std::vector<std::pair<const io::TensorInfo*, std::span<float>>> plan;
   const auto want = [&](const std::string& name, const ParamTensor& t, std::span<float> buf) {
@@ -392,9 +488,9 @@ Gpt load_checkpoint(const std::filesystem::path& path, Checkpoint* info_out, boo
     plan.emplace_back(ti, buf.subspan(t.offset, t.numel));
   };
   for (const auto& t : model.tensors) want(t.name, t, model.params);
-  if (with_optimizer) {
-    for (const auto& t : model.tensors) want("optimizer.exp_avg." + t.name, t, model.m);
-    for (const auto& t : model.tensors) want("optimizer.exp_avg_sq." + t.name, t, model.v);
+  if (!m.empty()) {
+    for (const auto& t : model.tensors) want("optimizer.exp_avg." + t.name, t, m);
+    for (const auto& t : model.tensors) want("optimizer.exp_avg_sq." + t.name, t, v);
   }
   // Shape and dtype (F32) are checked above: copy the little-endian bytes as they are.
   static_assert(std::endian::native == std::endian::little, "checkpoints are little-endian F32");
@@ -405,6 +501,21 @@ Gpt load_checkpoint(const std::filesystem::path& path, Checkpoint* info_out, boo
     }
     std::memcpy(dst.data(), ti->data.data(), dst.size_bytes());
   }
+}
+}  // namespace
+
+void load_checkpoint_tensors(const std::filesystem::path& path, Gpt& model, std::span<float> m,
+                             std::span<float> v) {
+  load_tensors(io::SafetensorsFile::open(path), model, m, v);
+}
+
+Gpt load_checkpoint(const std::filesystem::path& path, Checkpoint* info_out, bool with_optimizer) {
+  const io::SafetensorsFile file = io::SafetensorsFile::open(path);
+  const Checkpoint info = checkpoint_from_metadata(file.metadata(), file.source());
+  Gpt model = make_gpt(info.model);
+  model.freeze_positions = info.freeze_positions;
+  load_tensors(file, model, with_optimizer ? model.m : std::span<float>(),
+               with_optimizer ? model.v : std::span<float>());
   if (info_out) *info_out = info;
   return model;
 }
@@ -412,24 +523,34 @@ Gpt load_checkpoint(const std::filesystem::path& path, Checkpoint* info_out, boo
 // ---- the training loop ----
 
 TrainResult train(const TrainOptions& options) {
-  set_num_threads(options.threads);
+  const World w = world();
+  const bool leader = w.rank == 0;  // reads the text and the checkpoint, writes log and checkpoints
+  const bool quiet = options.quiet || !leader;
+  set_num_threads(options.threads == 0 ? default_threads(w) : options.threads);
   Checkpoint info;
-  Gpt model;
-  if (!options.resume.empty()) {
-    model = load_checkpoint(options.resume, &info, true);
-  } else {
-    info.model = options.model;
-    info.train = options.train;
-    info.data = options.data;
-    info.freeze_positions = options.freeze_positions;
-    validate(info.train, info.model);
-    model = make_gpt(info.model);
-    model.freeze_positions = options.freeze_positions;
+  if (leader) {
+    if (!options.resume.empty()) {
+      info = read_checkpoint_info(options.resume);
+    } else {
+      info.model = options.model;
+      info.train = options.train;
+      info.data = options.data;
+      info.freeze_positions = options.freeze_positions;
+    }
   }
+  broadcast(w, info);
   const TrainConfig& tc = info.train;
   validate(tc, info.model);
   const std::int64_t B = tc.batch_size, T = effective_seq_len(tc, info.model);
-  const Corpus corpus = split_corpus(read_text(info.data), tc.val_fraction);
+  Gpt model = make_gpt(info.model, options.shard_optimizer ? MomentShard{w.rank, w.size}
+                                                           : MomentShard{});
+  model.freeze_positions = info.freeze_positions;
+  DataParallel dp = make_data_parallel(w, model, tc, T, options.shard_optimizer);
+  if (!options.resume.empty()) load_checkpoint(options.resume, model, dp);
+  std::vector<std::uint8_t> text;
+  if (leader) text = read_text(info.data);
+  broadcast(w, text);
+  const Corpus corpus = split_corpus(std::move(text), tc.val_fraction);
   if (corpus.train.size() < sz(T + 1) || corpus.val.size() < sz(T + 1)) {
     throw Error("the text at " + info.data + " has " + std::to_string(corpus.total_bytes) +
                 " bytes: too short for windows of " + std::to_string(T + 1) +
@@ -440,8 +561,6 @@ TrainResult train(const TrainOptions& options) {
                 std::to_string(tc.steps) + " steps; nothing left to train");
   }
 
-  Activations acts = make_activations(info.model, B, T);
-  std::vector<std::int64_t> inputs(sz(B * T)), targets(sz(B * T));
   // Validation windows: the split cut into consecutive windows (none truncated away:
   // every byte but the last is some window's input).
   std::vector<std::int64_t> val_all;
@@ -463,18 +582,25 @@ TrainResult train(const TrainOptions& options) {
     train_some.push_back(i * train_windows / train_count * T);
   }
 
-  std::filesystem::create_directories(options.out_dir);
   const std::filesystem::path ckpt = options.out_dir / "ckpt.safetensors";
   const std::filesystem::path log_path = options.out_dir / "log.csv";
-  const bool fresh_log = options.resume.empty() || !std::filesystem::exists(log_path);
-  if (!fresh_log) truncate_log(log_path, info.step);
-  FilePtr log_file(std::fopen(log_path.c_str(), fresh_log ? "w" : "a"));
-  if (!log_file) throw Error("cannot write " + log_path.string());
+  FilePtr log_file;
+  if (leader) {
+    std::filesystem::create_directories(options.out_dir);
+    const bool fresh_log = options.resume.empty() || !std::filesystem::exists(log_path);
+    if (!fresh_log) truncate_log(log_path, info.step);
+    log_file.reset(std::fopen(log_path.c_str(), fresh_log ? "w" : "a"));
+    if (!log_file) throw Error("cannot write " + log_path.string());
+    if (fresh_log) {
+      std::fprintf(log_file.get(), "step,lr,train_loss,val_loss,grad_norm,tokens_per_s,elapsed_s\n");
+    }
+  }
   std::FILE* const log = log_file.get();
-  if (fresh_log) std::fprintf(log, "step,lr,train_loss,val_loss,grad_norm,tokens_per_s,elapsed_s\n");
 
-  const bool tty = !options.quiet && isatty(fileno(stdout));
-  if (!options.quiet) {
+  // mpirun hands its ranks a terminal even when its own output goes to a file:
+  // under MPI, plain lines.
+  const bool tty = !quiet && w.size == 1 && isatty(fileno(stdout));
+  if (!quiet) {
     std::printf("model: %lld layers, %lld heads, width %lld, max_seq_len %lld, %zu parameters "
                 "(position table %lld = %.2f%%), dropout %g\n",
                 static_cast<long long>(info.model.n_layer), static_cast<long long>(info.model.n_head),
@@ -486,18 +612,28 @@ TrainResult train(const TrainOptions& options) {
     std::printf("data: %s, %llu bytes (train %zu, validation %zu), unigram entropy %.4f nats/byte\n",
                 info.data.c_str(), static_cast<unsigned long long>(corpus.total_bytes),
                 corpus.train.size(), corpus.val.size(), corpus.unigram_entropy);
-    std::printf("training: steps %lld, batch %lld x %lld bytes, lr %g, threads %d%s\n",
+    std::printf("training: steps %lld, batch %lld x %lld bytes (micro-batches of %lld), lr %g, "
+                "threads %d%s\n",
                 static_cast<long long>(tc.steps), static_cast<long long>(B),
-                static_cast<long long>(T), tc.lr, num_threads(),
+                static_cast<long long>(T), static_cast<long long>(tc.micro_batch), tc.lr,
+                num_threads(),
                 options.resume.empty() ? "" : (", resumed at step " + std::to_string(info.step)).c_str());
+    if (w.size > 1) {
+      std::printf("ranks: %d (MPI), %lld micro-batches per step, optimizer state %s; %.2f MB "
+                  "exchanged per step by each rank\n",
+                  w.size, static_cast<long long>(dp.micro_batches),
+                  options.shard_optimizer ? "sharded (ZeRO-1)" : "on every rank",
+                  static_cast<double>(dp.bytes_per_step) / 1e6);
+    }
     std::fflush(stdout);
   }
 
   g_interrupted.store(false);
-  const SigintGuard sigint;  // restored on return and on exceptions
+  const StopSignalGuard signals(w.size > 1);  // restored on return and on exceptions
   TrainResult result;
   result.first_step = info.step;
   result.unigram_entropy = corpus.unigram_entropy;
+  result.bytes_sent_per_step = dp.bytes_per_step;
   result.losses.reserve(sz(tc.steps - info.step));
   const auto start = std::chrono::steady_clock::now();
   const auto elapsed = [&] {
@@ -507,9 +643,12 @@ TrainResult train(const TrainOptions& options) {
   double tokens = 0;
   std::int64_t step = info.step;
   while (step < tc.steps) {
-    fill_train_batch(inputs, targets, corpus.train, B, T, info.model.seed,
-                     static_cast<std::uint64_t>(step));
-    const StepStats s = train_step(model, acts, inputs, targets, T, step, tc);
+    const auto windows = [&](std::span<std::int64_t> in, std::span<std::int64_t> tg,
+                             std::int64_t first_row) {
+      fill_train_batch(in, tg, corpus.train, tc.micro_batch, T, info.model.seed,
+                       static_cast<std::uint64_t>(step), first_row);
+    };
+    const StepStats s = data_parallel_step(model, dp, windows, step, tc);
     ++step;
     result.losses.push_back(s.loss);
     tokens += static_cast<double>(B * T);
@@ -517,10 +656,12 @@ TrainResult train(const TrainOptions& options) {
     const double tps = tokens / secs;
     double val = NAN;
     if (step % tc.eval_every == 0 || step == tc.steps) {
-      val = evaluate(model, acts, corpus.val, val_some, T, inputs, targets);
+      val = data_parallel_evaluate(model, dp, corpus.val, val_some);
     }
-    std::fprintf(log, "%lld,%.6g,%.6f,%s,%.6f,%.1f,%.4f\n", static_cast<long long>(step), s.lr,
-                 s.loss, std::isnan(val) ? "" : std::to_string(val).c_str(), s.grad_norm, tps, secs);
+    if (log) {
+      std::fprintf(log, "%lld,%.6g,%.6f,%s,%.6f,%.1f,%.4f\n", static_cast<long long>(step), s.lr,
+                   s.loss, std::isnan(val) ? "" : std::to_string(val).c_str(), s.grad_norm, tps, secs);
+    }
     if (tty) {
       const double left = secs / static_cast<double>(step - result.first_step) *
                           static_cast<double>(tc.steps - step);
@@ -531,7 +672,7 @@ TrainResult train(const TrainOptions& options) {
                   seconds_text(left).c_str());
       if (!std::isnan(val)) std::printf("\n  step %lld: validation loss %.4f\n", static_cast<long long>(step), val);
       std::fflush(stdout);
-    } else if (!options.quiet && (step % print_every == 0 || !std::isnan(val))) {
+    } else if (!quiet && (step % print_every == 0 || !std::isnan(val))) {
       std::printf("step %lld/%lld loss %.4f lr %.3g grad_norm %.3f %.0f tok/s%s\n",
                   static_cast<long long>(step), static_cast<long long>(tc.steps), s.loss, s.lr,
                   s.grad_norm, tps,
@@ -539,17 +680,20 @@ TrainResult train(const TrainOptions& options) {
       std::fflush(stdout);
     }
     info.step = step;
-    const bool stop = g_interrupted.load() || step == options.stop_after;
+    // Every rank stops at the same step: a signal may reach them at different times.
+    const int stop = flags_of_all_ranks(
+        w, (g_interrupted.load() ? kStopSignal : 0) | (step == options.stop_after ? kStopAfter : 0));
     if (stop || step % tc.checkpoint_every == 0 || step == tc.steps) {
-      std::fflush(log);
-      save_checkpoint(ckpt, model, info, true);
+      if (log) std::fflush(log);
+      save_checkpoint(ckpt, model, dp, info);
     }
     if (stop) {
-      result.interrupted = g_interrupted.load();
-      if (!options.quiet) {
+      result.interrupted = (stop & kStopSignal) != 0;
+      if (!quiet) {
         std::printf("\n%s at step %lld; checkpoint saved to %s (continue with --resume %s)\n",
                     result.interrupted ? "interrupted" : "stopped", static_cast<long long>(step),
                     ckpt.c_str(), ckpt.c_str());
+        std::fflush(stdout);
       }
       break;
     }
@@ -558,11 +702,20 @@ TrainResult train(const TrainOptions& options) {
   result.last_step = step;
   result.checkpoint = ckpt;
   result.tokens_per_second = tokens / elapsed();
+  result.exchange_seconds = dp.exchange_seconds;
+  if (!quiet && w.size > 1) {
+    // Rank 0's time in MPI calls, waiting for slower ranks included.
+    std::printf("exchange between ranks (rank 0): %.2f MB per step, %.2f ms per step (%.1f%% of "
+                "the training time)\n",
+                static_cast<double>(dp.bytes_per_step) / 1e6,
+                1e3 * dp.exchange_seconds / static_cast<double>(step - result.first_step),
+                100.0 * dp.exchange_seconds / elapsed());
+  }
   if (step == tc.steps && !result.interrupted) {
     // (the checkpoint is already written; an interrupt here just ends the run)
-    result.final_val_loss = evaluate(model, acts, corpus.val, val_all, T, inputs, targets);
-    result.final_train_loss = evaluate(model, acts, corpus.train, train_some, T, inputs, targets);
-    if (!options.quiet) {
+    result.final_val_loss = data_parallel_evaluate(model, dp, corpus.val, val_all);
+    result.final_train_loss = data_parallel_evaluate(model, dp, corpus.train, train_some);
+    if (!quiet) {
       std::printf("%sdone: %lld steps in %s, %.0f tokens/s\n", tty ? "\n" : "",
                   static_cast<long long>(step), seconds_text(elapsed()).c_str(),
                   result.tokens_per_second);
@@ -573,7 +726,7 @@ TrainResult train(const TrainOptions& options) {
       std::printf("checkpoint: %s, log: %s\n", ckpt.c_str(), log_path.c_str());
     }
   }
-  return result;  // the handler stays until here: Ctrl-C during the final evaluation only skips it
+  return result;  // the handlers stay until here: Ctrl-C during the final evaluation only skips it
 }
 
 }  // namespace posembed::model

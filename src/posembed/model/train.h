@@ -2,11 +2,14 @@
 // clipping, a cosine learning-rate schedule with linear warmup, random training
 // windows from the train split, a held-out validation split, a CSV log,
 // safetensors checkpoints, bitwise-identical --resume and Ctrl-C handling.
+// Each step's batch is split into micro-batches whose gradients are summed in a
+// fixed order, one process or many (data parallel over MPI: model/distributed.h).
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <span>
 #include <string>
 #include <vector>
@@ -18,6 +21,7 @@ namespace posembed::model {
 struct TrainConfig {
   std::int64_t steps = 1000;
   std::int64_t batch_size = 16;
+  std::int64_t micro_batch = 4;  // windows per micro-batch; divides batch_size
   std::int64_t seq_len = 0;  // training window length; 0 = max_seq_len
   double lr = 3e-3;          // peak learning rate
   double min_lr_ratio = 0.1; // cosine decays to lr * min_lr_ratio
@@ -37,7 +41,11 @@ struct TrainConfig {
 template <class Visitor>
 void visit_fields(TrainConfig& c, Visitor&& visitor) {
   visitor("steps", c.steps, "optimizer steps in total (a resumed run continues to this count)");
-  visitor("batch_size", c.batch_size, "windows per step");
+  visitor("batch_size", c.batch_size, "windows per step, over all ranks");
+  visitor("micro_batch", c.micro_batch,
+          "windows per micro-batch (divides batch_size). Gradients are computed per micro-batch "
+          "and summed in micro-batch order, so any number of ranks up to batch_size / "
+          "micro_batch gives the same bits; changing it changes the last bits");
   visitor("seq_len", c.seq_len,
           "training window length in bytes, at most max_seq_len; 0 = max_seq_len");
   visitor("lr", c.lr, "peak learning rate, reached after the warmup");
@@ -64,14 +72,34 @@ std::int64_t effective_seq_len(const TrainConfig& train, const GptConfig& model)
 // The learning rate of 0-based step `step`.
 double lr_at(const TrainConfig& c, std::int64_t step);
 
-// Global L2 norm of the gradients, summed in double in a fixed order.
+// Sum of squares of each kParamPiece-long piece of grads (the last may be
+// shorter), in double, into out (one entry per piece).
+void grad_piece_squares(std::span<const float> grads, std::span<double> out);
+// Global L2 norm of the gradients: the piece sums added in piece order.
 double grad_norm(const Gpt& model);
+
+// The gradient of one micro-batch into model.grads (zeroed first): training
+// forward with dropout keyed by dropout_step, backward of the loss summed over
+// the micro-batch and divided by loss_count (the whole batch's token count).
+// Returns the micro-batch's loss sum, added in token order in double.
+double micro_batch_gradient(Gpt& model, Activations& acts, std::span<const std::int64_t> inputs,
+                            std::span<const std::int64_t> targets, std::int64_t T,
+                            std::uint64_t dropout_step, std::int64_t loss_count);
+
+// Clips the gradients in `range` by the global norm (as
+// torch.nn.utils.clip_grad_norm_) and applies AdamW with lr_at(step) to the
+// parameters in `range`, whose moments the model must hold. Returns the lr.
+double clip_and_update(Gpt& model, ParamRange range, double grad_norm, std::int64_t step,
+                       const TrainConfig& config);
 
 struct StepStats {
   double loss = 0, grad_norm = 0, lr = 0;
 };
-// One optimizer step on a batch: zero-grad, forward (train, dropout keyed by
-// step), backward, clip, AdamW with lr_at(step). step is 0-based.
+// One optimizer step on a batch taken as a single micro-batch (acts sized for
+// all of it): zero-grad, forward (train, dropout keyed by step), backward, clip,
+// AdamW with lr_at(step). step is 0-based. train() splits the batch into
+// micro-batches instead (data_parallel_step); with micro_batch == batch_size
+// both give the same bits.
 StepStats train_step(Gpt& model, Activations& acts, std::span<const std::int64_t> inputs,
                      std::span<const std::int64_t> targets, std::int64_t T, std::int64_t step,
                      const TrainConfig& config);
@@ -87,10 +115,11 @@ struct Corpus {
 std::vector<std::uint8_t> read_text(const std::filesystem::path& path);
 Corpus split_corpus(std::vector<std::uint8_t> text, double val_fraction);
 
-// Training window of batch row `row` at `step`: a random offset in the train split.
+// Training windows of batch rows first_row .. first_row + B - 1 at `step`: row
+// r starts at a random offset in the train split keyed by (seed, step, r).
 void fill_train_batch(std::span<std::int64_t> inputs, std::span<std::int64_t> targets,
                       std::span<const std::uint8_t> text, std::int64_t B, std::int64_t T,
-                      std::uint64_t seed, std::uint64_t step);
+                      std::uint64_t seed, std::uint64_t step, std::int64_t first_row = 0);
 
 // Checkpoints: parameters under GPT-2 Hugging Face names, the AdamW moments under
 // "optimizer.exp_avg.<name>" / "optimizer.exp_avg_sq.<name>" and every setting
@@ -104,10 +133,24 @@ struct Checkpoint {
 };
 void save_checkpoint(const std::filesystem::path& path, const Gpt& model, const Checkpoint& info,
                      bool with_optimizer);
+// The same with the moments of every parameter given (m, v: num_params each, or
+// both empty for none): a model whose moments are sharded gathers them first.
+void save_checkpoint(const std::filesystem::path& path, const Gpt& model, const Checkpoint& info,
+                     std::span<const float> m, std::span<const float> v);
+// The settings as the checkpoint's __metadata__ holds them, and back (source
+// names the metadata in errors).
+std::map<std::string, std::string> checkpoint_metadata(const Checkpoint& info);
+Checkpoint checkpoint_from_metadata(const std::map<std::string, std::string>& meta,
+                                    const std::string& source);
 // Reads the settings, builds the model and loads its parameters (and the AdamW
 // moments when present and wanted).
 Checkpoint read_checkpoint_info(const std::filesystem::path& path);
 Gpt load_checkpoint(const std::filesystem::path& path, Checkpoint* info, bool with_optimizer);
+// Loads the parameters of a model made from the checkpoint's settings and, when
+// m and v are not empty (num_params each), every parameter's moments into them.
+// Validates every tensor before copying any.
+void load_checkpoint_tensors(const std::filesystem::path& path, Gpt& model, std::span<float> m,
+                             std::span<float> v);
 
 struct TrainOptions {
   GptConfig model;
@@ -116,9 +159,10 @@ struct TrainOptions {
   std::filesystem::path out_dir = "out";
   std::filesystem::path resume;   // a checkpoint to continue from
   bool freeze_positions = false;  // position table gets no gradient (and no update)
+  bool shard_optimizer = false;   // ZeRO-1 over MPI ranks: same bits, 1/N of the moments each
   int threads = 0;
   bool quiet = false;             // no progress output (tests)
-  std::int64_t stop_after = -1;   // tests: stop (saving a checkpoint) after this many steps
+  std::int64_t stop_after = -1;   // stop (saving a checkpoint) when this many steps are done
 };
 
 struct TrainResult {
@@ -127,15 +171,24 @@ struct TrainResult {
   double final_train_loss = 0, final_val_loss = 0;  // eval mode, nats per byte
   double unigram_entropy = 0;
   double tokens_per_second = 0;
+  double exchange_seconds = 0;        // in gradient and parameter exchange between ranks
+  std::uint64_t bytes_sent_per_step = 0;  // by this rank
   bool interrupted = false;
   std::filesystem::path checkpoint;
 };
 
 TrainResult train(const TrainOptions& options);
 
-// Mean eval-mode loss over the given windows (start offsets) of text.
+// Mean eval-mode loss over the given windows (start offsets) of text: the
+// windows go through the model acts.batch at a time (a chunk), each chunk's
+// loss sum is added in token order and the chunk sums in chunk order.
 double evaluate(const Gpt& model, Activations& acts, std::span<const std::uint8_t> text,
                 std::span<const std::int64_t> starts, std::int64_t T,
                 std::vector<std::int64_t>& inputs, std::vector<std::int64_t>& targets);
+// The loss sums of chunks first_chunk .. first_chunk + sums.size() - 1 into sums.
+void evaluate_chunks(const Gpt& model, Activations& acts, std::span<const std::uint8_t> text,
+                     std::span<const std::int64_t> starts, std::int64_t T,
+                     std::vector<std::int64_t>& inputs, std::vector<std::int64_t>& targets,
+                     std::int64_t first_chunk, std::span<double> sums);
 
 }  // namespace posembed::model

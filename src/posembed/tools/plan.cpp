@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "posembed/core/error.h"
+#include "posembed/model/gpt.h"
 #include "posembed/tools/format.h"
 
 namespace posembed::tools {
@@ -149,7 +150,57 @@ FlopsPerToken flops_per_token(const ModelShape& s, std::int64_t seq_len) {
   return {.attention_scores = L * 4 * T * d, .rest = 2 * matmul_params};
 }
 
-Plan make_plan(const ModelShape& shape, std::int64_t seq_len, std::int64_t batch) {
+namespace {
+
+DataParallelPlan data_parallel_plan(const Plan& plan, std::int64_t ranks, std::int64_t micro_batch) {
+  if (ranks < 1 || ranks > 1'000'000) {
+    throw Error("ranks = " + std::to_string(ranks) + " must lie in [1, 1000000]");
+  }
+  if (micro_batch == 0) {
+    if (plan.batch % ranks != 0) {
+      throw Error("batch " + std::to_string(plan.batch) + " does not split evenly over " +
+                  std::to_string(ranks) + " ranks; give --micro-batch");
+    }
+    micro_batch = plan.batch / ranks;
+  }
+  if (micro_batch < 1 || plan.batch % micro_batch != 0) {
+    throw Error("micro_batch = " + std::to_string(micro_batch) + " must be >= 1 and divide batch " +
+                std::to_string(plan.batch));
+  }
+  DataParallelPlan d;
+  d.ranks = ranks;
+  d.micro_batch = micro_batch;
+  d.micro_batches = plan.batch / micro_batch;
+  if (d.micro_batches < ranks) {
+    throw Error(std::to_string(ranks) + " ranks but only " + std::to_string(d.micro_batches) +
+                " micro-batches: every rank needs one; lower --micro-batch or --ranks");
+  }
+  const auto P = static_cast<std::uint64_t>(plan.params.total());
+  const int N = static_cast<int>(ranks);
+  constexpr std::uint64_t kFloat = 4;
+  d.params = kFloat * P;
+  d.grads = kFloat * P;
+  d.adamw = 2 * kFloat * P;
+  d.activations = plan.activations.per_sequence * static_cast<std::uint64_t>(micro_batch);
+  d.ring_allreduce = 2 * (ranks - 1) * kFloat * P / static_cast<std::uint64_t>(ranks);
+  for (int r = 0; r < N; ++r) {
+    const auto mine = static_cast<std::uint64_t>(d.micro_batches * (r + 1) / N -
+                                                 d.micro_batches * r / N);
+    const std::uint64_t shard = model::param_shard(P, r, N).size();
+    d.most_micro_batches = std::max(d.most_micro_batches, static_cast<std::int64_t>(mine));
+    d.adamw_sharded = std::max(d.adamw_sharded, 2 * kFloat * shard);
+    if (N == 1) continue;
+    d.sent = std::max(d.sent, kFloat * mine * P);
+    d.received = std::max(d.received, kFloat * static_cast<std::uint64_t>(d.micro_batches) * shard);
+    d.exchanged_per_step = std::max(d.exchanged_per_step, kFloat * (mine + 1) * (P - shard));
+  }
+  return d;
+}
+
+}  // namespace
+
+Plan make_plan(const ModelShape& shape, std::int64_t seq_len, std::int64_t batch,
+               std::int64_t ranks, std::int64_t micro_batch) {
   validate(shape);
   if (seq_len == 0) seq_len = shape.max_seq_len;
   if (seq_len < 1 || seq_len > shape.max_seq_len) {
@@ -167,6 +218,7 @@ Plan make_plan(const ModelShape& shape, std::int64_t seq_len, std::int64_t batch
   plan.memory = training_memory(plan.params.total());
   plan.activations = activation_memory(shape, seq_len);
   plan.flops = flops_per_token(shape, seq_len);
+  plan.data_parallel = data_parallel_plan(plan, ranks, micro_batch);
   return plan;
 }
 
@@ -265,6 +317,32 @@ std::string format_plan(const Plan& plan, std::span<const SweepRow> sweep) {
                 human_flops(fl.forward()).c_str(), human_flops(fl.training()).c_str(),
                 human_flops(fl.training() * static_cast<double>(plan.seq_len)).c_str());
 
+  const DataParallelPlan& dp = plan.data_parallel;
+  if (dp.ranks > 1) {
+    out += format("\ndata parallel over %lld ranks, per rank (posembed train: fp32; %lld "
+                  "micro-batches of %lld sequences, at most %lld on one rank)\n",
+                  static_cast<long long>(dp.ranks), static_cast<long long>(dp.micro_batches),
+                  static_cast<long long>(dp.micro_batch),
+                  static_cast<long long>(dp.most_micro_batches));
+    out += "                       params      grads   exchange      AdamW      total\n";
+    for (const bool sharded : {false, true}) {
+      out += format("  %-16s %10s %10s %10s %10s %10s\n",
+                    sharded ? "ZeRO-1 sharded" : "AdamW on each", human_bytes(dp.params).c_str(),
+                    human_bytes(dp.grads).c_str(), human_bytes(dp.sent + dp.received).c_str(),
+                    human_bytes(sharded ? dp.adamw_sharded : dp.adamw).c_str(),
+                    human_bytes(dp.total(sharded)).c_str());
+    }
+    out += format("  (exchange: the rank's micro-batch gradients to send, %s, and every "
+                  "micro-batch's gradient of its shard, %s)\n",
+                  human_bytes(dp.sent).c_str(), human_bytes(dp.received).c_str());
+    out += format("  activations of one micro-batch (16-bit, as above): %s\n",
+                  human_bytes(dp.activations).c_str());
+    out += format("  exchanged per step by a rank: %s (micro-batch gradients sent, shards "
+                  "gathered); a ring all-reduce: %s\n",
+                  human_bytes(dp.exchanged_per_step).c_str(),
+                  human_bytes(dp.ring_allreduce).c_str());
+  }
+
   if (!sweep.empty()) {
     const SweepRow& first = sweep.front();
     out += "\nsweep over max_seq_len (each trained at T = max_seq_len; forward FLOPs per "
@@ -320,6 +398,24 @@ std::string plan_json(const Plan& plan, std::span<const SweepRow> sweep) {
                           {"rest", plan.flops.rest},
                           {"forward", plan.flops.forward()},
                           {"training", plan.flops.training()}};
+  const DataParallelPlan& dp = plan.data_parallel;
+  if (dp.ranks > 1) {
+    j["data_parallel"] = {{"ranks", dp.ranks},
+                          {"micro_batch", dp.micro_batch},
+                          {"micro_batches", dp.micro_batches},
+                          {"most_micro_batches", dp.most_micro_batches},
+                          {"bytes_per_rank", {{"params", dp.params},
+                                              {"grads", dp.grads},
+                                              {"sent", dp.sent},
+                                              {"received", dp.received},
+                                              {"adamw", dp.adamw},
+                                              {"adamw_sharded", dp.adamw_sharded},
+                                              {"activations", dp.activations},
+                                              {"total", dp.total(false)},
+                                              {"total_sharded", dp.total(true)}}},
+                          {"exchanged_per_step", dp.exchanged_per_step},
+                          {"ring_allreduce", dp.ring_allreduce}};
+  }
   ordered_json rows = ordered_json::array();
   for (const SweepRow& r : sweep) {
     rows.push_back({{"max_seq_len", r.max_seq_len},

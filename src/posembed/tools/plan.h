@@ -99,6 +99,28 @@ struct FlopsPerToken {
 };
 FlopsPerToken flops_per_token(const ModelShape& shape, std::int64_t seq_len);
 
+// Data-parallel training over `ranks` processes as `posembed train` runs it
+// (model/distributed.h: fp32, micro-batch gradients reduce-scattered in
+// micro-batch order, shards of whole 16,384-parameter pieces), for the rank that
+// holds the most: the most micro-batches and the largest shard.
+struct DataParallelPlan {
+  std::int64_t ranks = 1;
+  std::int64_t micro_batch = 0;          // sequences per micro-batch
+  std::int64_t micro_batches = 0;        // per step, over all ranks
+  std::int64_t most_micro_batches = 0;   // on one rank
+  std::uint64_t params = 0, grads = 0;   // every rank holds all of both
+  std::uint64_t sent = 0;                // buffer of the rank's micro-batch gradients (N > 1)
+  std::uint64_t received = 0;            // every micro-batch's gradient of the rank's shard (N > 1)
+  std::uint64_t adamw = 0;               // moments of every parameter
+  std::uint64_t adamw_sharded = 0;       // ZeRO-1: moments of the rank's shard
+  std::uint64_t activations = 0;         // one micro-batch, activation_memory's 16-bit estimate
+  std::uint64_t exchanged_per_step = 0;  // gradients sent in the reduce-scatter + all-gather received
+  std::uint64_t ring_allreduce = 0;      // 2 (N-1)/N x 4 P: a ring all-reduce's bytes per rank
+  std::uint64_t total(bool sharded) const {
+    return params + grads + sent + received + (sharded ? adamw_sharded : adamw);
+  }
+};
+
 struct Plan {
   ModelShape shape;
   std::int64_t seq_len = 0;  // tokens per training sequence (<= max_seq_len)
@@ -107,13 +129,17 @@ struct Plan {
   MemoryByPrecision memory;
   ActivationMemory activations;
   FlopsPerToken flops;
+  DataParallelPlan data_parallel;  // ranks == 1: one process
   double position_share() const {
     return static_cast<double>(params.position) / static_cast<double>(params.total());
   }
 };
-// seq_len 0 means max_seq_len. Throws posembed::Error on an invalid shape,
-// seq_len > max_seq_len or batch < 1.
-Plan make_plan(const ModelShape& shape, std::int64_t seq_len = 0, std::int64_t batch = 1);
+// seq_len 0 means max_seq_len; micro_batch 0 means batch / ranks (one
+// micro-batch per rank). Throws posembed::Error on an invalid shape, seq_len >
+// max_seq_len, batch < 1, a micro_batch that does not divide the batch, or
+// fewer micro-batches than ranks.
+Plan make_plan(const ModelShape& shape, std::int64_t seq_len = 0, std::int64_t batch = 1,
+               std::int64_t ranks = 1, std::int64_t micro_batch = 0);
 
 // One row per max_seq_len, with seq_len = max_seq_len (a model trained at its
 // full context).

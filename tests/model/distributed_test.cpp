@@ -1,0 +1,158 @@
+// The data-parallel pieces that need no MPI: parameter shards, sharded moments,
+// the micro-batch step in a world of one, and checkpoints from before
+// micro-batches. mpi_test.sh runs the same code over mpirun.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "posembed/core/error.h"
+#include "posembed/core/philox.h"
+#include "posembed/model/distributed.h"
+
+namespace posembed::model {
+namespace {
+
+GptConfig tiny_config() {
+  GptConfig c;
+  c.max_seq_len = 16;
+  c.embed_dim = 32;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.dropout = 0.1;  // the masks of micro-batch k are keyed by step * M + k
+  return c;
+}
+
+TEST(ParamShard, WholePiecesCoverEveryParameterOnce) {
+  for (const std::size_t P :
+       {std::size_t{1}, kParamPiece, kParamPiece + 1, std::size_t{118528}, std::size_t{842496}}) {
+    for (int ranks = 1; ranks <= 7; ++ranks) {
+      std::size_t next = 0, smallest = P, largest = 0;
+      for (int r = 0; r < ranks; ++r) {
+        const ParamRange s = param_shard(P, r, ranks);
+        EXPECT_EQ(s.begin, next) << P << " " << r << "/" << ranks;
+        EXPECT_EQ(s.begin % kParamPiece, 0u);
+        EXPECT_TRUE(s.end % kParamPiece == 0 || s.end == P);
+        next = s.end;
+        smallest = std::min(smallest, s.size());
+        largest = std::max(largest, s.size());
+      }
+      EXPECT_EQ(next, P);
+      // As even as whole pieces allow (the last piece may be short).
+      EXPECT_LE(largest - smallest, kParamPiece) << P << " over " << ranks;
+    }
+  }
+  EXPECT_THROW(param_shard(10, 3, 3), Error);
+}
+
+TEST(SplitRange, ContiguousAndEven) {
+  for (int parts = 1; parts <= 5; ++parts) {
+    std::int64_t next = 0;
+    for (int p = 0; p < parts; ++p) {
+      const IndexRange r = split_range(11, p, parts);
+      EXPECT_EQ(r.begin, next);
+      EXPECT_GE(r.size(), 11 / parts);
+      EXPECT_LE(r.size(), 11 / parts + 1);
+      next = r.end;
+    }
+    EXPECT_EQ(next, 11);
+  }
+}
+
+TEST(MomentShard, HoldsOneShardOfTheMoments) {
+  const Gpt full = make_gpt(tiny_config());
+  Gpt part = make_gpt(tiny_config(), MomentShard{1, 3});
+  const ParamRange s = param_shard(full.num_params, 1, 3);
+  EXPECT_EQ(part.moments.begin, s.begin);
+  EXPECT_EQ(part.moments.end, s.end);
+  EXPECT_EQ(part.m.size(), s.size());
+  EXPECT_EQ(part.memory.size(), 2 * full.num_params + 2 * s.size());
+  EXPECT_EQ(std::vector<float>(part.params.begin(), part.params.end()),
+            std::vector<float>(full.params.begin(), full.params.end()));
+  // Updating parameters whose moments it lacks is refused before anything moves.
+  const std::vector<float> before(part.params.begin(), part.params.end());
+  EXPECT_THROW(clip_and_update(part, {0, part.num_params}, 1.0, 0, TrainConfig{}), Error);
+  EXPECT_EQ(std::vector<float>(part.params.begin(), part.params.end()), before);
+  // A checkpoint needs every moment.
+  EXPECT_THROW(save_checkpoint("unused.safetensors", part, Checkpoint{}, true), Error);
+}
+
+// In a world of one with micro_batch == batch_size, the data-parallel step is
+// train_step: the same bits (the trainer's --micro-batch = --batch-size run is
+// the trainer from before micro-batches).
+TEST(DataParallel, OneMicroBatchIsTrainStep) {
+  const GptConfig c = tiny_config();
+  TrainConfig t;
+  t.batch_size = 3;
+  t.micro_batch = 3;
+  t.warmup_steps = 2;
+  const std::int64_t T = 16;
+  std::vector<std::uint8_t> text(5000);
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    text[i] =
+        static_cast<std::uint8_t>('a' + philox_bits(5, 0, RandomStream::data_sampling, i) % 26);
+  }
+  Gpt a = make_gpt(c), b = make_gpt(c);
+  Activations acts = make_activations(c, t.batch_size, T);
+  std::vector<std::int64_t> in(static_cast<std::size_t>(t.batch_size * T)), tg(in.size());
+  DataParallel dp = make_data_parallel(World{}, b, t, T, false);
+  for (std::int64_t step = 0; step < 4; ++step) {
+    fill_train_batch(in, tg, text, t.batch_size, T, c.seed, static_cast<std::uint64_t>(step));
+    const StepStats sa = train_step(a, acts, in, tg, T, step, t);
+    const auto rows = [&](std::span<std::int64_t> ins, std::span<std::int64_t> tgs,
+                          std::int64_t first) {
+      fill_train_batch(ins, tgs, text, t.micro_batch, T, c.seed, static_cast<std::uint64_t>(step),
+                       first);
+    };
+    const StepStats sb = data_parallel_step(b, dp, rows, step, t);
+    EXPECT_EQ(sa.loss, sb.loss) << step;
+    EXPECT_EQ(sa.grad_norm, sb.grad_norm) << step;
+  }
+  EXPECT_EQ(a.memory, b.memory);  // params, last gradients, m, v
+  // Without dropout (whose masks are keyed per micro-batch), micro-batches of
+  // one window change the last bits only.
+  GptConfig c0 = c;
+  c0.dropout = 0;
+  t.micro_batch = 1;
+  Gpt m = make_gpt(c0);
+  DataParallel dm = make_data_parallel(World{}, m, t, T, false);
+  const auto rows = [&](std::span<std::int64_t> ins, std::span<std::int64_t> tgs,
+                        std::int64_t first) {
+    fill_train_batch(ins, tgs, text, 1, T, c.seed, 0, first);
+  };
+  Gpt ref = make_gpt(c0);
+  Activations acts0 = make_activations(c0, t.batch_size, T);
+  fill_train_batch(in, tg, text, t.batch_size, T, c.seed, 0);
+  const StepStats whole = train_step(ref, acts0, in, tg, T, 0, t);
+  const StepStats split = data_parallel_step(m, dm, rows, 0, t);
+  EXPECT_NEAR(split.loss, whole.loss, 1e-6 * whole.loss);
+  EXPECT_NEAR(split.grad_norm, whole.grad_norm, 1e-5 * whole.grad_norm);
+}
+
+TEST(DataParallel, RanksNeedAMicroBatchEach) {
+  const Gpt model = make_gpt(tiny_config());
+  TrainConfig t;
+  t.batch_size = 8;
+  t.micro_batch = 4;
+  try {
+    make_data_parallel(World{0, 3}, model, t, 16, false);
+    FAIL() << "3 ranks for 2 micro-batches";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("3 ranks but only 2 micro-batches"), std::string::npos)
+        << e.what();
+  }
+  t.micro_batch = 3;
+  EXPECT_THROW(make_data_parallel(World{}, model, t, 16, false), Error);  // 8 % 3
+}
+
+TEST(Checkpoint, BeforeMicroBatchesResumesAsOneMicroBatch) {
+  Checkpoint info;
+  info.train.batch_size = 12;
+  info.train.micro_batch = 3;
+  EXPECT_EQ(checkpoint_from_metadata(checkpoint_metadata(info), "test").train, info.train);
+  auto meta = checkpoint_metadata(info);
+  meta.erase("train.micro_batch");
+  EXPECT_EQ(checkpoint_from_metadata(meta, "old").train.micro_batch, 12);
+}
+
+}  // namespace
+}  // namespace posembed::model

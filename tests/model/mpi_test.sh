@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# Data-parallel training over MPI against one process: `posembed train` under
+# mpirun must give the same log and the same checkpoint, byte for byte, as a
+# plain run (model/distributed.h says why it can). One case per CTest test:
+#   mpi_test.sh CASE POSEMBED MPIRUN WORK_DIR   (MPIRUN may be "none" for no_mpi)
+# Cases: ranks, shard_optimizer, resume, interrupt, killed_rank, errors (too
+# many ranks; an error on one rank), no_mpi (the last for a build without MPI).
+set -euo pipefail
+case_name=$1 posembed=$2 mpirun=$3 work=$4
+rm -rf "$work" && mkdir -p "$work" && cd "$work"
+# Open MPI refuses root without these (CI runs as root); more ranks than cores
+# need --oversubscribe.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_WAIT_POLICY=passive
+mpi=("$mpirun" --oversubscribe)
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# 60 KB of words, the same every time (the split needs 4 KiB chunks in both parts).
+awk 'BEGIN { split("the position table learns where each byte sits and a model reads text from left to right with attention over what came before", w, " ");
+             s = 7; while (n < 60000) { s = (s * 1103515245 + 12345) % 2147483648; t = w[int(s / 65536) % 24 + 1] ((s % 9) ? " " : ".\n"); printf "%s", t; n += length(t) } }' > text.txt
+
+# A tiny model: 118,528 parameters = 8 pieces of 16,384 (shards of 2/3/3 over 3
+# ranks), 5 micro-batches of 2 windows (2/3, 1/2/2, 1/1/1/2 over 2, 3, 4 ranks),
+# dropout on (its masks must match too).
+model=(train --data text.txt --max-seq-len 32 --embed-dim 64 --n-layer 2 --n-head 2 --dropout 0.1
+       --batch-size 10 --micro-batch 2 --warmup-steps 2 --eval-batches 2)
+run=("${model[@]}" --steps 8 --eval-every 4 --checkpoint-every 4)
+# Runs that only a signal ends.
+long=("${model[@]}" --steps 100000 --eval-every 100000)
+
+# The log's columns without the timing ones (tokens/s, seconds).
+same_run() {  # reference_dir other_dir what
+  cmp "$1/ckpt.safetensors" "$2/ckpt.safetensors" || fail "$3: checkpoint differs from $1"
+  diff <(cut -d, -f1-5 "$1/log.csv") <(cut -d, -f1-5 "$2/log.csv") || fail "$3: log differs from $1"
+  [ "$(wc -l < "$2/log.csv")" -eq 9 ] || fail "$3: log has $(wc -l < "$2/log.csv") lines, want 9"
+  echo "ok: $3 equals $1 (checkpoint and log)"
+}
+step_of() { "$posembed" inspect "$1" | sed -n 's/^metadata train.step = //p'; }
+
+case $case_name in
+ranks)
+  "$posembed" "${run[@]}" --threads 2 --out one > one.txt
+  for n in 2 3 4; do
+    "${mpi[@]}" -np "$n" --tag-output "$posembed" "${run[@]}" --threads 1 --out "np$n" > "np$n.txt"
+    same_run one "np$n" "mpirun -np $n"
+    # Rank 0 alone prints; --tag-output marks each line with its rank.
+    if grep -v '^\[[0-9]*,0\]<stdout>' "np$n.txt" | grep -q .; then
+      fail "ranks other than 0 printed:$(grep -v '^\[[0-9]*,0\]<stdout>' "np$n.txt" | head -3)"
+    fi
+  done
+  grep -q "ranks: 4 (MPI), 5 micro-batches per step" np4.txt || fail "no ranks line: $(cat np4.txt)"
+  ;;
+shard_optimizer)
+  # A frozen position table: AdamW skips a range that shards cut through.
+  "$posembed" "${run[@]}" --freeze-positions --out one > /dev/null
+  "${mpi[@]}" -np 3 "$posembed" "${run[@]}" --freeze-positions --out full > /dev/null
+  "${mpi[@]}" -np 3 "$posembed" "${run[@]}" --freeze-positions --shard-optimizer --out sharded > sharded.txt
+  same_run one full "mpirun -np 3"
+  same_run one sharded "mpirun -np 3 --shard-optimizer"
+  grep -q "optimizer state sharded (ZeRO-1)" sharded.txt || fail "not sharded: $(cat sharded.txt)"
+  ;;
+resume)
+  # 2 ranks (sharded) to step 3, 3 ranks to step 6, one process to the end.
+  "$posembed" "${run[@]}" --out one > /dev/null
+  "${mpi[@]}" -np 2 "$posembed" "${run[@]}" --shard-optimizer --stop-after 3 --out parts > /dev/null
+  [ "$(step_of parts/ckpt.safetensors)" = 3 ] || fail "first part did not stop at step 3"
+  "${mpi[@]}" -np 3 "$posembed" train --resume parts/ckpt.safetensors --stop-after 6 --out parts > /dev/null
+  [ "$(step_of parts/ckpt.safetensors)" = 6 ] || fail "second part did not stop at step 6"
+  "$posembed" train --resume parts/ckpt.safetensors --out parts > /dev/null
+  same_run one parts "2 ranks, then 3, then one process"
+  ;;
+interrupt)
+  # Ctrl-C reaches mpirun, which sends every rank SIGTERM (and SIGKILL a second
+  # later): the ranks agree on a step, rank 0 saves, and the run resumes bit for
+  # bit. mpirun itself then exits 1 (Open MPI's abort status; it cannot forward
+  # SIGINT). SIGUSR1, which mpirun forwards, stops the same way with status 130.
+  for sig in INT USR1; do
+    # The first checkpoint (step 3) says the loop runs, its handlers installed.
+    "${mpi[@]}" -np 2 "$posembed" "${long[@]}" --checkpoint-every 3 --out "$sig" > "$sig.txt" 2>&1 &
+    pid=$!
+    for _ in $(seq 200); do [ -f "$sig/ckpt.safetensors" ] && break; sleep 0.1; done
+    kill -"$sig" "$pid"
+    rc=0; wait "$pid" || rc=$?
+    want=$([ "$sig" = USR1 ] && echo 130 || echo 1)
+    [ "$rc" = "$want" ] || fail "SIG$sig: mpirun exited $rc, want $want: $(cat "$sig.txt")"
+    step=$(sed -n 's/^interrupted at step \([0-9]*\);.*/\1/p' "$sig.txt")
+    [ -n "$step" ] || fail "SIG$sig: no 'interrupted at step' line: $(cat "$sig.txt")"
+    [ "$(step_of "$sig/ckpt.safetensors")" = "$step" ] || fail "SIG$sig: checkpoint is not at step $step"
+    # Two more steps from the checkpoint equal an uninterrupted run to that step.
+    "$posembed" train --resume "$sig/ckpt.safetensors" --stop-after $((step + 2)) --out "$sig" > /dev/null
+    "$posembed" "${long[@]}" --checkpoint-every 3 --stop-after $((step + 2)) --out "ref$sig" > /dev/null
+    cmp "ref$sig/ckpt.safetensors" "$sig/ckpt.safetensors" || fail "SIG$sig: resumed run differs"
+    diff <(cut -d, -f1-5 "ref$sig/log.csv") <(cut -d, -f1-5 "$sig/log.csv") || fail "SIG$sig: log differs"
+    echo "ok: SIG$sig stopped at step $step (mpirun status $rc) and resumed bit for bit"
+  done
+  ;;
+killed_rank)
+  # SIGKILL rank 1 mid-run: mpirun must end the job within seconds and say
+  # which rank died; rank 0's last checkpoint must still load.
+  "${mpi[@]}" -np 2 "$posembed" "${long[@]}" --checkpoint-every 2 --out run > run.txt 2>&1 &
+  pid=$!
+  for _ in $(seq 200); do [ -f run/ckpt.safetensors ] && break; sleep 0.1; done
+  [ -f run/ckpt.safetensors ] || fail "no checkpoint after 20 s: $(cat run.txt)"
+  ranks=$(pgrep -P "$pid") rank1=""
+  for child in $ranks; do
+    tr '\0' '\n' < "/proc/$child/environ" | grep -qx OMPI_COMM_WORLD_RANK=1 && rank1=$child
+  done
+  [ -n "$rank1" ] || fail "rank 1 not found among mpirun's children ($ranks)"
+  kill -KILL "$rank1"
+  start=$(date +%s%N)
+  rc=0; wait "$pid" || rc=$?
+  alive() {  # a rank process not yet gone (a zombie waiting for init counts as gone)
+    for child in $ranks; do
+      state=$(ps -o stat= -p "$child" || true)
+      [ -z "$state" ] || [[ $state == Z* ]] || return 0
+    done
+    return 1
+  }
+  for _ in $(seq 100); do alive || break; sleep 0.1; done
+  ms=$((($(date +%s%N) - start) / 1000000))
+  [ "$rc" -ne 0 ] || fail "mpirun exited 0 after a rank was killed"
+  ! alive || fail "rank processes survived: $(ps -o pid,stat,args -p "${ranks//$'\n'/,}")"
+  [ "$ms" -lt 10000 ] || fail "the job took $ms ms to end"
+  grep -q "rank 1 with PID [0-9]* on node .* exited on signal 9" run.txt || fail "no clear message: $(cat run.txt)"
+  step=$(step_of run/ckpt.safetensors)
+  "$posembed" train --resume run/ckpt.safetensors --stop-after $((step + 1)) --out run > /dev/null
+  echo "ok: the job ended $ms ms after rank 1 was killed (status $rc); the checkpoint at step $step loads and resumes"
+  ;;
+errors)
+  rc=0; "${mpi[@]}" -np 6 "$posembed" "${run[@]}" --out six > six.txt 2>&1 || rc=$?
+  [ "$rc" -ne 0 ] || fail "6 ranks for 5 micro-batches ran"
+  grep -q "6 ranks but only 5 micro-batches per step" six.txt || fail "unclear error: $(cat six.txt)"
+  [ ! -e six/log.csv ] || fail "a log was written"
+  echo "ok: $(grep -m1 "6 ranks" six.txt)"
+  # An error on rank 0 alone (only it reads the text) must end the other rank too.
+  rc=0; timeout 60 "${mpi[@]}" -np 2 "$posembed" "${model[@]/text.txt/missing.txt}" --out miss > miss.txt 2>&1 || rc=$?
+  [ "$rc" = 2 ] || fail "a missing text on rank 0: status $rc, want 2 (124: the job hung): $(cat miss.txt)"
+  grep -q "error (rank 0 of 2): training data missing.txt not found" miss.txt || fail "unclear error: $(cat miss.txt)"
+  echo "ok: $(grep -m1 "rank 0 of 2" miss.txt)"
+  ;;
+no_mpi)
+  # A build without MPI, started by mpirun as 2 ranks, must refuse to train.
+  # Without mpirun on the machine, the variables it sets stand in for it.
+  launch2=("${mpi[@]}" -np 2)
+  [ "$mpirun" != none ] || launch2=(env OMPI_COMM_WORLD_SIZE=2 OMPI_COMM_WORLD_RANK=0)
+  rc=0; "${launch2[@]}" "$posembed" "${run[@]}" --out two > two.txt 2>&1 || rc=$?
+  [ "$rc" -ne 0 ] || fail "a build without MPI trained under mpirun -np 2"
+  grep -q "built without MPI" two.txt || fail "unclear error: $(cat two.txt)"
+  [ ! -e two/log.csv ] || fail "a log was written"
+  # One process still trains.
+  "$posembed" "${run[@]}" --out one > /dev/null
+  [ "$(step_of one/ckpt.safetensors)" = 8 ] || fail "a single process did not train"
+  echo "ok: $(grep -m1 "built without MPI" two.txt)"
+  ;;
+*) fail "unknown case $case_name" ;;
+esac
