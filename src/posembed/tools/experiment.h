@@ -16,6 +16,8 @@
 //   6 no-position     no position information (table zeros, frozen) vs learned,
 //                     same budget: copy-k-back task and byte-level text
 //
+// Each claim has its own file, tools/experiment/claim_N_name.cpp.
+//
 // The training runs use the model layer's public step (train_step) in a loop
 // of their own: the corpus is read once, evaluations run on fixed window
 // subsets in eval mode, and nothing is written per run.
