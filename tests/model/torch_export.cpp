@@ -18,7 +18,7 @@ int main(int argc, char** argv) {
   const model::testing::TorchCase c = model::testing::make_torch_case();
   const model::Gpt gpt = model::make_gpt(c.model);
   model::save_checkpoint(dir / "torch_init.safetensors", gpt,
-                         {c.model, c.train, 0, "synthetic", false}, false);
+                         {c.model, c.train, 0, "synthetic", false, ""}, false);
   std::vector<double> lrs;
   for (std::int64_t s = 0; s < c.train.steps; ++s) lrs.push_back(model::lr_at(c.train, s));
   const std::vector<std::int64_t> shape{c.train.steps, c.batch, c.seq_len};

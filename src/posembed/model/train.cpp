@@ -23,6 +23,8 @@
 #include "posembed/core/parallel_for.h"
 #include "posembed/core/philox.h"
 #include "posembed/io/safetensors.h"
+#include "posembed/model/init_from.h"
+#include "posembed/model/run_files.h"
 
 namespace posembed::model {
 namespace {
@@ -338,6 +340,7 @@ void save_checkpoint(const std::filesystem::path& path, const Gpt& model, const 
   meta["train.step"] = field_to_string(info.step);
   meta["train.data"] = info.data;
   meta["train.freeze_positions"] = info.freeze_positions ? "1" : "0";
+  if (!info.origin.empty()) meta["train.origin"] = info.origin;
   std::vector<io::TensorToWrite> tensors;
   const auto add = [&](const std::string& name, const ParamTensor& t, std::span<const float> buf) {
     tensors.push_back({name, io::DType::F32, t.shape,
@@ -368,6 +371,7 @@ Checkpoint info_from(const io::SafetensorsFile& file) {
   field_from_string("train.step", meta_get(meta, "train.step", src), info.step);
   info.data = meta_get(meta, "train.data", src);
   info.freeze_positions = meta_get(meta, "train.freeze_positions", src) == "1";
+  if (const auto it = meta.find("train.origin"); it != meta.end()) info.origin = it->second;
   return info;
 }
 }  // namespace
@@ -413,8 +417,14 @@ Gpt load_checkpoint(const std::filesystem::path& path, Checkpoint* info_out, boo
 
 TrainResult train(const TrainOptions& options) {
   set_num_threads(options.threads);
+  if (!options.resume.empty() && !options.init_from.empty()) {
+    throw Error("--resume continues a run and --init-from starts a new one: give one of them");
+  }
+  const RunFiles files =
+      plan_run_files(options.out_dir, options.resume, options.init_from, options.overwrite);
   Checkpoint info;
   Gpt model;
+  std::vector<std::string> notes;
   if (!options.resume.empty()) {
     model = load_checkpoint(options.resume, &info, true);
   } else {
@@ -423,7 +433,14 @@ TrainResult train(const TrainOptions& options) {
     info.data = options.data;
     info.freeze_positions = options.freeze_positions;
     validate(info.train, info.model);
-    model = make_gpt(info.model);
+    if (options.init_from.empty()) {
+      model = make_gpt(info.model);
+    } else {
+      InitFrom init = init_from(options.init_from, info.model, options.extend);
+      model = std::move(init.model);
+      info.origin = std::move(init.origin);
+      notes = std::move(init.notes);
+    }
     model.freeze_positions = options.freeze_positions;
   }
   const TrainConfig& tc = info.train;
@@ -463,10 +480,10 @@ TrainResult train(const TrainOptions& options) {
     train_some.push_back(i * train_windows / train_count * T);
   }
 
-  std::filesystem::create_directories(options.out_dir);
-  const std::filesystem::path ckpt = options.out_dir / "ckpt.safetensors";
-  const std::filesystem::path log_path = options.out_dir / "log.csv";
-  const bool fresh_log = options.resume.empty() || !std::filesystem::exists(log_path);
+  std::filesystem::create_directories(files.dir);
+  const std::filesystem::path& ckpt = files.checkpoint;
+  const std::filesystem::path& log_path = files.log;
+  const bool fresh_log = !files.continues || !std::filesystem::exists(log_path);
   if (!fresh_log) truncate_log(log_path, info.step);
   FilePtr log_file(std::fopen(log_path.c_str(), fresh_log ? "w" : "a"));
   if (!log_file) throw Error("cannot write " + log_path.string());
@@ -486,6 +503,8 @@ TrainResult train(const TrainOptions& options) {
     std::printf("data: %s, %llu bytes (train %zu, validation %zu), unigram entropy %.4f nats/byte\n",
                 info.data.c_str(), static_cast<unsigned long long>(corpus.total_bytes),
                 corpus.train.size(), corpus.val.size(), corpus.unigram_entropy);
+    if (!info.origin.empty()) std::printf("weights from: %s\n", info.origin.c_str());
+    for (const std::string& note : notes) std::printf("  note: %s\n", note.c_str());
     std::printf("training: steps %lld, batch %lld x %lld bytes, lr %g, threads %d%s\n",
                 static_cast<long long>(tc.steps), static_cast<long long>(B),
                 static_cast<long long>(T), tc.lr, num_threads(),
