@@ -2,7 +2,9 @@
 // position of a window (and in buckets of positions), as a table, JSON or a
 // loss-versus-position plot; `--extend` resizes the position table in memory to
 // evaluate past the positions it was trained on.
+#include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -97,27 +99,34 @@ void run_eval(const EvalOptions& o) {
 
   const std::string extended = resize ? model::describe(*resize, rows, T) : "";
   if (!o.plot.empty()) {
+    const std::filesystem::path ckpt(o.checkpoint);
     tools::LinePlot p;
-    p.title = "LOSS BY POSITION: " + std::filesystem::path(o.checkpoint).filename().string();
-    if (resize)
-      p.title +=
-          " (" + std::string(io::to_string(resize->method)) + " TO " + std::to_string(T) + ")";
-    p.x_label = "POSITION IN THE WINDOW";
+    p.title = "LOSS BY POSITION: " + (ckpt.parent_path().filename() / ckpt.filename()).string();
+    if (resize) p.title += " (" + extended + " IN MEMORY)";
+    p.x_label = tools::format("POSITION IN THE WINDOW (MEAN OVER %lld WINDOWS)",
+                              static_cast<long long>(loss.windows));
     p.y_label = "LOSS, NATS/BYTE (EVAL MODE)";
-    tools::PlotSeries s;
-    s.label = tools::format("MEAN OVER %lld WINDOWS", static_cast<long long>(loss.windows));
-    s.colour = tools::series_colour(0);
+    tools::PlotSeries each, buckets;
+    each.label = "EACH POSITION";
+    each.colour = tools::kLightGrey;
     for (std::int64_t t = 0; t < T; ++t) {
-      s.x.push_back(static_cast<double>(t));
-      s.y.push_back(loss.by_position[static_cast<std::size_t>(t)]);
+      each.x.push_back(static_cast<double>(t));
+      each.y.push_back(loss.by_position[static_cast<std::size_t>(t)]);
     }
-    p.series.push_back(s);
+    buckets.label = tools::format("MEAN OF %lld POSITIONS", static_cast<long long>(o.bucket));
+    buckets.colour = tools::series_colour(0);
+    buckets.markers = true;
+    for (std::int64_t b = 0; b < T; b += o.bucket) {
+      buckets.x.push_back(0.5 * static_cast<double>(b + std::min(T, b + o.bucket) - 1));
+      buckets.y.push_back(loss.range_mean(b, b + o.bucket));
+    }
+    p.series = {each, buckets};
     if (resize) {
       tools::PlotSeries edge;
       edge.label = tools::format("TRAINED POSITIONS END (%lld)", static_cast<long long>(rows));
       edge.colour = tools::kGrey;
       edge.dashed = true;
-      const auto [lo, hi] = std::minmax_element(s.y.begin(), s.y.end());
+      const auto [lo, hi] = std::minmax_element(each.y.begin(), each.y.end());
       edge.x = {static_cast<double>(rows), static_cast<double>(rows)};
       edge.y = {*lo, *hi};
       p.series.push_back(edge);
