@@ -30,6 +30,8 @@ constexpr Entry kClaims[] = {
     {"dimensionality", "Effective dimensionality of the learned table", claim_dimensionality, true},
     {"param-share", "The position table's share of the parameters", claim_param_share, false},
     {"no-position", "Ablation: no position embedding", claim_no_position, true},
+    {"length-extension", "Extending a trained table to a longer context", claim_length_extension,
+     true},
 };
 
 // Runs claim i (0-based) and turns its findings into the report's ClaimResult.
@@ -116,7 +118,7 @@ ExperimentReport run_experiments(std::span<const std::string> names, const Exper
   const auto t_all = std::chrono::steady_clock::now();
   const std::string load_before = load_average();
   for (std::size_t i : chosen) {
-    ctx.log("[%zu/6 %s]", i + 1, kClaims[i].name);
+    ctx.log("[%zu/%zu %s]", i + 1, std::size(kClaims), kClaims[i].name);
     const auto t0 = std::chrono::steady_clock::now();
     ClaimResult r = run_claim(i, ctx);
     r.seconds = seconds_since(t0);

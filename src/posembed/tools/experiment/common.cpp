@@ -5,6 +5,7 @@
 
 #include "posembed/core/error.h"
 #include "posembed/core/philox.h"
+#include "posembed/model/eval.h"
 
 namespace posembed::tools::claims {
 
@@ -90,7 +91,8 @@ std::string verdict_word(int level) {
 }
 
 std::string RunSpec::key() const {
-  std::string k = data_tag + (freeze_positions ? "|frozen" : "|learned");
+  std::string k = data_tag + (freeze_positions ? "|frozen" : "|learned") + "|from " + init_tag +
+                  (by_position ? "|by position" : "") + (keep_params ? "|params" : "");
   // Appended piece by piece: GCC 12 warns (-Wrestrict, a false positive) on
   // "|" + std::string(n) + ... inlined here.
   const auto add = [&k](const char* n, auto& f, const char*) {
@@ -134,7 +136,10 @@ const RunResult& Context::run(const RunSpec& spec, const std::string& label) {
     return it->second;
   }
   RunResult r = spec.corpus ? run_text(spec) : run_copy(spec);
-  if (spec.corpus) {
+  if (spec.by_position) {
+    log("  %s: %lld steps in %.1f s, final validation loss %.4f", label.c_str(),
+        static_cast<long long>(spec.train.steps), r.seconds, r.final_val);
+  } else if (spec.corpus) {
     log("  %s: %lld steps in %.1f s, final loss train %.4f val %.4f", label.c_str(),
         static_cast<long long>(spec.train.steps), r.seconds, r.final_train, r.final_val);
   } else {
@@ -154,6 +159,13 @@ RunResult Context::run_text(const RunSpec& s) {
                 std::to_string(T + 1) + " bytes in both splits; use more text (--data)");
   }
   model::Gpt m = model::make_gpt(s.model);
+  if (s.init_params) {
+    if (s.init_params->size() != m.params.size()) {
+      throw Error("init_params hold " + std::to_string(s.init_params->size()) +
+                  " values but the model has " + std::to_string(m.params.size()));
+    }
+    std::copy(s.init_params->begin(), s.init_params->end(), m.params.begin());
+  }
   m.freeze_positions = s.freeze_positions;
   model::Activations acts = model::make_activations(s.model, B, T);
   std::vector<std::int64_t> in(sz(B * T)), tg(sz(B * T));
@@ -162,10 +174,23 @@ RunResult Context::run_text(const RunSpec& s) {
   RunResult r;
   r.initial_position_table.assign(m.p.wpe.begin(), m.p.wpe.end());
   r.losses.reserve(sz(s.train.steps));
+  // The same windows either way (spread_windows and model::consecutive_windows
+  // pick the same starts), so by_position's mean is evaluate's loss.
+  const auto val_loss = [&](std::span<const std::int64_t> starts,
+                            std::vector<double>* by_position) {
+    if (!s.by_position) return model::evaluate(m, acts, c.val, starts, T, in, tg);
+    model::PositionLoss pl = model::position_loss(m, c.val, starts, T, B);
+    *by_position = std::move(pl.by_position);
+    return pl.mean;
+  };
   const auto eval_now = [&](std::int64_t step) {
     r.eval_step.push_back(dbl(step));
-    r.eval_train.push_back(model::evaluate(m, acts, c.train, train_some, T, in, tg));
-    r.eval_val.push_back(model::evaluate(m, acts, c.val, val_some, T, in, tg));
+    if (!s.by_position) {
+      r.eval_train.push_back(model::evaluate(m, acts, c.train, train_some, T, in, tg));
+    }
+    std::vector<double> by_position;
+    r.eval_val.push_back(val_loss(val_some, &by_position));
+    if (s.by_position) r.eval_val_by_position.push_back(std::move(by_position));
   };
   eval_now(0);
   for (std::int64_t step = 0; step < s.train.steps; ++step) {
@@ -175,8 +200,15 @@ RunResult Context::run_text(const RunSpec& s) {
     if (!std::isfinite(st.loss)) break;  // diverged: the curve ends here
     if ((step + 1) % s.eval_every == 0 || step + 1 == s.train.steps) eval_now(step + 1);
   }
-  if (std::isfinite(r.losses.back())) {
-    r.final_val = model::evaluate(m, acts, c.val, spread_windows(c.val.size(), T, s.final_windows), T, in, tg);
+  const bool evaluated_at_end = !r.eval_step.empty() && r.eval_step.back() == dbl(s.train.steps);
+  if (s.by_position && s.final_windows == s.eval_windows && evaluated_at_end) {
+    r.final_val = r.eval_val.back();  // the same windows at the same step
+    r.final_val_by_position = r.eval_val_by_position.back();
+  } else if (std::isfinite(r.losses.back())) {
+    r.final_val =
+        val_loss(spread_windows(c.val.size(), T, s.final_windows), &r.final_val_by_position);
+  }
+  if (!s.by_position && std::isfinite(r.losses.back())) {
     r.final_train = model::evaluate(m, acts, c.train, spread_windows(c.train.size(), T, s.final_windows), T, in, tg);
   }
   r.best_val = INFINITY;
@@ -187,6 +219,7 @@ RunResult Context::run_text(const RunSpec& s) {
     }
   }
   r.position_table.assign(m.p.wpe.begin(), m.p.wpe.end());
+  if (s.keep_params) r.params.assign(m.params.begin(), m.params.end());
   r.seconds = seconds_since(t0);
   return r;
 }

@@ -65,6 +65,13 @@ struct RunSpec {
   std::int64_t eval_every = 50;
   std::int64_t eval_windows = 128;   // per split, for the periodic estimates
   std::int64_t final_windows = 1024; // per split, for the final ones
+  // Start from these weights (a fresh AdamW state, as `train --init-from`), not
+  // make_gpt's initialisation; init_tag names them in the cache key.
+  const std::vector<float>* init_params = nullptr;
+  std::string init_tag;
+  bool by_position = false;  // validation losses per position (model/eval.h); no
+                             // training-split evaluations (final_train stays NaN)
+  bool keep_params = false;  // keep the trained weights in RunResult::params
 
   std::string key() const;  // every setting: runs with equal keys are the same run
 };
@@ -76,6 +83,10 @@ struct RunResult {
   std::int64_t best_val_step = 0;
   double accuracy = NAN;  // copy task: held-out accuracy at positions >= k
   std::vector<float> position_table, initial_position_table;  // (max_seq_len, embed_dim)
+  // With by_position: per evaluation and at the end, the validation loss at each position.
+  std::vector<std::vector<double>> eval_val_by_position;  // (evals, seq_len)
+  std::vector<double> final_val_by_position;              // (seq_len,)
+  std::vector<float> params;                              // with keep_params
   double seconds = 0;
 };
 
@@ -189,5 +200,6 @@ Findings claim_seq_len(Context& ctx);
 Findings claim_dimensionality(Context& ctx);
 Findings claim_param_share(Context& ctx);
 Findings claim_no_position(Context& ctx);
+Findings claim_length_extension(Context& ctx);
 
 }  // namespace posembed::tools::claims
