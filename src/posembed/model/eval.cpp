@@ -38,6 +38,11 @@ PositionLoss position_loss(const Gpt& model, std::span<const std::uint8_t> text,
     throw Error("sequence length " + std::to_string(T) + " exceeds max_seq_len " +
                 std::to_string(model.config.max_seq_len) + " (the position table's rows)");
   }
+  if (batch < 1) throw Error("batch " + std::to_string(batch) + " must be >= 1 windows");
+  if (starts.empty()) {
+    throw Error("no window to evaluate: a text of " + std::to_string(text.size()) +
+                " bytes holds no window of " + std::to_string(T + 1) + " bytes");
+  }
   for (const std::int64_t s : starts) {
     if (s < 0 || sz(s + T) + 1 > text.size()) {
       throw Error("window at " + std::to_string(s) + " needs " + std::to_string(T + 1) +
@@ -45,7 +50,7 @@ PositionLoss position_loss(const Gpt& model, std::span<const std::uint8_t> text,
     }
   }
   const auto n = static_cast<std::int64_t>(starts.size());
-  const std::int64_t B = std::max<std::int64_t>(1, std::min(batch, n));
+  const std::int64_t B = std::min(batch, n);
   Activations acts = make_activations(model.config, B, T);  // checks the memory first
   std::vector<std::int64_t> inputs(sz(B * T)), targets(sz(B * T));
   PositionLoss r;
@@ -67,7 +72,7 @@ PositionLoss position_loss(const Gpt& model, std::span<const std::uint8_t> text,
       for (std::int64_t t = 0; t < T; ++t) r.by_position[sz(t)] += acts.losses[sz(b * T + t)];
     }
   }
-  for (double& v : r.by_position) v /= static_cast<double>(std::max<std::int64_t>(1, n));
+  for (double& v : r.by_position) v /= static_cast<double>(n);
   r.mean = r.range_mean(0, T);
   return r;
 }

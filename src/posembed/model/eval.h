@@ -28,9 +28,9 @@ struct PositionLoss {
 
 // Eval mode (no dropout) over the windows at `starts` (each within text, T + 1
 // bytes), `batch` windows per forward. Sums are in double in window order, so the
-// result is the same for any thread count. Throws posembed::Error before any work
-// on T outside [1, max_seq_len], batch < 1, a window past the text's end, or
-// activations that do not fit in memory.
+// result is the same for any thread count and any batch. Throws posembed::Error
+// before any work on T outside [1, max_seq_len], batch < 1, no window, a window
+// past the text's end, or activations that do not fit in memory.
 PositionLoss position_loss(const Gpt& model, std::span<const std::uint8_t> text,
                            std::span<const std::int64_t> starts, std::int64_t T,
                            std::int64_t batch);

@@ -84,7 +84,7 @@ CheckpointResize resize_trainer_checkpoint(const std::filesystem::path& in,
   } else {
     r.notes.push_back(
         std::string("AdamW moments resized with the table") +
-        (resize.method == io::ResizeMethod::init ? " (the new rows' start at zero)" : "") +
+        (resize.method == io::ResizeMethod::init ? " (the new rows' moments start at zero)" : "") +
         "; --resume continues at step " + std::to_string(info.step));
   }
   save_checkpoint(out, resized, info, r.moments);

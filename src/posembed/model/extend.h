@@ -22,7 +22,8 @@ struct PositionResize {
   std::uint64_t seed = 1337;  // `init`: their Philox seed (stream resize_init)
 };
 
-// "tile", "interpolate 128 -> 512", "init (normal:0.02, seed 1337)": for messages and metadata.
+// "tile 128 -> 512", "init 128 -> 512 (new rows normal:0.02, seed 1337)": for
+// messages and metadata.
 std::string describe(const PositionResize& resize, std::int64_t from, std::int64_t to);
 
 // A copy of `model` whose config has max_seq_len rows, the position table made

@@ -130,6 +130,10 @@ InitFrom init_from(const std::filesystem::path& path, const GptConfig& config,
               model.params.begin() + static_cast<std::ptrdiff_t>(t->offset));
   }
   out.origin = path.string() + " (" + source.kind + ")";
+  if (resize && from == to) {
+    out.notes.push_back("--extend has nothing to do: the run keeps the source's " +
+                        std::to_string(from) + " positions (give --max-seq-len to change them)");
+  }
   if (from != to) {
     out.model = resize_positions(model, to, *resize);
     out.origin += ", position table " + describe(*resize, from, to);

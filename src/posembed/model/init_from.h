@@ -8,8 +8,8 @@
 // shrunk by a PositionResize (model/extend.h). The AdamW state starts fresh (zero
 // moments, step 0, a new warmup): the source's moments were shaped by its own
 // learning-rate schedule and step count, and a new run at another length has a
-// different loss surface; this is also what Longformer did when it continued
-// RoBERTa at 4096 positions.
+// different loss surface (Longformer's continued pretraining of RoBERTa at 4096
+// positions also had its own warmup).
 #pragma once
 
 #include <cstdint>
