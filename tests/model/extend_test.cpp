@@ -3,6 +3,7 @@
 // and resuming a trainer checkpoint, eval-mode loss by position, where a run
 // writes its files, and the memory check on a flag-sized batch.
 #include <gtest/gtest.h>
+#include <unistd.h>  // getpid
 
 #include <cmath>
 #include <filesystem>
@@ -86,12 +87,14 @@ void expect_tiled(std::span<const float> from, std::span<const float> to, std::i
 class Extend : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = new fs::path(scratch("suite"));
+    // CTest runs each test of the suite in its own process, side by side.
+    dir_ = new fs::path(scratch("suite_" + std::to_string(getpid())));
     TrainOptions o = tiny_run(*dir_);
     o.stop_after = 4;  // stopped before the end: the checkpoint can be resumed
     checkpoint_ = new fs::path(train(o).checkpoint);
   }
   static void TearDownTestSuite() {
+    fs::remove_all(*dir_);
     delete dir_;
     delete checkpoint_;
     set_num_threads(0);
