@@ -8,4 +8,6 @@ cmake --build build -j "$(nproc)" --target posembed_cli
 # Idle OpenMP threads sleep instead of spinning: on a shared 2-core machine spinning
 # threads starve the working ones (measured 4x slower training under load).
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
-./build/posembed train "$@"
+# The main job starts the default run afresh in out/ each time (--overwrite
+# replaces an earlier run there); `posembed train` alone never overwrites one.
+./build/posembed train --overwrite "$@"

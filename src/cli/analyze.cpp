@@ -20,7 +20,7 @@ namespace {
 struct AnalyzeOptions {
   std::string file;
   std::string tensor;        // empty: detect by name
-  std::int64_t offset = -1;  // -1: the offset the names imply (OPT, RoBERTa: 2)
+  std::optional<std::int64_t> offset;  // absent: the offset the names imply (OPT, RoBERTa: 2)
   std::string out_dir = ".";
   std::string prefix;        // empty: the file's stem
   bool no_plots = false;
@@ -29,7 +29,8 @@ struct AnalyzeOptions {
 
 void run_analyze(const AnalyzeOptions& o) {
   const auto file = io::SafetensorsFile::open(o.file);
-  const io::DetectedTables t = io::detect_tables(file, detect_options(o.tensor, o.offset));
+  const io::DetectedTables t =
+      io::detect_tables(file, detect_options(o.tensor, o.offset, "--offset-rows"));
   if (!t.position) {
     std::string why;
     for (const auto& note : t.notes) why += "; " + note;
@@ -89,8 +90,8 @@ void add_analyze_command(CLI::App& app) {
   cmd->add_option("--tensor", o->tensor,
                   "position table's tensor name (default: detected, e.g. wpe.weight, "
                   "embeddings.position_embeddings.weight)");
-  cmd->add_option("--offset-rows", o->offset,
-                  "leading rows no position uses (default: what the names imply; OPT 2)");
+  add_optional_flag(*cmd, "--offset-rows", o->offset,
+                    "leading rows no position uses (default: what the names imply; OPT 2)");
   cmd->add_option("--out-dir", o->out_dir, "directory for the PNG files")->capture_default_str();
   cmd->add_option("--prefix", o->prefix,
                   "PNG names are PREFIX.heatmap.png and PREFIX.spectrum.png (default: file stem)");

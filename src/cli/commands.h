@@ -9,6 +9,7 @@ namespace posembed::cli {
 void add_config_command(CLI::App& app);
 void add_demo_command(CLI::App& app);
 void add_train_command(CLI::App& app);
+void add_eval_command(CLI::App& app);
 void add_sample_command(CLI::App& app);
 void add_bench_command(CLI::App& app);
 void add_inspect_command(CLI::App& app);

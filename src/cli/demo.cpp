@@ -7,6 +7,7 @@
 
 #include "cli/commands.h"
 #include "cli/config_flags.h"
+#include "cli/flag_checks.h"
 #include "posembed/core/layer.h"
 #include "posembed/core/optim.h"
 #include "posembed/core/parallel.h"
@@ -100,7 +101,10 @@ void add_demo_command(CLI::App& app) {
   add_config_flags(*demo, options->layer);
   demo->add_option("--text", options->text, "text whose bytes form the batch")->capture_default_str();
   demo->add_option("--threads", options->threads, "threads (0 = all cores)")->capture_default_str();
-  demo->callback([options] { run_demo(*options); });
+  demo->callback([options] {
+    require_at_least("--threads", options->threads, 0, "0 = all cores");
+    run_demo(*options);
+  });
 }
 
 }  // namespace posembed::cli

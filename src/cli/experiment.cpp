@@ -1,5 +1,5 @@
 // `posembed experiment NAME|all [--quick] [--out DIR]`: trains and times small
-// models to check six textbook claims about learned position embeddings and
+// models to check seven textbook claims about learned position embeddings and
 // writes a markdown report with PNG plots (see tools/experiment.h).
 #include <cstdio>
 #include <memory>
@@ -28,7 +28,8 @@ void add_experiment_command(CLI::App& app) {
   auto* cmd = app.add_subcommand(
       "experiment",
       "check textbook claims about learned position embeddings on this machine (init scale, "
-      "dropout, sequence length, effective dimension, parameter share, no-position ablation); "
+      "dropout, sequence length, effective dimension, parameter share, no-position ablation, "
+      "length extension); "
       "writes REPORT.md and PNG plots");
   cmd->add_option("names", o->names, names_help)->required();
   cmd->add_flag("--quick", o->run.quick,

@@ -17,7 +17,7 @@ struct InspectOptions {
   std::string file;
   bool json = false;
   std::string name;            // position table override
-  std::int64_t offset = -1;    // offset override
+  std::optional<std::int64_t> offset;  // offset override
 };
 
 std::string shape_text(const std::vector<std::int64_t>& shape) {
@@ -27,7 +27,7 @@ std::string shape_text(const std::vector<std::int64_t>& shape) {
 }
 
 void run_inspect(const InspectOptions& options) {
-  const io::DetectOptions detect = detect_options(options.name, options.offset);
+  const io::DetectOptions detect = detect_options(options.name, options.offset, "--offset");
   if (options.json) {
     std::printf("%s\n", io::inspect_json(options.file, detect).c_str());
     return;
@@ -83,9 +83,9 @@ void add_inspect_command(CLI::App& app) {
   cmd->add_option("file", options->file, "safetensors file")->required();
   cmd->add_flag("--json", options->json, "machine-readable output");
   cmd->add_option("--name", options->name, "treat this tensor as the position table");
-  cmd->add_option("--offset", options->offset,
-                  "leading rows of the position table that are not positions (default: from the "
-                  "names, e.g. 2 for OPT and RoBERTa)");
+  add_optional_flag(*cmd, "--offset", options->offset,
+                    "leading rows of the position table that are not positions (default: from the "
+                    "names, e.g. 2 for OPT and RoBERTa)");
   cmd->callback([options] { run_inspect(*options); });
 }
 

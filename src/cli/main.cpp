@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   posembed::cli::add_demo_command(app);
   posembed::cli::add_train_command(app);
   posembed::cli::add_sample_command(app);
+  posembed::cli::add_eval_command(app);
   posembed::cli::add_bench_command(app);
   posembed::cli::add_inspect_command(app);
   posembed::cli::add_resize_command(app);

@@ -2,10 +2,12 @@
 // a sweep over max_seq_len. Shape flags override the preset's values.
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/flag_checks.h"
 #include "posembed/core/error.h"
 #include "posembed/tools/plan.h"
 
@@ -15,8 +17,8 @@ namespace {
 struct PlanOptions {
   std::string preset = "gpt2";
   std::string arch;  // empty: the preset's
-  // 0: keep the preset's value.
-  std::int64_t max_seq_len = 0, embed_dim = 0, vocab = 0, layers = 0, heads = 0;
+  // Absent: keep the preset's value.
+  std::optional<std::int64_t> max_seq_len, embed_dim, vocab, layers, heads;
   std::int64_t seq_len = 0, batch = 1;
   std::int64_t ranks = 1, micro_batch = 0;
   std::vector<std::int64_t> sweep = tools::default_sweep_lengths();
@@ -35,9 +37,9 @@ void run_plan(const PlanOptions& o) {
     shape.pooler = o.arch == "bert";
   }
   bool custom = !o.arch.empty();
-  const auto override_field = [&](std::int64_t value, std::int64_t& field) {
-    if (value != 0) {
-      field = value;
+  const auto override_field = [&](const std::optional<std::int64_t>& value, std::int64_t& field) {
+    if (value) {
+      field = *value;
       custom = true;
     }
   };
@@ -66,11 +68,11 @@ void add_plan_command(CLI::App& app) {
               "of a model shape, with a sweep over max_seq_len");
   cmd->add_option("preset", o->preset, "model to start from: " + presets)->capture_default_str();
   cmd->add_option("--arch", o->arch, "architecture: gpt2 (tied LM head) or bert (with pooler)");
-  cmd->add_option("--max-seq-len", o->max_seq_len, "rows of the position table");
-  cmd->add_option("--embed-dim", o->embed_dim, "model width d (MLP width 4d)");
-  cmd->add_option("--vocab", o->vocab, "rows of the token table");
-  cmd->add_option("--layers", o->layers, "transformer blocks");
-  cmd->add_option("--heads", o->heads, "attention heads (must divide embed-dim)");
+  add_optional_flag(*cmd, "--max-seq-len", o->max_seq_len, "rows of the position table");
+  add_optional_flag(*cmd, "--embed-dim", o->embed_dim, "model width d (MLP width 4d)");
+  add_optional_flag(*cmd, "--vocab", o->vocab, "rows of the token table");
+  add_optional_flag(*cmd, "--layers", o->layers, "transformer blocks");
+  add_optional_flag(*cmd, "--heads", o->heads, "attention heads (must divide embed-dim)");
   cmd->add_option("--seq-len", o->seq_len,
                   "tokens per training sequence for activations and FLOPs (default max-seq-len)");
   cmd->add_option("--batch", o->batch, "sequences per batch for the activation total")

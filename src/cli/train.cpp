@@ -7,10 +7,12 @@
 
 #include "cli/commands.h"
 #include "cli/config_flags.h"
+#include "cli/flag_checks.h"
 #include "posembed/core/error.h"
 #include "posembed/core/parallel.h"
 #include "posembed/core/philox.h"
 #include "posembed/model/distributed.h"
+#include "posembed/model/init_from.h"
 #include "posembed/model/train.h"
 
 namespace posembed::cli {
@@ -60,13 +62,22 @@ std::int64_t sample_byte(std::span<const float> logits, const SampleOptions& o, 
 }
 
 void run_sample(const SampleOptions& o) {
-  if (o.tokens < 0) throw Error("--tokens must be >= 0");
-  if (!(o.temperature >= 0)) throw Error("--temperature must be >= 0 (0 = greedy)");
+  require_at_least("--tokens", o.tokens, 0, "bytes to generate");
+  if (!(o.temperature >= 0) || !std::isfinite(o.temperature)) {
+    throw Error("--temperature " + std::to_string(o.temperature) +
+                " must be finite and >= 0 (0 = greedy, 1 = the model's distribution)");
+  }
+  require_at_least("--top-k", o.top_k, 0, "0 = all bytes, k = the k most likely");
+  require_at_least("--threads", o.threads, 0, "0 = all cores");
+  if (o.prompt.empty()) throw Error("--prompt must hold at least one byte");
   set_num_threads(o.threads);
   model::Checkpoint info;
   const model::Gpt gpt = model::load_checkpoint(o.checkpoint, &info, false);
+  if (o.top_k > gpt.config.vocab_size) {
+    throw Error("--top-k " + std::to_string(o.top_k) + " exceeds the vocabulary of " +
+                std::to_string(gpt.config.vocab_size) + " bytes; use 0 for all of them");
+  }
   const std::int64_t max_len = gpt.config.max_seq_len;
-  if (o.prompt.empty()) throw Error("--prompt must hold at least one byte");
   std::vector<std::int64_t> context(o.prompt.begin(), o.prompt.end());
   for (auto& t : context) t = static_cast<unsigned char>(t);
   model::KvCache cache = model::make_kv_cache(gpt.config);
@@ -108,11 +119,24 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--data", options->data,
                   "text file, or directory of text files (regular files, not *.dat, name order)")
       ->capture_default_str();
-  cmd->add_option("--out", options->out_dir, "directory for ckpt.safetensors and log.csv")
-      ->capture_default_str();
+  cmd->add_option("--out", options->out_dir,
+                  "directory for ckpt.safetensors and log.csv (default: out, or the resumed "
+                  "checkpoint's own folder); another run's files there are never overwritten "
+                  "without --overwrite");
+  cmd->add_flag("--overwrite", options->overwrite,
+                "replace another run's ckpt.safetensors and log.csv in the --out folder");
   cmd->add_option("--resume", options->resume,
                   "continue from this checkpoint (its settings and data path win; bitwise the "
                   "same losses as an uninterrupted run)");
+  cmd->add_option("--init-from", options->init_from,
+                  "start a new run from these weights (a trainer checkpoint, or a safetensors file "
+                  "with GPT-2 names and a byte vocabulary) with a fresh optimizer; keeps their "
+                  "architecture, takes every other setting from the flags");
+  auto extend = std::make_shared<std::string>();
+  cmd->add_option("--extend", *extend,
+                  "with --init-from and a --max-seq-len other than the source's: how to make the "
+                  "position table: tile, interpolate, init (new rows from --position-init and "
+                  "--seed), crop (shrink)");
   cmd->add_flag("--freeze-positions", options->freeze_positions,
                 "give the position table no gradient (pair with --position-init zeros to train "
                 "without position information)");
@@ -127,7 +151,28 @@ void add_train_command(CLI::App& app) {
                   "threads per rank (0 = all cores, shared among the ranks on one machine; "
                   "results are identical)")
       ->capture_default_str();
-  cmd->callback([options] {
+  cmd->callback([options, extend, cmd] {
+    require_at_least("--threads", options->threads, 0, "0 = all cores");
+    if (!extend->empty()) {
+      if (options->init_from.empty()) throw Error("--extend applies to --init-from; give it too");
+      options->extend = model::PositionResize{.method = io::parse_resize_method(*extend),
+                                              .init = options->model.position_init,
+                                              .seed = options->model.seed};
+    }
+    if (!options->init_from.empty()) {
+      // The source's architecture unless a flag says otherwise (then init_from
+      // refuses a mismatch, naming both values).
+      const model::GptConfig from =
+          model::inspect_init_source(options->init_from, options->model).config;
+      const std::pair<const char*, std::int64_t model::GptConfig::*> kept[] = {
+          {"--embed-dim", &model::GptConfig::embed_dim},
+          {"--n-layer", &model::GptConfig::n_layer},
+          {"--n-head", &model::GptConfig::n_head},
+          {"--max-seq-len", &model::GptConfig::max_seq_len}};
+      for (const auto& [flag, field] : kept) {
+        if (cmd->count(flag) == 0) options->model.*field = from.*field;
+      }
+    }
     // Under mpirun every rank runs this; MPI starts here and ends with the session.
     const model::MpiSession mpi;
     const model::World world = model::world();

@@ -183,7 +183,7 @@ TEST(Gpt, CheckpointRoundTripsBitwise) {
     model.v[i] = std::abs(noise[model.num_params + i]);
   }
   const auto path = std::filesystem::temp_directory_path() / "posembed_gpt_ckpt_test.safetensors";
-  Checkpoint info{c, TrainConfig{}, 17, "some/data.txt", false};
+  Checkpoint info{c, TrainConfig{}, 17, "some/data.txt", false, ""};
   info.train.lr = 3.5e-4;
   save_checkpoint(path, model, info, true);
   Checkpoint back;

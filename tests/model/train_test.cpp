@@ -63,6 +63,7 @@ TrainOptions small_run(const fs::path& dir) {
   o.train.checkpoint_every = 100;
   o.data = write_text(dir).string();
   o.out_dir = dir / "out";
+  o.overwrite = true;  // the tests rerun into the same folder
   o.quiet = true;
   return o;
 }

@@ -4,7 +4,7 @@ models for a few steps; its verdicts mean nothing).
 
     experiment_check.py POSEMBED_EXE TEXT_DIR WORK_DIR
 
-Checks: exit status 0; REPORT.md with the summary table and six sections, each
+Checks: exit status 0; REPORT.md with the summary table and seven sections, each
 with a claim, a measurement, a verdict word and its rule; every referenced PNG
 exists, is small, and decodes (signature, chunk CRCs, IHDR, IDAT inflating to
 exactly height * (1 + 3 * width) bytes with valid filter bytes, IEND); no PNG
@@ -75,18 +75,18 @@ def main():
         fail(f"exit {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}")
     report = open(os.path.join(out, "REPORT.md")).read()
     verdicts = re.findall(r"\*\*Verdict: (holds|partly|does not hold)\.\*\*", report)
-    if len(verdicts) != 6:
-        fail(f"expected 6 verdicts, found {len(verdicts)}")
-    for n in range(1, 7):
+    if len(verdicts) != 7:
+        fail(f"expected 7 verdicts, found {len(verdicts)}")
+    for n in range(1, 8):
         if not re.search(rf"^## {n}\. ", report, re.M):
             fail(f"section {n} missing")
-    if report.count("**Claim.**") != 6 or report.count("**Measured.**") != 6:
+    if report.count("**Claim.**") != 7 or report.count("**Measured.**") != 7:
         fail("every section needs a claim and a measurement")
-    if report.count("Rule: *holds*") != 6:
+    if report.count("Rule: *holds*") != 7:
         fail("every verdict states its rule")
-    rows = re.findall(r"^\| [1-6] \| \[", report, re.M)
-    if len(rows) != 6:
-        fail(f"summary table has {len(rows)} rows, expected 6")
+    rows = re.findall(r"^\| [1-7] \| \[", report, re.M)
+    if len(rows) != 7:
+        fail(f"summary table has {len(rows)} rows, expected 7")
     if "nan" in report.lower().replace("nans", ""):
         fail("a NaN reached the report")
     images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", report)
@@ -100,7 +100,7 @@ def main():
     if on_disk != set(images):
         fail(f"unreferenced or missing PNGs: {sorted(on_disk ^ set(images))}")
     # The stdout summary lists every claim.
-    if len(re.findall(r"^\s+[1-6] \S+\s+(holds|partly|does not hold)", r.stdout, re.M)) != 6:
+    if len(re.findall(r"^\s+[1-7] \S+\s+(holds|partly|does not hold)", r.stdout, re.M)) != 7:
         fail(f"stdout summary incomplete:\n{r.stdout}")
 
     # Errors: status 2, a message naming the problem, nothing written.

@@ -14,10 +14,24 @@ GELU, pre-LayerNorm blocks, dropout 0), and writes:
 The output carries format/version metadata and the torch version.
 
 usage: gpt_reference.py CHECKPOINT BATCHES OUT
+
+and the check of `posembed eval` (loss by position, --extend):
+
+usage: gpt_reference.py eval POSEMBED WORK_DIR TEXT_FILE
+
+It trains a small model with the posembed program on TEXT_FILE, runs
+`posembed eval --json` on it (at the table's length, and past it with
+--extend tile and --extend interpolate), and recomputes every per-position loss
+in float64 here: the windows, the extended tables (tile by indexing, interpolate
+by F.interpolate) and the forward pass. Then the CLI's error paths: a window past
+the table without --extend, and resize / --init-from on the trainer checkpoint.
 """
 import json
 import math
+import os
+import shutil
 import struct
+import subprocess
 import sys
 import warnings
 
@@ -49,7 +63,7 @@ def forward(p, idx, cfg):
     B, T = idx.shape
     C, H, L = cfg["embed_dim"], cfg["n_head"], cfg["n_layer"]
     x = p["wte.weight"][idx] + p["wpe.weight"][torch.arange(T)]
-    mask = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    mask = torch.tril(torch.ones(T, T, dtype=torch.bool, device=idx.device))
     for l in range(L):
         h = f"h.{l}."
         a = F.layer_norm(x, (C,), p[h + "ln_1.weight"], p[h + "ln_1.bias"], 1e-5)
@@ -134,5 +148,114 @@ def main():
           f"torch {torch.__version__}")
 
 
+# ---- `posembed eval` ----
+
+# float32 forward against float64: each op rounds at 6e-8 relative, and through
+# two layers and a 256-way log-softmax a mean over windows moves by a few 1e-7
+# nats (2e-7 measured here); an indexing or windowing error moves it by >= 1e-3.
+EVAL_TOL = 1e-5
+
+
+def fail(msg):
+    print("FAIL:", msg)
+    sys.exit(1)
+
+
+def run(args, want_rc=0):
+    r = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    if r.returncode != want_rc:
+        fail(f"{' '.join(args)}: exit {r.returncode}, want {want_rc}\n{r.stdout}\n{r.stderr}")
+    return r
+
+
+def windows(size, T, count):
+    starts = list(range(0, size - T, T))  # each needs T + 1 bytes
+    n = len(starts)
+    return starts if count >= n else [starts[i * n // count] for i in range(count)]
+
+
+def reference_by_position(weights, meta, text, T, extend, count):
+    p = {n: torch.tensor(w, dtype=torch.float64) for n, w in weights.items()
+         if not n.startswith("optimizer.")}
+    wpe, M = p["wpe.weight"], p["wpe.weight"].shape[0]
+    if extend == "tile":
+        p["wpe.weight"] = wpe[torch.arange(T) % M]
+    elif extend == "interpolate":
+        p["wpe.weight"] = F.interpolate(wpe.t()[None], size=T, mode="linear",
+                                        align_corners=False)[0].t()
+    cfg = {k: int(meta["model." + k]) for k in ("embed_dim", "n_head", "n_layer")}
+    data = torch.tensor(list(text), dtype=torch.int64)
+    starts = windows(len(text), T, count)
+    idx = torch.stack([data[s:s + T] for s in starts])
+    tgt = torch.stack([data[s + 1:s + T + 1] for s in starts])
+    with torch.no_grad():
+        logits = forward(p, idx, cfg)
+        loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), tgt.reshape(-1), reduction="none")
+    return loss.view(len(starts), T).mean(dim=0).numpy(), len(starts)
+
+
+def check_eval(exe, work, text_file):
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    ckpt = os.path.join(work, "base", "ckpt.safetensors")
+    run([exe, "train", "--data", text_file, "--out", os.path.join(work, "base"), "--max-seq-len", "24",
+         "--embed-dim", "16", "--n-layer", "2", "--n-head", "2", "--steps", "15", "--batch-size", "4",
+         "--warmup-steps", "3", "--eval-every", "100", "--eval-batches", "1", "--threads", "1"])
+    weights, meta = read_safetensors(ckpt)
+    text = open(text_file, "rb").read()
+    worst = 0.0
+    for T, extend, count in ((24, None, 40), (24, None, 0), (60, "tile", 30), (60, "interpolate", 30)):
+        args = [exe, "eval", ckpt, "--data", text_file, "--seq-len", str(T), "--json", "--bucket", "7",
+                "--windows", str(count), "--batch", "3", "--threads", "1"]
+        got = json.loads(run(args + (["--extend", extend] if extend else [])).stdout)
+        want, n = reference_by_position(weights, meta, text, T, extend, count or 1 << 30)
+        if got["format"] != "posembed-eval" or got["seq_len"] != T or got["windows"] != n:
+            fail(f"{T} {extend}: header {got['format']} seq_len {got['seq_len']} windows {got['windows']}, want {T}, {n}")
+        by = np.array(got["by_position"])
+        err = float(np.max(np.abs(by - want)))
+        worst = max(worst, err)
+        if by.shape != (T,) or err > EVAL_TOL:
+            fail(f"seq_len {T}, extend {extend}: per-position loss off by {err:.3g} (tol {EVAL_TOL})")
+        if abs(got["mean"] - want.mean()) > EVAL_TOL:
+            fail(f"seq_len {T}, extend {extend}: mean {got['mean']} vs {want.mean()}")
+        for b in got["buckets"]:
+            if abs(b["loss"] - by[b["begin"]:b["end"]].mean()) > 1e-12 or b["end"] - b["begin"] > 7:
+                fail(f"bucket {b} is not the mean of its positions")
+        if [b["begin"] for b in got["buckets"]] != list(range(0, T, 7)):
+            fail("buckets do not cover the window in steps of 7")
+    print(f"eval: per-position losses within {worst:.2g} of float64 PyTorch (tol {EVAL_TOL})")
+
+    # Past the table without --extend: an error naming both numbers and the fix, status 2.
+    r = run([exe, "eval", ckpt, "--data", text_file, "--seq-len", "60"], want_rc=2)
+    for words in ("--seq-len 60 exceeds the 24 positions", "--extend"):
+        if words not in r.stderr:
+            fail(f"eval past the table: {words!r} not in {r.stderr!r}")
+    # The issue's command: resize on a trainer checkpoint (it used to stop with
+    # "several tensors look like position tables"), and the result evaluates.
+    cropped = os.path.join(work, "crop.safetensors")
+    run([exe, "resize", ckpt, "--max-seq-len", "12", "--method", "crop", "-o", cropped])
+    if json.loads(run([exe, "eval", cropped, "--data", text_file, "--json"]).stdout)["seq_len"] != 12:
+        fail("the cropped checkpoint does not evaluate at 12 positions")
+    # A new run from the checkpoint at 60 positions records where it came from.
+    out = os.path.join(work, "longer")
+    run([exe, "train", "--init-from", ckpt, "--max-seq-len", "60", "--extend", "tile", "--steps", "2",
+         "--batch-size", "2", "--warmup-steps", "1", "--eval-every", "100", "--eval-batches", "1",
+         "--data", text_file, "--out", out, "--threads", "1"])
+    _, meta2 = read_safetensors(os.path.join(out, "ckpt.safetensors"))
+    if ckpt not in meta2.get("train.origin", "") or "tile 24 -> 60" not in meta2["train.origin"]:
+        fail(f"train.origin is {meta2.get('train.origin')!r}")
+    if meta2["model.max_seq_len"] != "60" or meta2["model.embed_dim"] != "16":
+        fail("--init-from did not keep the architecture at the new length")
+    # The same folder again is another run's: refused without --overwrite.
+    r = run([exe, "train", "--init-from", ckpt, "--max-seq-len", "60", "--extend", "tile", "--data",
+             text_file, "--out", out], want_rc=2)
+    if "already holds another run's" not in r.stderr:
+        fail(f"a second run into {out}: {r.stderr!r}")
+    print("eval: error text, resize of a trainer checkpoint, --init-from origin, run folders: ok")
+
+
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) > 1 and sys.argv[1] == "eval":
+        check_eval(*sys.argv[2:5])
+    else:
+        main()

@@ -298,6 +298,10 @@ void broadcast(const World& w, std::vector<std::uint8_t>& bytes) {
   mpi_broadcast(bytes.data(), n);
 }
 
+void broadcast(const World& w, std::span<float> values) {
+  if (w.size > 1) mpi_broadcast(values.data(), values.size_bytes());
+}
+
 void broadcast(const World& w, Checkpoint& info) {
   if (w.size == 1) return;
   std::vector<std::uint8_t> bytes;  // key \0 value \0 ...: neither holds a NUL

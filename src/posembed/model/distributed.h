@@ -93,6 +93,8 @@ IndexRange split_range(std::int64_t count, int part, int parts);
 void broadcast(const World& world, std::vector<std::uint8_t>& bytes);
 // Rank 0's settings (run through the checkpoint metadata) on every rank.
 void broadcast(const World& world, Checkpoint& info);
+// Rank 0's values (the same size on every rank) on every rank.
+void broadcast(const World& world, std::span<float> values);
 // Bitwise OR of every rank's flags.
 int flags_of_all_ranks(const World& world, int flags);
 // Threads for this rank when the user asked for all cores: the cores divided

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <numeric>
 #include <utility>
 
@@ -22,9 +23,11 @@ std::size_t sz(std::int64_t n) { return static_cast<std::size_t>(n); }
 struct Carver {
   float* base = nullptr;
   std::size_t used = 0;
+  double counted = 0;  // `used` in double: cannot wrap, so it can be checked against memory
   std::span<float> take(std::int64_t n) {
     std::span<float> s = base ? std::span<float>(base + used, sz(n)) : std::span<float>();
     used += sz(n);
+    counted += static_cast<double>(n);
     return s;
   }
 };
@@ -198,7 +201,20 @@ Activations make_activations(const GptConfig& c, std::int64_t B, std::int64_t T)
   a.config = c;
   a.batch = B;
   a.seq_len = T;
-  const std::int64_t C = c.embed_dim, N = B * T, H = c.n_head, V = c.vocab_size;
+  const std::int64_t C = c.embed_dim, H = c.n_head, V = c.vocab_size;
+  // B and T come from flags: a huge batch must end in an error naming the bytes,
+  // not in std::bad_alloc. Past 2^52 elements per buffer no memory holds them and
+  // the counts below could wrap, so that is refused first.
+  const double tokens = static_cast<double>(B) * static_cast<double>(T),
+               scores = tokens * static_cast<double>(H * T);
+  const std::string what = "activations for batch " + std::to_string(B) + " x seq_len " +
+                           std::to_string(T) + " (" + std::to_string(c.n_layer) +
+                           " layers, width " + std::to_string(C) + ")";
+  const char* fix = "use a smaller batch (--batch-size) or sequence length (--seq-len)";
+  if (std::max(tokens * 4.0 * static_cast<double>(C), scores) > 0x1p52) {
+    throw Error(what + " need more than 2^54 bytes; " + fix);
+  }
+  const std::int64_t N = B * T;
   a.layers.resize(sz(c.n_layer));
   for (int pass = 0; pass < 2; ++pass) {
     Carver k{pass == 0 ? nullptr : a.memory.data(), 0};
@@ -217,7 +233,15 @@ Activations make_activations(const GptConfig& c, std::int64_t B, std::int64_t T)
     a.d_attproj = k.take(N * C); a.d_qkv = k.take(N * 3 * C); a.d_att = k.take(B * H * T * T);
     a.d_fch = k.take(N * 4 * C); a.d_fch_gelu = k.take(N * 4 * C); a.d_mlpproj = k.take(N * C);
     a.d_logits = k.take(N * V); a.d_losses = k.take(N);
-    if (pass == 0) a.memory.assign(k.used, 0.0f);
+    if (pass == 0) {
+      // Also the batch's input and target ids (int64) that callers hold beside them.
+      const auto bytes = static_cast<std::uint64_t>(4.0 * k.counted + 16.0 * tokens);
+      char gib[32];
+      std::snprintf(gib, sizeof gib, "%.1f GiB", static_cast<double>(bytes) / 0x1p30);
+      check_fits_in_memory(bytes, what + " need " + std::to_string(bytes) + " bytes (" + gib + ")",
+                           fix);
+      a.memory.assign(k.used, 0.0f);
+    }
   }
   a.positions.resize(sz(N));
   positions_contiguous(a.positions, B, T, 0);

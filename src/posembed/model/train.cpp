@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <optional>
 #include <array>
 #include <map>
 #include <atomic>
@@ -24,6 +25,8 @@
 #include "posembed/core/philox.h"
 #include "posembed/io/safetensors.h"
 #include "posembed/model/distributed.h"
+#include "posembed/model/init_from.h"
+#include "posembed/model/run_files.h"
 
 namespace posembed::model {
 namespace {
@@ -405,6 +408,7 @@ std::map<std::string, std::string> checkpoint_metadata(const Checkpoint& info) {
   meta["train.step"] = field_to_string(info.step);
   meta["train.data"] = info.data;
   meta["train.freeze_positions"] = info.freeze_positions ? "1" : "0";
+  if (!info.origin.empty()) meta["train.origin"] = info.origin;
   return meta;
 }
 
@@ -429,6 +433,7 @@ Checkpoint checkpoint_from_metadata(const std::map<std::string, std::string>& fi
   field_from_string("train.step", meta_get(meta, "train.step", src), info.step);
   info.data = meta_get(meta, "train.data", src);
   info.freeze_positions = meta_get(meta, "train.freeze_positions", src) == "1";
+  if (const auto it = meta.find("train.origin"); it != meta.end()) info.origin = it->second;
   return info;
 }
 
@@ -527,8 +532,14 @@ TrainResult train(const TrainOptions& options) {
   const bool leader = w.rank == 0;  // reads the text and the checkpoint, writes log and checkpoints
   const bool quiet = options.quiet || !leader;
   set_num_threads(options.threads == 0 ? default_threads(w) : options.threads);
+  if (!options.resume.empty() && !options.init_from.empty()) {
+    throw Error("--resume continues a run and --init-from starts a new one: give one of them");
+  }
+  RunFiles files;  // the leader's
   Checkpoint info;
+  std::optional<InitFrom> init;  // the leader's
   if (leader) {
+    files = plan_run_files(options.out_dir, options.resume, options.init_from, options.overwrite);
     if (!options.resume.empty()) {
       info = read_checkpoint_info(options.resume);
     } else {
@@ -536,6 +547,11 @@ TrainResult train(const TrainOptions& options) {
       info.train = options.train;
       info.data = options.data;
       info.freeze_positions = options.freeze_positions;
+      validate(info.train, info.model);
+      if (!options.init_from.empty()) {
+        init = init_from(options.init_from, info.model, options.extend);
+        info.origin = init->origin;
+      }
     }
   }
   broadcast(w, info);
@@ -547,6 +563,13 @@ TrainResult train(const TrainOptions& options) {
   model.freeze_positions = info.freeze_positions;
   DataParallel dp = make_data_parallel(w, model, tc, T, options.shard_optimizer);
   if (!options.resume.empty()) load_checkpoint(options.resume, model, dp);
+  if (!options.init_from.empty()) {  // fresh optimizer state: only the weights come along
+    if (init) {
+      std::copy(init->model.params.begin(), init->model.params.end(), model.params.begin());
+      init->model = Gpt{};  // the source's copy is not needed again
+    }
+    broadcast(w, model.params);
+  }
   std::vector<std::uint8_t> text;
   if (leader) text = read_text(info.data);
   broadcast(w, text);
@@ -582,12 +605,12 @@ TrainResult train(const TrainOptions& options) {
     train_some.push_back(i * train_windows / train_count * T);
   }
 
-  const std::filesystem::path ckpt = options.out_dir / "ckpt.safetensors";
-  const std::filesystem::path log_path = options.out_dir / "log.csv";
+  const std::filesystem::path& ckpt = files.checkpoint;
+  const std::filesystem::path& log_path = files.log;
   FilePtr log_file;
   if (leader) {
-    std::filesystem::create_directories(options.out_dir);
-    const bool fresh_log = options.resume.empty() || !std::filesystem::exists(log_path);
+    std::filesystem::create_directories(files.dir);
+    const bool fresh_log = !files.continues || !std::filesystem::exists(log_path);
     if (!fresh_log) truncate_log(log_path, info.step);
     log_file.reset(std::fopen(log_path.c_str(), fresh_log ? "w" : "a"));
     if (!log_file) throw Error("cannot write " + log_path.string());
@@ -612,6 +635,10 @@ TrainResult train(const TrainOptions& options) {
     std::printf("data: %s, %llu bytes (train %zu, validation %zu), unigram entropy %.4f nats/byte\n",
                 info.data.c_str(), static_cast<unsigned long long>(corpus.total_bytes),
                 corpus.train.size(), corpus.val.size(), corpus.unigram_entropy);
+    if (!info.origin.empty()) std::printf("weights from: %s\n", info.origin.c_str());
+    if (init) {
+      for (const std::string& note : init->notes) std::printf("  note: %s\n", note.c_str());
+    }
     std::printf("training: steps %lld, batch %lld x %lld bytes (micro-batches of %lld), lr %g, "
                 "threads %d%s\n",
                 static_cast<long long>(tc.steps), static_cast<long long>(B),

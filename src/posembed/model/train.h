@@ -10,10 +10,12 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "posembed/model/extend.h"
 #include "posembed/model/gpt.h"
 
 namespace posembed::model {
@@ -130,6 +132,7 @@ struct Checkpoint {
   std::int64_t step = 0;  // optimizer steps done
   std::string data;
   bool freeze_positions = false;
+  std::string origin;  // where the weights came from (--init-from, resize); empty: initialised
 };
 void save_checkpoint(const std::filesystem::path& path, const Gpt& model, const Checkpoint& info,
                      bool with_optimizer);
@@ -156,8 +159,11 @@ struct TrainOptions {
   GptConfig model;
   TrainConfig train;
   std::string data = "/usr/share/games/fortunes";
-  std::filesystem::path out_dir = "out";
+  std::filesystem::path out_dir;  // empty: "out", or a resumed run's own folder (run_files.h)
   std::filesystem::path resume;   // a checkpoint to continue from
+  std::filesystem::path init_from;       // weights to start a new run from (init_from.h)
+  std::optional<PositionResize> extend;  // how init_from's table changes length
+  bool overwrite = false;                // replace another run's files in the folder
   bool freeze_positions = false;  // position table gets no gradient (and no update)
   bool shard_optimizer = false;   // ZeRO-1 over MPI ranks: same bits, 1/N of the moments each
   int threads = 0;

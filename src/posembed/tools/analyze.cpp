@@ -158,9 +158,12 @@ std::vector<float> cosine_matrix(std::span<const float> table, std::int64_t rows
 }
 
 void write_heatmap_png(const std::filesystem::path& path, std::span<const float> table,
-                       std::int64_t rows, std::int64_t cols, const std::string& title) {
-  constexpr std::int64_t kMaxPixels = 1024;  // positions drawn; more are subsampled
-  const std::int64_t stride = (rows + kMaxPixels - 1) / kMaxPixels;
+                       std::int64_t rows, std::int64_t cols, const std::string& title,
+                       std::int64_t max_positions) {
+  if (max_positions < 1) {
+    throw Error("heatmap: max_positions " + std::to_string(max_positions) + " must be >= 1");
+  }
+  const std::int64_t stride = (rows + max_positions - 1) / max_positions;
   const std::vector<float> cos = cosine_matrix(table, rows, cols, stride);
   const int count = static_cast<int>((rows + stride - 1) / stride);
   const int scale = std::max(1, (512 + count - 1) / count);  // small tables drawn at >= 512 px

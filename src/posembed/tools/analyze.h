@@ -53,8 +53,10 @@ std::vector<float> cosine_matrix(std::span<const float> table, std::int64_t rows
 // PNG plots a person can open: the cosine heatmap with a colour scale from -1
 // (blue) through 0 (white) to +1 (red), and the singular-value spectrum (log
 // scale) above the cumulative variance with the 90/95/99% marks.
+// The heatmap draws at most max_positions positions (every stride-th above it).
 void write_heatmap_png(const std::filesystem::path& path, std::span<const float> table,
-                       std::int64_t rows, std::int64_t cols, const std::string& title);
+                       std::int64_t rows, std::int64_t cols, const std::string& title,
+                       std::int64_t max_positions = 1024);
 void write_spectrum_png(const std::filesystem::path& path, const TableAnalysis& analysis,
                         const std::string& title);
 

@@ -1,6 +1,6 @@
-// `posembed experiment`: checks six textbook claims about learned absolute
+// `posembed experiment`: checks seven textbook claims about learned absolute
 // position embeddings on this machine and writes a markdown report with PNG
-// plots. Every run has a fixed seed; the comparisons (1, 2, 6) run three seeds
+// plots. Every run has a fixed seed; the comparisons (1, 2, 6, 7) run three seeds
 // and report the mean and the min..max spread.
 //
 //   1 init-scale      position table std 0.02, 1/sqrt(d), 0.2, 1.0 (tokens 0.02):
@@ -15,6 +15,11 @@
 //                     (plan) vs the often-quoted ~2% for GPT-2
 //   6 no-position     no position information (table zeros, frozen) vs learned,
 //                     same budget: copy-k-back task and byte-level text
+//   7 length-extension a table trained at 128 positions extended to 512 (tile,
+//                     interpolate, N(0, 0.02) or zero new rows) and fine-tuned,
+//                     against training at 512 from scratch: loss by position
+//
+// Each claim has its own file, tools/experiment/claim_N_name.cpp.
 //
 // The training runs use the model layer's public step (train_step) in a loop
 // of their own: the corpus is read once, evaluations run on fixed window
@@ -37,7 +42,8 @@ struct ExperimentOptions {
   std::string command_line;  // written into the report, so it says how to rerun it
 };
 
-// In report order: init-scale, dropout, seq-len, dimensionality, param-share, no-position.
+// In report order: init-scale, dropout, seq-len, dimensionality, param-share, no-position,
+// length-extension.
 std::vector<std::string> experiment_names();
 
 struct ClaimResult {
@@ -57,7 +63,7 @@ struct ExperimentReport {
   std::filesystem::path report;  // out_dir / "REPORT.md"
 };
 
-// names: experiment names, their numbers ("1".."6") or "all". Validates every
+// names: experiment names, their numbers ("1".."7") or "all". Validates every
 // name, the output directory and the data before any run; throws
 // posembed::Error naming the problem. Writes out_dir/REPORT.md and the PNGs.
 ExperimentReport run_experiments(std::span<const std::string> names,

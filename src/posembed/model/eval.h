@@ -1,0 +1,38 @@
+// Eval-mode loss by position: how well a trained model predicts the byte after
+// position t of a window, for every t, over windows of a text (`posembed eval`,
+// experiment claim 7). A learned table has a row per position, so the loss at
+// positions a model never trained on shows what that row (or its absence) does.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "posembed/model/gpt.h"
+
+namespace posembed::model {
+
+// Start offsets of the consecutive windows of T bytes of a text of `size` bytes
+// (0, T, 2T, ...; each needs T + 1 bytes: inputs and next-byte targets), as the
+// trainer's validation uses them. max_windows > 0 keeps that many, evenly spread.
+std::vector<std::int64_t> consecutive_windows(std::size_t size, std::int64_t T,
+                                              std::int64_t max_windows = 0);
+
+struct PositionLoss {
+  std::int64_t seq_len = 0, windows = 0;
+  std::vector<double> by_position;  // (seq_len,) mean loss at position t, nats/byte
+  double mean = 0;                  // over every position of every window
+  // Mean loss over positions [begin, end), end clamped to seq_len.
+  double range_mean(std::int64_t begin, std::int64_t end) const;
+};
+
+// Eval mode (no dropout) over the windows at `starts` (each within text, T + 1
+// bytes), `batch` windows per forward. Sums are in double in window order, so the
+// result is the same for any thread count and any batch. Throws posembed::Error
+// before any work on T outside [1, max_seq_len], batch < 1, no window, a window
+// past the text's end, or activations that do not fit in memory.
+PositionLoss position_loss(const Gpt& model, std::span<const std::uint8_t> text,
+                           std::span<const std::int64_t> starts, std::int64_t T,
+                           std::int64_t batch);
+
+}  // namespace posembed::model
