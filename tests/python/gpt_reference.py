@@ -239,7 +239,7 @@ def check_eval(exe, work, text_file):
     # A new run from the checkpoint at 60 positions records where it came from.
     out = os.path.join(work, "longer")
     run([exe, "train", "--init-from", ckpt, "--max-seq-len", "60", "--extend", "tile", "--steps", "2",
-         "--batch-size", "2", "--warmup-steps", "1", "--eval-every", "100", "--eval-batches", "1",
+         "--batch-size", "2", "--micro-batch", "1", "--warmup-steps", "1", "--eval-every", "100", "--eval-batches", "1",
          "--data", text_file, "--out", out, "--threads", "1"])
     _, meta2 = read_safetensors(os.path.join(out, "ckpt.safetensors"))
     if ckpt not in meta2.get("train.origin", "") or "tile 24 -> 60" not in meta2["train.origin"]:
