@@ -6,10 +6,10 @@
 #   scripts/deps.sh run     plus the training corpus
 set -euo pipefail
 want=(cmake ninja-build g++ libgtest-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev
-      libhwy-dev libopenblas-dev libeigen3-dev libpng-dev)
+      libhwy-dev libopenblas-dev libeigen3-dev libpng-dev libcairo2-dev fonts-dejavu-core)
 case "${1:-build}" in
   build) ;;
-  test) want+=(python3-torch libopenblas0-pthread python3-numpy clang libclang-rt-14-dev python3-pip python3-venv) ;;
+  test) want+=(libexpat1-dev python3-torch libopenblas0-pthread python3-numpy clang libclang-rt-14-dev python3-pip python3-venv) ;;
   run) want+=(fortunes) ;;
   *) echo "usage: scripts/deps.sh [build|test|run]" >&2; exit 2 ;;
 esac

@@ -5,7 +5,8 @@
                      analyze_reference.json (spectrum, components, participation
                      ratio, norms, neighbour cosines) for tests/tools/analyze_test.cpp
   check CLI OUTDIR   runs `CLI analyze OUTDIR/analyze_table.safetensors --json` and
-                     compares its output with the reference; checks the PNG files
+                     compares its output with the reference; checks the PNG files,
+                     and the SVG files of --format svg
 
 The table is a sum of sinusoids along the positions plus noise: a smooth table
 with a spread-out spectrum, like a trained position table.
@@ -14,6 +15,7 @@ import json
 import struct
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 
 import numpy as np
 
@@ -78,13 +80,23 @@ def check(cli, outdir):
     err = max(abs(a - b) for a, b in zip(got["singular_values"], ref["singular_values"]))
     assert err <= 1e-12 * s_max, err
     assert abs(got["participation_ratio"] - ref["participation_ratio"]) <= 1e-10
-    for name in ("analyze_cli.heatmap.png", "analyze_cli.spectrum.png"):
-        with open(f"{outdir}/{name}", "rb") as f:
+    sizes = {}
+    for plot in ("heatmap", "spectrum"):
+        with open(f"{outdir}/analyze_cli.{plot}.png", "rb") as f:
             head = f.read(24)
-        assert head[:8] == b"\x89PNG\r\n\x1a\n", name
-        width, height = struct.unpack(">II", head[16:24])
-        assert width >= 512 and height >= 512, (name, width, height)
-    print("analyze CLI matches NumPy; PNGs written")
+        assert head[:8] == b"\x89PNG\r\n\x1a\n", plot
+        sizes[plot] = struct.unpack(">II", head[16:24])
+        assert min(sizes[plot]) >= 512, (plot, sizes[plot])
+    # --format svg: the same plots as well-formed SVG of the same size.
+    subprocess.run([cli, "analyze", f"{outdir}/analyze_table.safetensors", "--format", "svg",
+                    "--out-dir", outdir, "--prefix", "analyze_cli"], check=True, capture_output=True)
+    for plot, drawn in (("heatmap", "image"), ("spectrum", "path")):
+        root = ET.parse(f"{outdir}/analyze_cli.{plot}.svg").getroot()
+        assert root.tag == "{http://www.w3.org/2000/svg}svg", root.tag
+        size = tuple(int(root.get(k).removesuffix("px")) for k in ("width", "height"))
+        assert size == sizes[plot], (plot, size, sizes[plot])
+        assert root.find(f".//{{http://www.w3.org/2000/svg}}{drawn}") is not None, (plot, drawn)
+    print("analyze CLI matches NumPy; PNG and SVG plots written")
 
 
 if __name__ == "__main__":
