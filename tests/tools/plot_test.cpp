@@ -17,11 +17,9 @@ using readback::read_png;
 using readback::read_svg;
 using readback::same;
 
-std::filesystem::path temp_file(const char* name, const char* extension) {
-  std::filesystem::path p = std::filesystem::temp_directory_path() / "posembed_plot_";
-  p += name;
-  p += extension;
-  return p;
+// In the build tree, not /tmp: other checkouts' test runs cannot collide with it.
+std::filesystem::path out_file(const char* name, const char* extension) {
+  return std::filesystem::path(PLOT_TEST_DIR) / (std::string("plot_") + name + extension);
 }
 
 LinePlot two_series() {
@@ -52,7 +50,7 @@ TEST(LinePlot, WritesAnRgbPngOfTheRequestedSize) {
   LinePlot p = two_series();
   p.width = 640;
   p.height = 300;
-  const auto path = temp_file("size", ".png");
+  const auto path = out_file("size", ".png");
   write_line_plot_png(path, p);
   const readback::PngImage img = read_png(path);
   EXPECT_EQ(img.width, 640);
@@ -69,7 +67,7 @@ TEST(LinePlot, WritesAWellFormedSvg) {
   LinePlot p = two_series();
   p.width = 640;
   p.height = 300;
-  const auto path = temp_file("svg", ".SVG");  // the extension in any case
+  const auto path = out_file("svg", ".SVG");  // the extension in any case
   write_line_plot_png(path, p);
   const readback::SvgSummary svg = read_svg(path);
   EXPECT_EQ(svg.root, "http://www.w3.org/2000/svg|svg");
@@ -91,7 +89,7 @@ TEST(LinePlot, PointsLandWhereTheAxesPutThem) {
     p.y_max = log ? 1000 : 8;
     const std::vector<double> x{1, 3, 10, 30, 100}, y{0.5, 7, 1, 200, 3};
     p.series.push_back({"", series_colour(2), x, y, {}, {}, true, false});
-    const auto path = temp_file("mapping", ".png");
+    const auto path = out_file("mapping", ".png");
     write_line_plot_png(path, p);
     const readback::PngImage img = read_png(path);
     const PixelBox f = line_plot_frame(p);
@@ -120,7 +118,7 @@ TEST(LinePlot, NonFinitePointsLeaveAGap) {
   p.y_max = 2;
   p.series.push_back(
       {"", series_colour(3), {0, 1, 2, 3, 4}, {1, 1, NAN, 1, 1}, {}, {}, false, false});
-  const auto path = temp_file("gap", ".png");
+  const auto path = out_file("gap", ".png");
   write_line_plot_png(path, p);
   const readback::PngImage img = read_png(path);
   const PixelBox f = line_plot_frame(p);
@@ -182,7 +180,7 @@ TEST(LinePlot, NiceTicks) {
 }
 
 TEST(LinePlot, RejectsBadInputAndLeavesTheFileAsItWas) {
-  const auto path = temp_file("bad", ".png");
+  const auto path = out_file("bad", ".png");
   { std::ofstream(path) << "an earlier file"; }
   LinePlot p = two_series();
   p.series[1].y.pop_back();
@@ -204,7 +202,7 @@ TEST(LinePlot, RejectsBadInputAndLeavesTheFileAsItWas) {
   EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "an earlier file");
   std::filesystem::remove(path);
 
-  const auto jpg = temp_file("bad", ".jpg");
+  const auto jpg = out_file("bad", ".jpg");
   EXPECT_THROW(write_line_plot_png(jpg, two_series()), Error);  // neither .png nor .svg
   EXPECT_FALSE(std::filesystem::exists(jpg));
   EXPECT_THROW(write_line_plot_png("/nonexistent-dir/x.png", two_series()), Error);
@@ -241,7 +239,7 @@ TEST(Heatmap, CellsAndColourBarShowTheValues) {
   }
   h.values[7] = NAN;
   h.last = 4;
-  const auto path = temp_file("heatmap", ".png");
+  const auto path = out_file("heatmap", ".png");
   write_heatmap(path, h);
   const readback::PngImage img = read_png(path);
   const PixelBox cells = heatmap_cells(h.n), bar = heatmap_colour_bar(h.n);
@@ -275,7 +273,7 @@ TEST(Heatmap, WritesAWellFormedSvgAndRejectsBadShapes) {
   h.n = 3;
   h.values.assign(9, 0.5f);
   h.last = 2;
-  const auto path = temp_file("heatmap", ".svg");
+  const auto path = out_file("heatmap", ".svg");
   write_heatmap(path, h);
   const readback::SvgSummary svg = read_svg(path);
   EXPECT_EQ(svg.root, "http://www.w3.org/2000/svg|svg");
