@@ -2,9 +2,11 @@
 
 #include <cairo-svg.h>
 #include <cairo.h>
+#include <fontconfig/fontconfig.h>
 
 #include <algorithm>
 #include <cctype>
+#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -153,8 +155,26 @@ void frame(cairo_t* cr, const PixelBox& b, Rgb c) {
 
 // ---- Surfaces and files
 
+// cairo and fontconfig keep their font caches for the life of the process. The
+// sanitizer build frees them at exit (what cairo_debug_reset_static_data is
+// for), so that LeakSanitizer reports only real leaks; elsewhere they are left
+// alone, as another library in the process may still use them while it exits.
+void free_font_caches_at_exit() {
+#ifdef POSEMBED_SANITIZE
+  static const int once = std::atexit([] {
+    cairo_debug_reset_static_data();
+    FcFini();
+  });
+  (void)once;
+#endif
+}
+
 using SurfacePtr = std::unique_ptr<cairo_surface_t, decltype(&cairo_surface_destroy)>;
 using ContextPtr = std::unique_ptr<cairo_t, decltype(&cairo_destroy)>;
+
+SurfacePtr image_surface(int width, int height) {
+  return {cairo_image_surface_create(CAIRO_FORMAT_RGB24, width, height), &cairo_surface_destroy};
+}
 
 cairo_status_t append_bytes(void* closure, const unsigned char* data, unsigned int length) {
   static_cast<std::string*>(closure)->append(reinterpret_cast<const char*>(data), length);
@@ -200,11 +220,13 @@ void write_file(const std::filesystem::path& path, const std::string& bytes) {
 void render(const std::filesystem::path& path, int width, int height,
             const std::function<void(cairo_t*)>& draw) {
   const ImageFormat format = image_format(path);
+  free_font_caches_at_exit();
   std::string bytes;
-  SurfacePtr surface(format == ImageFormat::png
-                         ? cairo_image_surface_create(CAIRO_FORMAT_RGB24, width, height)
-                         : cairo_svg_surface_create_for_stream(append_bytes, &bytes, width, height),
-                     &cairo_surface_destroy);
+  SurfacePtr surface =
+      format == ImageFormat::png
+          ? image_surface(width, height)
+          : SurfacePtr(cairo_svg_surface_create_for_stream(append_bytes, &bytes, width, height),
+                       &cairo_surface_destroy);
   check_cairo(cairo_surface_status(surface.get()), path);
   if (format == ImageFormat::svg) {
     cairo_svg_surface_set_document_unit(surface.get(), CAIRO_SVG_UNIT_PX);
@@ -228,7 +250,8 @@ void render(const std::filesystem::path& path, int width, int height,
 // A scratch context for measuring text where nothing is drawn yet.
 template <class F>
 auto with_scratch_context(F&& f) {
-  const SurfacePtr s(cairo_image_surface_create(CAIRO_FORMAT_RGB24, 1, 1), &cairo_surface_destroy);
+  free_font_caches_at_exit();
+  const SurfacePtr s = image_surface(1, 1);
   const ContextPtr cr(cairo_create(s.get()), &cairo_destroy);
   return f(cr.get());
 }
@@ -692,8 +715,7 @@ void write_heatmap(const std::filesystem::path& path, const Heatmap& h) {
               Align::left);
     // The cells as an image at its final size, drawn 1:1 (exact pixels in a
     // PNG, one embedded image instead of n^2 rectangles in an SVG).
-    const SurfacePtr image(cairo_image_surface_create(CAIRO_FORMAT_RGB24, cells.w, cells.h),
-                           &cairo_surface_destroy);
+    const SurfacePtr image = image_surface(cells.w, cells.h);
     check_cairo(cairo_surface_status(image.get()), path);
     cairo_surface_flush(image.get());
     unsigned char* data = cairo_image_surface_get_data(image.get());
