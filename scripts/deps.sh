@@ -7,6 +7,8 @@
 set -euo pipefail
 want=(cmake ninja-build g++ libgtest-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev
       libhwy-dev libopenblas-dev libeigen3-dev libpng-dev openmpi-bin libopenmpi-dev)
+# cairo and the DejaVu fonts draw the plots; libpng and expat read them back in the tests.
+want+=(libcairo2-dev fonts-dejavu-core libexpat1-dev)
 case "${1:-build}" in
   build) ;;
   test) want+=(python3-torch libopenblas0-pthread python3-numpy clang libclang-rt-14-dev python3-pip python3-venv) ;;

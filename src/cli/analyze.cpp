@@ -1,6 +1,6 @@
 // `posembed analyze FILE [--tensor NAME]`: the spectrum, effective dimension,
 // norms and neighbour similarity of a checkpoint's position table, with a
-// cosine heatmap and a spectrum plot written as PNG files.
+// cosine heatmap and a spectrum plot written as PNG or SVG files.
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -23,6 +23,7 @@ struct AnalyzeOptions {
   std::optional<std::int64_t> offset;  // absent: the offset the names imply (OPT, RoBERTa: 2)
   std::string out_dir = ".";
   std::string prefix;        // empty: the file's stem
+  std::string format = "png";  // png or svg
   bool no_plots = false;
   bool json = false;
 };
@@ -61,7 +62,8 @@ void run_analyze(const AnalyzeOptions& o) {
   const std::filesystem::path dir(o.out_dir);
   const std::string stem =
       o.prefix.empty() ? std::filesystem::path(o.file).stem().string() : o.prefix;
-  const auto heatmap = dir / (stem + ".heatmap.png"), spectrum = dir / (stem + ".spectrum.png");
+  const auto heatmap = dir / (stem + ".heatmap." + o.format),
+             spectrum = dir / (stem + ".spectrum." + o.format);
   if (!o.no_plots && !std::filesystem::is_directory(dir)) {
     throw Error("--out-dir '" + o.out_dir + "' is not a directory; create it first");
   }
@@ -84,18 +86,23 @@ void run_analyze(const AnalyzeOptions& o) {
 void add_analyze_command(CLI::App& app) {
   auto o = std::make_shared<AnalyzeOptions>();
   CLI::App* cmd = app.add_subcommand(
-      "analyze", "spectrum, components for 90/95/99% variance, participation ratio, norms and "
-                 "neighbour cosines of a checkpoint's position table, with PNG plots");
+      "analyze",
+      "spectrum, components for 90/95/99% variance, participation ratio, norms and "
+      "neighbour cosines of a checkpoint's position table, with PNG or SVG plots");
   cmd->add_option("file", o->file, "safetensors checkpoint")->required();
   cmd->add_option("--tensor", o->tensor,
                   "position table's tensor name (default: detected, e.g. wpe.weight, "
                   "embeddings.position_embeddings.weight)");
   add_optional_flag(*cmd, "--offset-rows", o->offset,
                     "leading rows no position uses (default: what the names imply; OPT 2)");
-  cmd->add_option("--out-dir", o->out_dir, "directory for the PNG files")->capture_default_str();
+  cmd->add_option("--out-dir", o->out_dir, "directory for the plots")->capture_default_str();
   cmd->add_option("--prefix", o->prefix,
-                  "PNG names are PREFIX.heatmap.png and PREFIX.spectrum.png (default: file stem)");
-  cmd->add_flag("--no-plots", o->no_plots, "write no PNG files");
+                  "plot names are PREFIX.heatmap.FORMAT and PREFIX.spectrum.FORMAT (default: "
+                  "file stem)");
+  cmd->add_option("--format", o->format, "plot file format: png or svg")
+      ->check(CLI::IsMember({"png", "svg"}))
+      ->capture_default_str();
+  cmd->add_flag("--no-plots", o->no_plots, "write no plots");
   cmd->add_flag("--json", o->json, "print JSON instead of text");
   cmd->callback([o] { run_analyze(*o); });
 }

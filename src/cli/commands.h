@@ -17,5 +17,7 @@ void add_resize_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
 void add_analyze_command(CLI::App& app);
 void add_experiment_command(CLI::App& app);
+// `posembed help COMMAND`: register last, after the commands it describes.
+void add_help_command(CLI::App& app);
 
 }  // namespace posembed::cli

@@ -1,6 +1,7 @@
 // `posembed experiment NAME|all [--quick] [--out DIR]`: trains and times small
 // models to check seven textbook claims about learned position embeddings and
 // writes a markdown report with PNG plots (see tools/experiment.h).
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -23,15 +24,26 @@ struct ExperimentCliOptions {
 void add_experiment_command(CLI::App& app) {
   auto o = std::make_shared<ExperimentCliOptions>();
   std::string names_help = "experiments to run: all, or any of";
+  std::vector<std::string> accepted{"all"};  // names and numbers
   int k = 1;
-  for (const auto& n : tools::experiment_names()) names_help += " " + n + " (" + std::to_string(k++) + ")";
+  for (const auto& n : tools::experiment_names()) {
+    names_help += " " + n + " (" + std::to_string(k) + ")";
+    accepted.push_back(n);
+    accepted.push_back(std::to_string(k++));
+  }
   auto* cmd = app.add_subcommand(
       "experiment",
       "check textbook claims about learned position embeddings on this machine (init scale, "
       "dropout, sequence length, effective dimension, parameter share, no-position ablation, "
       "length extension); "
       "writes REPORT.md and PNG plots");
-  cmd->add_option("names", o->names, names_help)->required();
+  // Unknown names are usage errors (status 2), found before anything runs.
+  cmd->add_option("names", o->names, names_help)
+      ->required()
+      ->check([accepted](const std::string& n) -> std::string {
+        if (std::find(accepted.begin(), accepted.end(), n) != accepted.end()) return {};
+        return "unknown experiment '" + n + "'; run `posembed help experiment` for the names";
+      });
   cmd->add_flag("--quick", o->run.quick,
                 "tiny models and step counts (about a minute): checks the code path, not the claims");
   cmd->add_option("--out", o->out, "directory for REPORT.md and the PNG plots")->capture_default_str();

@@ -1,13 +1,27 @@
+// The posembed program: one subcommand per job (src/cli/<command>.cpp).
+//
+// Exit status (README, "The program: version, help, exit status"):
+//   0    done
+//   1    error: bad input data, a file that cannot be read or written, an
+//        impossible request; the message says what is wrong and what to do
+//   2    usage: unknown command or flag, missing or malformed argument
+//   130  interrupted: Ctrl-C in `train`, after it saved a checkpoint
 #include <cstdio>
 #include <exception>
+#include <string>
 
 #include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
-#include "posembed/core/error.h"
+
+namespace {
+constexpr int kExitError = 1, kExitUsage = 2;
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"posembed: learned absolute position embeddings (token + position + dropout)"};
+  app.set_version_flag("--version", std::string("posembed ") + POSEMBED_VERSION,
+                       "print the version and exit");
   app.require_subcommand(1);
   posembed::cli::add_config_command(app);
   posembed::cli::add_demo_command(app);
@@ -20,16 +34,17 @@ int main(int argc, char** argv) {
   posembed::cli::add_plan_command(app);
   posembed::cli::add_analyze_command(app);
   posembed::cli::add_experiment_command(app);
+  posembed::cli::add_help_command(app);  // last: it lists the commands above
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
-  } catch (const posembed::Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 2;
+    const int status = app.exit(e);  // prints the help, the version or what was wrong
+    // CLI11 numbers each kind of mistake (100-127); here they are all usage
+    // errors. Help and version (0) and train's interrupt (130) keep theirs.
+    return status == 0 || e.get_name() == "RuntimeError" ? status : kExitUsage;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
+    return kExitError;
   }
   return 0;
 }

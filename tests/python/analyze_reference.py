@@ -5,7 +5,8 @@
                      analyze_reference.json (spectrum, components, participation
                      ratio, norms, neighbour cosines) for tests/tools/analyze_test.cpp
   check CLI OUTDIR   runs `CLI analyze OUTDIR/analyze_table.safetensors --json` and
-                     compares its output with the reference; checks the PNG files
+                     compares its output with the reference; checks the PNG files,
+                     and the SVG files of --format svg
 
 The table is a sum of sinusoids along the positions plus noise: a smooth table
 with a spread-out spectrum, like a trained position table.
@@ -14,6 +15,7 @@ import json
 import struct
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 
 import numpy as np
 
@@ -100,13 +102,23 @@ def check(cli, outdir):
     require(err <= 1e-13 * max(ref["row_norms"]), f"row norms differ by {err}")
     err = max_error("neighbour_cosine", got["neighbour_cosine"], ref["neighbour_cosine"])
     require(err <= 1e-13, f"neighbour cosines differ by {err}")
-    for name in ("analyze_cli.heatmap.png", "analyze_cli.spectrum.png"):
-        with open(f"{outdir}/{name}", "rb") as f:
+    sizes = {}
+    for plot in ("heatmap", "spectrum"):
+        with open(f"{outdir}/analyze_cli.{plot}.png", "rb") as f:
             head = f.read(24)
-        require(head[:8] == b"\x89PNG\r\n\x1a\n", f"{name} is not a PNG")
-        width, height = struct.unpack(">II", head[16:24])
-        require(width >= 512 and height >= 512, (name, width, height))
-    print("analyze CLI matches NumPy; PNGs written")
+        require(head[:8] == b"\x89PNG\r\n\x1a\n", f"{plot} is not a PNG")
+        sizes[plot] = struct.unpack(">II", head[16:24])
+        require(min(sizes[plot]) >= 512, (plot, sizes[plot]))
+    # --format svg: the same plots as well-formed SVG of the same size.
+    subprocess.run([cli, "analyze", f"{outdir}/analyze_table.safetensors", "--format", "svg",
+                    "--out-dir", outdir, "--prefix", "analyze_cli"], check=True, capture_output=True)
+    for plot, drawn in (("heatmap", "image"), ("spectrum", "path")):
+        root = ET.parse(f"{outdir}/analyze_cli.{plot}.svg").getroot()
+        require(root.tag == "{http://www.w3.org/2000/svg}svg", root.tag)
+        size = tuple(int(root.get(k).removesuffix("px")) for k in ("width", "height"))
+        require(size == sizes[plot], (plot, size, sizes[plot]))
+        require(root.find(f".//{{http://www.w3.org/2000/svg}}{drawn}") is not None, (plot, drawn))
+    print("analyze CLI matches NumPy; PNG and SVG plots written")
 
 
 if __name__ == "__main__":

@@ -8,8 +8,9 @@ Checks: exit status 0; REPORT.md with the summary table and seven sections, each
 with a claim, a measurement, a verdict word and its rule; every referenced PNG
 exists, is small, and decodes (signature, chunk CRCs, IHDR, IDAT inflating to
 exactly height * (1 + 3 * width) bytes with valid filter bytes, IEND); no PNG
-is left unreferenced. Then the error paths: an unknown name and a missing corpus
-exit with status 2, a message naming the problem, and write nothing.
+is left unreferenced. Then the error paths: an unknown name (a usage error,
+status 2) and a missing corpus (an error, status 1) exit with a message naming
+the problem and write nothing.
 """
 import os
 import re
@@ -103,15 +104,16 @@ def main():
     if len(re.findall(r"^\s+[1-7] \S+\s+(holds|partly|does not hold)", r.stdout, re.M)) != 7:
         fail(f"stdout summary incomplete:\n{r.stdout}")
 
-    # Errors: status 2, a message naming the problem, nothing written.
+    # Errors: the status, a message naming the problem, nothing written.
     bad = os.path.join(work, "experiment_bad")
     shutil.rmtree(bad, ignore_errors=True)
-    for args, words in ((["no-such-claim"], "unknown experiment 'no-such-claim'"),
-                        (["init-scale", "--data", os.path.join(work, "missing.txt")], "not found")):
+    for args, status, words in (
+            (["no-such-claim"], 2, "unknown experiment 'no-such-claim'"),
+            (["init-scale", "--data", os.path.join(work, "missing.txt")], 1, "not found")):
         r = subprocess.run([exe, "experiment", *args, "--quick", "--out", bad],
                            capture_output=True, text=True, timeout=60)
-        if r.returncode != 2 or words not in r.stderr:
-            fail(f"{args}: exit {r.returncode}, stderr {r.stderr!r}, want status 2 and {words!r}")
+        if r.returncode != status or words not in r.stderr:
+            fail(f"{args}: exit {r.returncode}, stderr {r.stderr!r}, want status {status} and {words!r}")
         if os.path.exists(bad):
             fail(f"{args}: wrote {bad} before failing")
     print(f"ok: {len(verdicts)} verdicts, {len(images)} plots checked")

@@ -13,6 +13,7 @@
 
 #include "posembed/core/error.h"
 #include "posembed/core/init.h"
+#include "tools/images.h"
 
 namespace posembed::tools {
 namespace {
@@ -197,19 +198,47 @@ TEST(Analyze, MatchesNumPy) {
   for (std::size_t i = 0; i < cos.size(); ++i) EXPECT_NEAR(r.neighbour_cosine[i], cos[i], 1e-13);
 }
 
-TEST(Analyze, WritesPngFiles) {
+// The plots in both formats; the heatmap's cells show the cosines of the table
+// (cosine_matrix, checked against NumPy above) in the diverging colours.
+TEST(Analyze, WritesPlots) {
   const std::vector<float> t = low_rank_table(40, 16, 3, 0.05, 11);
   const TableAnalysis r = analyze_table(t, 40, 16);
   const auto dir = std::filesystem::path(ANALYZE_REFERENCE_DIR);
-  write_heatmap_png(dir / "test.heatmap.png", t, 40, 16, "TEST");
-  write_spectrum_png(dir / "test.spectrum.png", r, "TEST");
-  for (const char* name : {"test.heatmap.png", "test.spectrum.png"}) {
-    std::ifstream in(dir / name, std::ios::binary);
-    char sig[8] = {};
-    in.read(sig, 8);
-    EXPECT_EQ(std::string(sig, 8), std::string("\x89PNG\r\n\x1a\n", 8)) << name;
+  write_heatmap_png(dir / "test.heatmap.png", t, 40, 16, "test");
+  write_spectrum_png(dir / "test.spectrum.png", r, "test");
+  const readback::PngImage heat = readback::read_png(dir / "test.heatmap.png");
+  const readback::PngImage spectrum = readback::read_png(dir / "test.spectrum.png");
+  EXPECT_TRUE(heat.rgb8 && spectrum.rgb8);
+  EXPECT_GE(spectrum.height, 2 * 300);  // two panels
+  const PixelBox cells = heatmap_cells(40);
+  const int side = cells.w / 40;
+  const std::vector<float> cos = cosine_matrix(t, 40, 16);
+  for (int i = 0; i < 40; ++i) {
+    for (int j = 0; j < 40; ++j) {
+      const Rgb want = diverging_colour(cos[static_cast<std::size_t>(i * 40 + j)]);
+      ASSERT_TRUE(readback::same(
+          heat.at(cells.x + j * side + side / 2, cells.y + i * side + side / 2), want))
+          << "cell " << i << ", " << j;
+    }
   }
-  EXPECT_THROW(write_spectrum_png(dir / "no-such-dir" / "x.png", r, "TEST"), Error);
+
+  write_heatmap_png(dir / "test.heatmap.svg", t, 40, 16, "test");
+  write_spectrum_png(dir / "test.spectrum.svg", r, "test");
+  EXPECT_EQ(readback::read_svg(dir / "test.heatmap.svg").count("image"), 1);
+  const readback::SvgSummary svg = readback::read_svg(dir / "test.spectrum.svg");
+  EXPECT_EQ(svg.root_attributes.at("width"), std::to_string(spectrum.width) + "px");
+  EXPECT_EQ(svg.root_attributes.at("height"), std::to_string(spectrum.height) + "px");
+  EXPECT_THROW(write_spectrum_png(dir / "no-such-dir" / "x.png", r, "test"), Error);
+}
+
+// All rows equal: every singular value is 0; the spectrum says so instead of
+// failing on a log axis.
+TEST(Analyze, SpectrumOfAConstantTable) {
+  const std::vector<float> t(6 * 4, 0.5f);
+  const TableAnalysis r = analyze_table(t, 6, 4);
+  const auto path = std::filesystem::path(ANALYZE_REFERENCE_DIR) / "constant.spectrum.png";
+  write_spectrum_png(path, r, "constant");
+  EXPECT_GT(readback::read_png(path).width, 0);
 }
 
 TEST(Analyze, JsonAndText) {

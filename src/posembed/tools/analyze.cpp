@@ -10,12 +10,14 @@
 #include <cfloat>
 #include <cmath>
 #include <string>
+#include <tuple>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
 #include "posembed/core/error.h"
-#include "posembed/tools/canvas.h"
 #include "posembed/tools/format.h"
+#include "posembed/tools/plot.h"
 
 namespace posembed::tools {
 namespace {
@@ -45,12 +47,6 @@ void check_table(std::span<const float> table, std::int64_t rows, std::int64_t c
 Eigen::Map<const RowMajorF> as_matrix(std::span<const float> table, std::int64_t rows,
                                       std::int64_t cols) {
   return Eigen::Map<const RowMajorF>(table.data(), rows, cols);
-}
-
-// The title at scale 2 if it fits the image, else at scale 1.
-void draw_title(Canvas& c, int left, const std::string& title) {
-  const int scale = Canvas::text_width(title, 2) <= c.width() - left - 8 ? 2 : 1;
-  c.text(left, scale == 2 ? 12 : 18, title, kBlack, scale);
 }
 
 }  // namespace
@@ -164,181 +160,92 @@ void write_heatmap_png(const std::filesystem::path& path, std::span<const float>
     throw Error("heatmap: max_positions " + std::to_string(max_positions) + " must be >= 1");
   }
   const std::int64_t stride = (rows + max_positions - 1) / max_positions;
-  const std::vector<float> cos = cosine_matrix(table, rows, cols, stride);
-  const int count = static_cast<int>((rows + stride - 1) / stride);
-  const int scale = std::max(1, (512 + count - 1) / count);  // small tables drawn at >= 512 px
-  const int plot = count * scale;
-  const int left = 70, top = 44, right = 120, bottom = 56;
-  Canvas c(left + plot + right, top + plot + bottom);
-
-  draw_title(c, left, title);
-  for (int i = 0; i < count; ++i) {
-    for (int j = 0; j < count; ++j) {
-      const Rgb colour = diverging_colour(cos[static_cast<std::size_t>(i) * count + j]);
-      c.fill_rect(left + j * scale, top + i * scale, left + (j + 1) * scale,
-                  top + (i + 1) * scale, colour);
-    }
-  }
-  // Frame and position ticks on both axes (row i of the image is position i * stride).
-  c.line(left - 1, top - 1, left + plot, top - 1, kBlack);
-  c.line(left - 1, top + plot, left + plot, top + plot, kBlack);
-  c.line(left - 1, top - 1, left - 1, top + plot, kBlack);
-  c.line(left + plot, top - 1, left + plot, top + plot, kBlack);
-  for (double t : nice_ticks(0, static_cast<double>(rows - 1), 8)) {
-    const int px = static_cast<int>(std::lround(t / static_cast<double>(stride) * scale)) +
-                   scale / 2;
-    const std::string label = format("%.0f", t);
-    c.line(left + px, top + plot, left + px, top + plot + 4, kBlack);
-    c.text(left + px - Canvas::text_width(label) / 2, top + plot + 8, label, kBlack);
-    c.line(left - 5, top + px, left - 1, top + px, kBlack);
-    c.text(left - 8 - Canvas::text_width(label), top + px - 3, label, kBlack);
-  }
-  const std::string axis = stride > 1 ? format("POSITION (1 IN %lld DRAWN)",
-                                               static_cast<long long>(stride))
-                                      : std::string("POSITION");
-  c.text(left + plot / 2 - Canvas::text_width(axis) / 2, top + plot + 26, axis, kBlack);
-  c.text_vertical(14, top + plot / 2 + Canvas::text_width("POSITION") / 2, "POSITION", kBlack);
-
-  // Colour scale: +1 at the top, -1 at the bottom.
-  const int bar_x = left + plot + 24, bar_w = 20;
-  for (int y = 0; y < plot; ++y) {
-    const double v = 1.0 - 2.0 * (y + 0.5) / plot;
-    c.fill_rect(bar_x, top + y, bar_x + bar_w, top + y + 1, diverging_colour(v));
-  }
-  c.line(bar_x - 1, top - 1, bar_x + bar_w, top - 1, kBlack);
-  c.line(bar_x - 1, top + plot, bar_x + bar_w, top + plot, kBlack);
-  c.line(bar_x - 1, top - 1, bar_x - 1, top + plot, kBlack);
-  c.line(bar_x + bar_w, top - 1, bar_x + bar_w, top + plot, kBlack);
-  for (double v : {1.0, 0.5, 0.0, -0.5, -1.0}) {
-    const int y = top + static_cast<int>(std::lround((1.0 - v) / 2.0 * (plot - 1)));
-    c.line(bar_x + bar_w, y, bar_x + bar_w + 4, y, kBlack);
-    c.text(bar_x + bar_w + 7, y - 3, format("%+.1f", v), kBlack);
-  }
-  c.text_vertical(bar_x + bar_w + 48,
-                  top + plot / 2 + Canvas::text_width("COSINE SIMILARITY") / 2,
-                  "COSINE SIMILARITY", kBlack);
-  c.write_png(path);
+  Heatmap h;
+  h.title = title;
+  h.axis_label = stride > 1 ? format("position (1 in %lld drawn)", static_cast<long long>(stride))
+                            : std::string("position");
+  h.value_label = "cosine similarity";
+  h.values = cosine_matrix(table, rows, cols, stride);
+  h.n = (rows + stride - 1) / stride;
+  h.step = static_cast<double>(stride);
+  h.last = static_cast<double>(rows - 1);
+  write_heatmap(path, h);
 }
 
 void write_spectrum_png(const std::filesystem::path& path, const TableAnalysis& a,
                         const std::string& title) {
-  const int width = 900, left = 80, right = 30, panel_h = 260, top = 64, gap = 90;
-  const int plot_w = width - left - right;
-  const int height = top + 2 * panel_h + gap + 50;
-  Canvas c(width, height);
-  draw_title(c, left, title);
   const auto& s = a.singular_values;
-  const int k = static_cast<int>(s.size());
-  if (k == 0 || s[0] <= 0) {
-    c.text(left, top + 20, "ALL ROWS ARE EQUAL: THE CENTRED TABLE IS ZERO", kBlack, 2);
-    c.write_png(path);
+  const std::size_t k = s.size();
+  // The data with a dot per component; the marks dashed, named in the legend.
+  const auto data = [](std::vector<double> x, std::vector<double> y) {
+    PlotSeries d;
+    d.colour = series_colour(0);
+    d.x = std::move(x);
+    d.y = std::move(y);
+    d.markers = true;
+    return d;
+  };
+  const auto mark = [](std::string label, int colour, std::vector<double> x,
+                       std::vector<double> y) {
+    PlotSeries m;
+    m.label = std::move(label);
+    m.colour = series_colour(colour);
+    m.x = std::move(x);
+    m.y = std::move(y);
+    m.dashed = true;
+    return m;
+  };
+  LinePlot sv, cum;
+  sv.height = 400;
+  sv.x_label = cum.x_label = format("component (log scale, %zu in all)", k);
+  sv.log_x = cum.log_x = true;
+  std::vector<double> component(k);
+  for (std::size_t i = 0; i < k; ++i) component[i] = static_cast<double>(i + 1);
+  if (k == 0 || s[0] <= 0) {  // nothing to put on a log axis
+    sv.title = "Singular values: all 0 (every row is the same; the centred table is zero)";
+    sv.y_label = "singular value";
+    sv.series.push_back(k == 0 ? data({1}, {0}) : data(component, s));
+    write_line_plots(path, std::span<const LinePlot>(&sv, 1), title);
     return;
   }
-  // Component index on a log axis from 1 to k (the leading components matter most).
-  const double log_k = std::log10(std::max(k, 2));
-  const auto x_of = [&](double component) {
-    return left + static_cast<int>(std::lround(std::log10(component) / log_k * plot_w));
-  };
-  const auto frame = [&](int y0) {
-    c.line(left, y0, left + plot_w, y0, kBlack);
-    c.line(left, y0 + panel_h, left + plot_w, y0 + panel_h, kBlack);
-    c.line(left, y0, left, y0 + panel_h, kBlack);
-    c.line(left + plot_w, y0, left + plot_w, y0 + panel_h, kBlack);
-  };
-  const auto x_ticks = [&](int y0) {
-    for (double decade = 1; decade <= k; decade *= 10) {
-      for (double m : {1.0, 2.0, 5.0}) {
-        const double t = m * decade;
-        if (t > k) break;
-        const int px = x_of(t);
-        c.line(px, y0 + 1, px, y0 + panel_h - 1, kLightGrey);
-        c.line(px, y0 + panel_h, px, y0 + panel_h + 4, kBlack);
-        const std::string label = format("%.0f", t);
-        c.text(px - Canvas::text_width(label) / 2, y0 + panel_h + 8, label, kBlack);
-      }
-    }
-  };
-  const std::string axis = format("COMPONENT, LOG SCALE (%d IN ALL)", k);
-  const Rgb blue{33, 102, 172}, red{178, 24, 43};
 
-  // Top panel: log10 singular values, clipped below at 1e-7 of the largest.
-  const int y1 = top;
-  const double hi = std::ceil(std::log10(s[0]));
-  const double lo_value = std::max(s.back(), s[0] * 1e-7);
-  double lo = std::floor(std::log10(lo_value));
-  if (lo >= hi) lo = hi - 1;
-  const auto y_of_log = [&](double v) {
-    const double lv = std::log10(std::max(v, std::pow(10.0, lo)));
-    return y1 + static_cast<int>(std::lround((hi - lv) / (hi - lo) * panel_h));
-  };
-  c.text(left, y1 - 14, "SINGULAR VALUES OF THE MEAN-CENTRED TABLE (LOG SCALE)", kBlack);
-  x_ticks(y1);
-  const int decades = static_cast<int>(hi - lo);
-  const int every = std::max(1, decades / 6);
-  for (int e = static_cast<int>(lo); e <= static_cast<int>(hi); e += every) {
-    const int y = y_of_log(std::pow(10.0, e));
-    c.dashed_hline(left + 1, left + plot_w - 1, y, kGrey);
-    const std::string label = "1E" + std::to_string(e);
-    c.line(left - 4, y, left, y, kBlack);
-    c.text(left - 8 - Canvas::text_width(label), y - 3, label, kBlack);
+  // Singular values on a log scale, whole decades, clipped below at 1e-7 of the largest.
+  sv.title = "Singular values of the mean-centred table";
+  sv.y_label = "singular value (log scale)";
+  sv.log_y = true;
+  sv.y_max = std::pow(10.0, std::ceil(std::log10(s[0])));
+  sv.y_min = std::pow(10.0, std::floor(std::log10(std::max(s.back(), s[0] * 1e-7))));
+  if (sv.y_min >= sv.y_max) sv.y_min = sv.y_max / 10;
+  std::vector<double> shown(k);
+  for (std::size_t i = 0; i < k; ++i) shown[i] = std::max(s[i], sv.y_min);
+  sv.series.push_back(data(component, shown));
+  if (a.gap_rank > 0 && static_cast<std::size_t>(a.gap_rank) < k) {
+    const auto g = static_cast<long long>(a.gap_rank);
+    const double between = std::sqrt(static_cast<double>(g) * static_cast<double>(g + 1));
+    sv.series.push_back(
+        mark(format("largest gap after %lld component%s: s_{%lld} / s_{%lld} = %.3g", g,
+                    g == 1 ? "" : "s", g, g + 1, a.gap_ratio),
+             1, {between, between}, {sv.y_min, sv.y_max}));
   }
-  if (a.gap_rank > 0 && a.gap_rank < k) {
-    const double g = static_cast<double>(a.gap_rank);
-    const int gx = (x_of(g) + x_of(g + 1.0)) / 2;
-    for (int y = y1 + 1; y < y1 + panel_h; y += 2) c.set(gx, y, red);
-    c.text(gx + 4, y1 + 6,
-           format("LARGEST GAP AFTER %lld (RATIO %.3g)", static_cast<long long>(a.gap_rank),
-                  a.gap_ratio),
-           red);
-  }
-  for (int i = 0; i < k; ++i) {
-    const int px = x_of(i + 1), py = y_of_log(s[static_cast<std::size_t>(i)]);
-    if (i > 0) c.line(x_of(i), y_of_log(s[static_cast<std::size_t>(i) - 1]), px, py, blue);
-    c.fill_rect(px - 1, py - 1, px + 2, py + 2, blue);
-  }
-  frame(y1);
-  c.text(left + plot_w / 2 - Canvas::text_width(axis) / 2, y1 + panel_h + 22, axis, kBlack);
 
-  // Bottom panel: cumulative variance in percent, with the 90/95/99% marks.
-  const int y2 = top + panel_h + gap;
-  const auto y_of_pct = [&](double pct) {
-    return y2 + static_cast<int>(std::lround((100.0 - pct) / 100.0 * panel_h));
-  };
-  c.text(left, y2 - 14,
-         format("CUMULATIVE VARIANCE (PARTICIPATION RATIO %.1f)", a.participation_ratio), kBlack);
-  x_ticks(y2);
-  for (double t : {0.0, 20.0, 40.0, 60.0, 80.0, 100.0}) {
-    const int y = y_of_pct(t);
-    c.dashed_hline(left + 1, left + plot_w - 1, y, kGrey);
-    const std::string label = format("%.0f%%", t);
-    c.line(left - 4, y, left, y, kBlack);
-    c.text(left - 8 - Canvas::text_width(label), y - 3, label, kBlack);
+  // Cumulative variance in percent, with the 90/95/99% marks.
+  cum.title = format("Cumulative variance (participation ratio %.1f)", a.participation_ratio);
+  cum.y_label = "cumulative variance (%)";
+  cum.y_min = 0;
+  cum.y_max = 100;
+  std::vector<double> total(k);
+  double sum = 0;
+  for (std::size_t i = 0; i < k; ++i) total[i] = 100 * (sum += a.variance_ratio[i]);
+  cum.series.push_back(data(component, total));
+  const std::tuple<double, std::int64_t, int> marks[] = {
+      {90, a.components_90, 1}, {95, a.components_95, 3}, {99, a.components_99, 4}};
+  for (const auto& [pct, comp, colour] : marks) {
+    const double c = static_cast<double>(comp);
+    cum.series.push_back(mark(format("%.0f%%: %lld components", pct, static_cast<long long>(comp)),
+                              colour, {1, c, c}, {pct, pct, 0}));
   }
-  double cum = 0;
-  int prev_x = 0, prev_y = 0;
-  for (int i = 0; i < k; ++i) {
-    cum += a.variance_ratio[static_cast<std::size_t>(i)];
-    const int px = x_of(i + 1), py = y_of_pct(100 * cum);
-    if (i > 0) c.line(prev_x, prev_y, px, py, blue);
-    c.fill_rect(px - 1, py - 1, px + 2, py + 2, blue);
-    prev_x = px;
-    prev_y = py;
-  }
-  const std::pair<double, std::int64_t> marks[] = {
-      {90, a.components_90}, {95, a.components_95}, {99, a.components_99}};
-  int label_y = y2 + panel_h - 44;
-  for (const auto& [pct, comp] : marks) {
-    const int px = x_of(static_cast<double>(comp)), py = y_of_pct(pct);
-    c.line(px, py, px, y2 + panel_h, red);
-    c.line(left, py, px, py, red);
-    c.fill_rect(px - 2, py - 2, px + 3, py + 3, red);
-    const std::string label = format("%.0f%%: %lld COMPONENTS", pct, static_cast<long long>(comp));
-    c.text(left + plot_w - Canvas::text_width(label) - 8, label_y, label, red);
-    label_y += 12;
-  }
-  frame(y2);
-  c.text(left + plot_w / 2 - Canvas::text_width(axis) / 2, y2 + panel_h + 22, axis, kBlack);
-  c.write_png(path);
+  const LinePlot panels[] = {sv, cum};
+  write_line_plots(path, panels, title);
 }
 
 std::string format_analysis(const TableAnalysis& a, const std::string& source) {

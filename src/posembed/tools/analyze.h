@@ -50,9 +50,10 @@ std::int64_t components_for(std::span<const double> variance_ratio, double level
 std::vector<float> cosine_matrix(std::span<const float> table, std::int64_t rows,
                                  std::int64_t cols, std::int64_t stride = 1);
 
-// PNG plots a person can open: the cosine heatmap with a colour scale from -1
-// (blue) through 0 (white) to +1 (red), and the singular-value spectrum (log
-// scale) above the cumulative variance with the 90/95/99% marks.
+// Plots a person can open, PNG or SVG by the file's extension (see plot.h): the
+// cosine heatmap with a colour scale from -1 (blue) through 0 (white) to +1
+// (red), and the singular-value spectrum (log scale) above the cumulative
+// variance with the 90/95/99% marks.
 // The heatmap draws at most max_positions positions (every stride-th above it).
 void write_heatmap_png(const std::filesystem::path& path, std::span<const float> table,
                        std::int64_t rows, std::int64_t cols, const std::string& title,

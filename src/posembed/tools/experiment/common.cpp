@@ -149,11 +149,20 @@ const RunResult& Context::run(const RunSpec& spec, const std::string& label) {
   return cache_.emplace(key, std::move(r)).first->second;
 }
 
+namespace {
+// The experiments step on each batch whole (train_step): one micro-batch.
+void validate_whole_batch(const RunSpec& s) {
+  model::TrainConfig whole = s.train;
+  whole.micro_batch = whole.batch_size;
+  model::validate(whole, s.model);
+}
+}  // namespace
+
 RunResult Context::run_text(const RunSpec& s) {
   const auto t0 = std::chrono::steady_clock::now();
   const model::Corpus& c = *s.corpus;
   const std::int64_t B = s.train.batch_size, T = model::effective_seq_len(s.train, s.model);
-  model::validate(s.train, s.model);
+  validate_whole_batch(s);
   if (c.train.size() < sz(T + 1) || c.val.size() < sz(T + 1)) {
     throw Error("the text '" + s.data_tag + "' is too short for windows of " +
                 std::to_string(T + 1) + " bytes in both splits; use more text (--data)");
@@ -227,7 +236,7 @@ RunResult Context::run_text(const RunSpec& s) {
 RunResult Context::run_copy(const RunSpec& s) {
   const auto t0 = std::chrono::steady_clock::now();
   const std::int64_t B = s.train.batch_size, T = model::effective_seq_len(s.train, s.model);
-  model::validate(s.train, s.model);
+  validate_whole_batch(s);
   model::Gpt m = model::make_gpt(s.model);
   m.freeze_positions = s.freeze_positions;
   model::Activations acts = model::make_activations(s.model, B, T);
