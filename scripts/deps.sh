@@ -5,8 +5,10 @@
 #   scripts/deps.sh test    plus what the tests' reference scripts need
 #   scripts/deps.sh run     plus the training corpus
 set -euo pipefail
+# libdnnl-dev: the model's matrix products (oneDNN); libopenblas-dev and libblis-dev: the
+# libraries bench/gemm_bench compares it with.
 want=(cmake ninja-build g++ libgtest-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev
-      libhwy-dev libopenblas-dev libeigen3-dev libpng-dev)
+      libhwy-dev libdnnl-dev libopenblas-dev libblis-dev libeigen3-dev libpng-dev)
 case "${1:-build}" in
   build) ;;
   test) want+=(python3-torch libopenblas0-pthread python3-numpy clang libclang-rt-14-dev python3-pip python3-venv) ;;

@@ -61,7 +61,6 @@ EmbeddingConfig embedding_config(const GptConfig& c) {
 
 Gpt make_gpt(const GptConfig& config) {
   validate(config);
-  set_blas_single_threaded();
   Gpt model;
   model.config = config;
   const std::int64_t C = config.embed_dim, V = config.vocab_size;

@@ -22,7 +22,9 @@
 #include "posembed/core/parallel.h"
 #include "posembed/core/parallel_for.h"
 #include "posembed/core/philox.h"
+#include "posembed/core/simd.h"
 #include "posembed/io/safetensors.h"
+#include "posembed/model/gemm.h"
 
 namespace posembed::model {
 namespace {
@@ -490,6 +492,8 @@ TrainResult train(const TrainOptions& options) {
                 static_cast<long long>(tc.steps), static_cast<long long>(B),
                 static_cast<long long>(T), tc.lr, num_threads(),
                 options.resume.empty() ? "" : (", resumed at step " + std::to_string(info.step)).c_str());
+    std::printf("compute: GEMM %s; embedding kernels %s\n", gemm_library().c_str(),
+                simd::target_name());
     std::fflush(stdout);
   }
 
