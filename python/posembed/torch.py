@@ -89,9 +89,7 @@ class _Embedding(torch.autograd.Function):
         input_ids, position_ids = ctx.saved_tensors
         token_shape, position_shape, p, seed, step, position_padding_row, sparse, padding_idx = ctx.config
         need_tokens, need_positions = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        grad_tokens = grad_positions = None
-        if not (need_tokens or need_positions):
-            return (None,) * 10
+        grad_tokens = grad_positions = None  # autograd calls this only when one is needed
         grad_out = grad_out.contiguous()
         _C.set_num_threads(torch.get_num_threads())
         if need_positions:
