@@ -5,8 +5,11 @@
 #   scripts/deps.sh test    plus what the tests' reference scripts need
 #   scripts/deps.sh run     plus the training corpus
 set -euo pipefail
+# libdnnl-dev: the model's matrix products (oneDNN); libopenblas-dev and libblis-dev: the
+# libraries bench/gemm_bench compares it with.
 want=(cmake ninja-build g++ libgtest-dev libbenchmark-dev libcli11-dev nlohmann-json3-dev
-      libhwy-dev libopenblas-dev libeigen3-dev libpng-dev openmpi-bin libopenmpi-dev)
+      libhwy-dev libdnnl-dev libopenblas-dev libblis-dev libeigen3-dev libpng-dev
+      openmpi-bin libopenmpi-dev)
 # cairo and the DejaVu fonts draw the plots; libpng and expat read them back in the tests.
 want+=(libcairo2-dev fonts-dejavu-core libexpat1-dev)
 case "${1:-build}" in

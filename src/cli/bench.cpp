@@ -31,6 +31,7 @@
 #include "posembed/core/position_ids.h"
 #include "posembed/core/reference.h"
 #include "posembed/core/simd.h"
+#include "posembed/model/gemm.h"
 #include "posembed/tools/format.h"
 
 namespace posembed::cli {
@@ -465,15 +466,15 @@ void run_bench(const BenchOptions& o) {
 
   Json report;
   report["machine"] = {{"cpu", cpu_model()}, {"simd_target", simd::target_name()},
-                       {"threads", o.threads}};
+                       {"gemm", model::gemm_library()}, {"threads", o.threads}};
   report["probe"] = {{"triad_gbps", probe.triad_gbps}, {"copy_gbps", probe.copy_gbps},
                      {"stream_add_gbps", probe.stream_add_gbps}, {"gbps", probe.gbps()},
                      {"triad_bytes", probe.bytes}};
   report["rounds"] = o.rounds;
   if (o.torch) report["torch"] = torch_info;
   if (!o.json) {
-    std::printf("posembed bench: %s, SIMD target %s, %d thread(s), %d round(s)%s\n", cpu_model().c_str(),
-                simd::target_name(), o.threads, o.rounds,
+    std::printf("posembed bench: %s, SIMD target %s, GEMM %s, %d thread(s), %d round(s)%s\n",
+                cpu_model().c_str(), simd::target_name(), model::gemm_library().c_str(), o.threads, o.rounds,
                 o.torch ? (", PyTorch " + torch_info.value("version", std::string("?")) + " eager").c_str() : "");
     std::printf("bandwidth probe (best run): triad %.1f GB/s, memcpy %.1f GB/s, streaming add %.1f GB/s -> "
                 "probe %.1f GB/s\n",

@@ -6,6 +6,7 @@
 
 #include <functional>
 
+#include "posembed/core/parallel.h"
 #include "posembed/model/ops.h"
 #include "posembed/model/reference.h"
 #include "test_util.h"
@@ -154,6 +155,40 @@ TEST(MatmulTied, MatchesReferenceAndFiniteDifferences) {
     check_fd([&](const Vd& x) { ref::matmul_tied_forward(o, x, td, N, C, V); return dot(o, dd); }, xd, gx, "tied dinp");
     check_fd([&](const Vd& x) { ref::matmul_tied_forward(o, xd, x, N, C, V); return dot(o, dd); }, td, gt, "tied dtable");
   }
+}
+
+// Every product gives the same bits on 1, 2 and 3 threads. The first shape is
+// too small to wake the team (N C OC below the ops' grain of 32768) but has a
+// long sum: dweight (1, 1) sums 32767 rows on the calling thread while OpenMP
+// is still set to several threads, and oneDNN then splits that sum between
+// threads unless gemm.h pins the call to one (this test failed without it).
+TEST(Matmul, SameBitsForAnyThreadCount) {
+  struct Case { std::int64_t N, C, OC; };
+  for (const Case c : {Case{32767, 1, 1}, Case{4096, 2, 3}, Case{300, 70, 90}, Case{129, 33, 256}}) {
+    const auto n = [](std::int64_t v) { return static_cast<std::size_t>(v); };
+    const auto inp = random_floats(n(c.N * c.C), 21), w = random_floats(n(c.C * c.OC), 22),
+               bias = random_floats(n(c.OC), 23), dout = random_floats(n(c.N * c.OC), 24);
+    const auto run = [&](int threads) {
+      set_num_threads(threads);
+      std::vector<float> out(n(c.N * c.OC)), logits(n(c.N * c.OC)), dinp(inp.size(), 0.5f),
+          dw(w.size(), 0.25f), db(bias.size()), dtable(w.size()), dinp2(inp.size());
+      matmul_forward(out, inp, w, bias, c.N, c.C, c.OC);
+      matmul_backward(dinp, dw, db, dout, inp, w, c.N, c.C, c.OC);
+      // w as a (OC, C) table for the tied layer.
+      matmul_tied_forward(logits, inp, w, c.N, c.C, c.OC);
+      matmul_tied_backward(dinp2, dtable, dout, inp, w, c.N, c.C, c.OC);
+      return std::vector<std::vector<float>>{out, dinp, dw, db, logits, dinp2, dtable};
+    };
+    const auto one = run(1);
+    for (int threads : {2, 3}) {
+      const auto many = run(threads);
+      for (std::size_t k = 0; k < one.size(); ++k) {
+        EXPECT_EQ(one[k], many[k]) << "output " << k << " of N " << c.N << " C " << c.C << " OC "
+                                   << c.OC << " on " << threads << " threads";
+      }
+    }
+  }
+  set_num_threads(0);
 }
 
 // Per-element rounding bounds of layernorm_forward and layernorm_backward (the

@@ -77,7 +77,6 @@ ParamRange param_shard(std::size_t num_params, int rank, int ranks) {
 
 Gpt make_gpt(const GptConfig& config, MomentShard shard) {
   validate(config);
-  set_blas_single_threaded();
   Gpt model;
   model.config = config;
   const std::int64_t C = config.embed_dim, V = config.vocab_size;

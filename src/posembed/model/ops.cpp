@@ -6,9 +6,8 @@
 #include <cmath>
 #include <numbers>
 
-#include <cblas.h>
-
 #include "posembed/core/philox.h"
+#include "posembed/model/gemm.h"
 
 namespace posembed::model {
 namespace {
@@ -33,8 +32,6 @@ void parallel_pieces(std::int64_t n, double work, Body&& body) {
 #pragma omp parallel for schedule(static) if (work >= kMinParallelWork)
   for (std::int64_t i = 0; i < n; ++i) body(i);
 }
-
-int blas_int(std::int64_t n) { return static_cast<int>(n); }
 
 // Calls body(j0, j1) for fixed column strips of [0, C).
 template <class Body>
@@ -63,8 +60,7 @@ void accumulate_at_b(float* dx, const float* a, const float* b, std::int64_t N, 
   constexpr std::int64_t kOutPiece = 32;
   parallel_pieces(pieces(R, kOutPiece), work, [&](std::int64_t p) {
     const std::int64_t r0 = p * kOutPiece, rs = std::min(R - r0, kOutPiece);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, blas_int(rs), blas_int(K), blas_int(N),
-                1.0f, a + r0, blas_int(R), b, blas_int(K), 1.0f, dx + r0 * K, blas_int(K));
+    gemm(Trans::yes, Trans::no, rs, K, N, 1.0f, a + r0, R, b, K, 1.0f, dx + r0 * K, K);
   });
 }
 
@@ -84,9 +80,8 @@ void matmul_backward_any(std::span<float> dinp, std::span<float> dweight, std::s
   const bool in_out = layout == WeightLayout::in_out;
   parallel_pieces(pieces(N, kRowPiece), work, [&](std::int64_t p) {
     const std::int64_t r0 = p * kRowPiece, rows = std::min(N - r0, kRowPiece);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, in_out ? CblasTrans : CblasNoTrans, blas_int(rows),
-                blas_int(C), blas_int(OC), 1.0f, dout.data() + r0 * OC, blas_int(OC),
-                weight.data(), blas_int(in_out ? OC : C), 1.0f, dinp.data() + r0 * C, blas_int(C));
+    gemm(Trans::no, in_out ? Trans::yes : Trans::no, rows, C, OC, 1.0f, dout.data() + r0 * OC, OC,
+         weight.data(), in_out ? OC : C, 1.0f, dinp.data() + r0 * C, C);
   });
   if (in_out) {
     accumulate_at_b(dweight.data(), inp.data(), dout.data(), N, C, OC, work);  // (C, OC)
@@ -98,8 +93,6 @@ void matmul_backward_any(std::span<float> dinp, std::span<float> dweight, std::s
 
 }  // namespace
 
-void set_blas_single_threaded() { openblas_set_num_threads(1); }
-
 void matmul_forward(std::span<float> out, std::span<const float> inp, std::span<const float> weight,
                     std::span<const float> bias, std::int64_t N, std::int64_t C, std::int64_t OC) {
   assert(out.size() >= static_cast<std::size_t>(N * OC) && inp.size() >= static_cast<std::size_t>(N * C));
@@ -107,9 +100,8 @@ void matmul_forward(std::span<float> out, std::span<const float> inp, std::span<
   parallel_pieces(pieces(N, kRowPiece), double(N) * double(C) * double(OC), [&](std::int64_t p) {
     const std::int64_t r0 = p * kRowPiece, rows = std::min(N - r0, kRowPiece);
     float* o = out.data() + r0 * OC;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, blas_int(rows), blas_int(OC),
-                blas_int(C), 1.0f, inp.data() + r0 * C, blas_int(C), weight.data(), blas_int(OC),
-                0.0f, o, blas_int(OC));
+    gemm(Trans::no, Trans::no, rows, OC, C, 1.0f, inp.data() + r0 * C, C, weight.data(), OC, 0.0f,
+         o, OC);
     if (!bias.empty()) {
       for (std::int64_t r = 0; r < rows; ++r) {
         for (std::int64_t j = 0; j < OC; ++j) o[r * OC + j] += bias[static_cast<std::size_t>(j)];
@@ -130,9 +122,8 @@ void matmul_tied_forward(std::span<float> out, std::span<const float> inp,
                          std::int64_t V) {
   parallel_pieces(pieces(N, kRowPiece), double(N) * double(C) * double(V), [&](std::int64_t p) {
     const std::int64_t r0 = p * kRowPiece, rows = std::min(N - r0, kRowPiece);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas_int(rows), blas_int(V), blas_int(C),
-                1.0f, inp.data() + r0 * C, blas_int(C), table.data(), blas_int(C), 0.0f,
-                out.data() + r0 * V, blas_int(V));
+    gemm(Trans::no, Trans::yes, rows, V, C, 1.0f, inp.data() + r0 * C, C, table.data(), C, 0.0f,
+         out.data() + r0 * V, V);
   });
 }
 
@@ -216,8 +207,7 @@ void attention_forward(std::span<float> out, std::span<float> att, std::span<con
     const float* v = q + 2 * C;
     float* a = att.data() + bh * T * T;  // (T, T)
     // Scores for the whole square; the causal mask is applied in the softmax.
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas_int(T), blas_int(T), blas_int(hd),
-                scale, q, blas_int(C3), k, blas_int(C3), 0.0f, a, blas_int(T));
+    gemm(Trans::no, Trans::yes, T, T, hd, scale, q, C3, k, C3, 0.0f, a, T);
     for (std::int64_t t = 0; t < T; ++t) {
       float* row = a + t * T;
       float mx = row[0];
@@ -231,9 +221,8 @@ void attention_forward(std::span<float> out, std::span<float> att, std::span<con
       for (std::int64_t u = 0; u <= t; ++u) row[u] *= inv;
       for (std::int64_t u = t + 1; u < T; ++u) row[u] = 0.0f;
     }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, blas_int(T), blas_int(hd), blas_int(T),
-                1.0f, a, blas_int(T), v, blas_int(C3), 0.0f, out.data() + b * T * C + h * hd,
-                blas_int(C));
+    gemm(Trans::no, Trans::no, T, hd, T, 1.0f, a, T, v, C3, 0.0f, out.data() + b * T * C + h * hd,
+         C);
   });
 }
 
@@ -255,10 +244,8 @@ void attention_backward(std::span<float> dqkv, std::span<float> scratch,
     const float* dy = dout.data() + b * T * C + h * hd;
     float* da = scratch.data() + bh * T * T;
     // datt = dy @ v^T; dv += att^T @ dy
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, blas_int(T), blas_int(T), blas_int(hd),
-                1.0f, dy, blas_int(C), v, blas_int(C3), 0.0f, da, blas_int(T));
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, blas_int(T), blas_int(hd), blas_int(T),
-                1.0f, a, blas_int(T), dy, blas_int(C), 1.0f, dv, blas_int(C3));
+    gemm(Trans::no, Trans::yes, T, T, hd, 1.0f, dy, C, v, C3, 0.0f, da, T);
+    gemm(Trans::yes, Trans::no, T, hd, T, 1.0f, a, T, dy, C, 1.0f, dv, C3);
     // Softmax backward in place: dscore = att * (datt - sum(att * datt)), zero above the diagonal.
     for (std::int64_t t = 0; t < T; ++t) {
       const float* arow = a + t * T;
@@ -269,10 +256,8 @@ void attention_backward(std::span<float> dqkv, std::span<float> scratch,
       for (std::int64_t u = t + 1; u < T; ++u) drow[u] = 0.0f;
     }
     // dq += scale * dscore @ k; dk += scale * dscore^T @ q
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, blas_int(T), blas_int(hd), blas_int(T),
-                scale, da, blas_int(T), k, blas_int(C3), 1.0f, dq, blas_int(C3));
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, blas_int(T), blas_int(hd), blas_int(T),
-                scale, da, blas_int(T), q, blas_int(C3), 1.0f, dk, blas_int(C3));
+    gemm(Trans::no, Trans::no, T, hd, T, scale, da, T, k, C3, 1.0f, dq, C3);
+    gemm(Trans::yes, Trans::no, T, hd, T, scale, da, T, q, C3, 1.0f, dk, C3);
   });
 }
 

@@ -5,9 +5,9 @@
 //
 // Threads: every op splits its work into pieces fixed by the shapes alone
 // (never by the thread count), and each output element is reduced in a fixed
-// order inside one piece. Matrix products go to OpenBLAS with OpenBLAS's own
-// threading pinned to 1 (set_blas_single_threaded); the pieces run in
-// parallel_for. So results are bitwise identical for any thread count.
+// order inside one piece. Every matrix product is one single-threaded GEMM call
+// (model/gemm.h); the pieces run in parallel. So results are bitwise identical
+// for any thread count.
 #pragma once
 
 #include <cstdint>
@@ -16,9 +16,6 @@
 #include "posembed/core/embedding.h"
 
 namespace posembed::model {
-
-// Pins OpenBLAS to one thread per call. Called once by make_gpt; idempotent.
-void set_blas_single_threaded();
 
 // out (N, OC) = inp (N, C) @ weight (C, OC) + bias (OC). bias may be empty.
 // weight is stored (in, out) as GPT-2's Conv1D.

@@ -23,8 +23,10 @@
 #include "posembed/core/parallel.h"
 #include "posembed/core/parallel_for.h"
 #include "posembed/core/philox.h"
+#include "posembed/core/simd.h"
 #include "posembed/io/safetensors.h"
 #include "posembed/model/distributed.h"
+#include "posembed/model/gemm.h"
 #include "posembed/model/init_from.h"
 #include "posembed/model/run_files.h"
 
@@ -652,6 +654,8 @@ TrainResult train(const TrainOptions& options) {
                   options.shard_optimizer ? "sharded (ZeRO-1)" : "on every rank",
                   static_cast<double>(dp.bytes_per_step) / 1e6);
     }
+    std::printf("compute: GEMM %s; embedding kernels %s\n", gemm_library().c_str(),
+                simd::target_name());
     std::fflush(stdout);
   }
 

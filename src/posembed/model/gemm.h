@@ -1,0 +1,30 @@
+// The model's matrix products: one row-major fp32 GEMM on the calling thread,
+// run by oneDNN's dnnl_sgemm (JIT kernels for the CPU's instruction set).
+// Chosen by bench/gemm_bench at the trainer's shapes against OpenBLAS and BLIS
+// (README, Performance). gemm() serves the model's ops; gemm_library() is what
+// `posembed train` and `posembed bench` print.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace posembed::model {
+
+enum class Trans : bool { no = false, yes = true };
+
+// c (M, N) = alpha * op(a) @ op(b) + beta * c, op(a) (M, K), op(b) (K, N); a,
+// b, c row-major with leading dimensions lda, ldb, ldc.
+//
+// Always one thread, whatever the OpenMP setting of the caller: the ops split
+// their work into pieces fixed by the shapes and run those in parallel, and a
+// library that threads a call itself may split its sums over K by the thread
+// count, which would change the bits.
+void gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
+          const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
+          std::int64_t ldc);
+
+// The library, its version and the instruction set its JIT kernels target,
+// e.g. "oneDNN 2.6.3 dnnl_sgemm, JIT for avx512_core_bf16".
+std::string gemm_library();
+
+}  // namespace posembed::model
