@@ -207,7 +207,8 @@ void validate_forward(Workload& w, const DropoutSpec& dropout) {
   }
 }
 
-// Backward: dense and row-sparse agree bit for bit on the touched rows, and both
+// Backward: dense (accumulated and written fresh) and row-sparse agree bit for
+// bit on the touched rows, and both
 // tables' gradients match core/reference.h in double within (uses + 1) x eps x
 // the sum of |terms| (which is the reference run on |grad_out|).
 void validate_backward(Workload& w, const DropoutSpec& dropout) {
@@ -218,6 +219,12 @@ void validate_backward(Workload& w, const DropoutSpec& dropout) {
   std::vector<float> pos2(w.grad_pos.size(), 0.0f);
   embedding_backward(w.sparse, pos2, w.grad_out, w.tokens, w.positions, w.s, dropout);
   check(pos2 == w.grad_pos, "position gradient differs between dense and sparse backward");
+  // A fresh gradient written over other values: the same bits as zero + accumulate.
+  std::vector<float> tok3(w.grad_tok.size(), 1.0f), pos3(w.grad_pos.size(), 1.0f);
+  embedding_backward(tok3, pos3, w.grad_out, w.tokens, w.positions, w.s, dropout, GradMode::write);
+  check(std::memcmp(tok3.data(), w.grad_tok.data(), tok3.size() * sizeof(float)) == 0 &&
+            std::memcmp(pos3.data(), w.grad_pos.data(), pos3.size() * sizeof(float)) == 0,
+        "a written fresh gradient differs from zero_grad + accumulate");
   check(w.sparse.rows.size() == w.distinct_tokens, "sparse gradient row count");
   std::vector<double> ref_tok(w.grad_tok.size()), abs_tok(w.grad_tok.size()), ref_pos(w.grad_pos.size()),
       abs_pos(w.grad_pos.size()), abs_grad(w.grad_out.size());
@@ -282,6 +289,8 @@ std::vector<Result> bench_shape(Workload& w, int reps, bool validate) {
   const double bwd_dense_bytes = n * d * f + 2 * (Ut + Up) * d * f + 2 * n * id;
   const double bwd_sparse_bytes = n * d * f + (Ut + 2 * Up) * d * f + 2 * n * id;
   const double zero_dense_bytes = V * d * f;
+  // A fresh dense gradient: both tables written once, grad_out and the ids read.
+  const double bwd_write_bytes = n * d * f + (V + P) * d * f + 2 * n * id;
   const double adamw_bytes = 7 * (V + P) * d * f;  // read p, g, m, v; write p, m, v
 
   std::vector<Result> results;
@@ -290,6 +299,10 @@ std::vector<Result> bench_shape(Workload& w, int reps, bool validate) {
   };
   const auto backward_dense = [&] {
     embedding_backward(w.grad_tok, w.grad_pos, w.grad_out, w.tokens, w.positions, w.s, train);
+  };
+  const auto backward_write = [&] {
+    embedding_backward(w.grad_tok, w.grad_pos, w.grad_out, w.tokens, w.positions, w.s, train,
+                       GradMode::write);
   };
   const auto backward_sparse = [&] {
     zero_grad(w.sparse);
@@ -301,6 +314,8 @@ std::vector<Result> bench_shape(Workload& w, int reps, bool validate) {
                      time_it(reps, [&] { forward(train); }), fwd_bytes, "forward_train"});
   results.push_back({"backward_dense", "backward, dense token grad (+=), p 0.1",
                      time_it(reps, backward_dense), bwd_dense_bytes, "backward_dense"});
+  results.push_back({"backward_write", "backward, fresh dense grads written, p 0.1",
+                     time_it(reps, backward_write), bwd_write_bytes, "backward_dense"});
   results.push_back({"backward_sparse", "backward, row-sparse token grad, p 0.1",
                      time_it(reps, backward_sparse), bwd_sparse_bytes, "backward_sparse"});
   results.push_back({"zero_grad_dense", "zero_grad of the dense (V, d) token grad",
@@ -312,14 +327,12 @@ std::vector<Result> bench_shape(Workload& w, int reps, bool validate) {
                        backward_sparse();
                      }),
                      fwd_bytes + P * d * f + bwd_sparse_bytes, "fwd_bwd_sparse"});
-  results.push_back({"fwd_bwd_dense", "train fwd + zero_grad + bwd, dense",
+  results.push_back({"fwd_bwd_dense", "train fwd + bwd writing fresh dense grads",
                      time_it(reps, [&] {
                        forward(train);
-                       zero_grad(w.grad_tok);
-                       zero_grad(w.grad_pos);
-                       backward_dense();
+                       backward_write();
                      }),
-                     fwd_bytes + zero_dense_bytes + P * d * f + bwd_dense_bytes, "fwd_bwd_dense"});
+                     fwd_bytes + bwd_write_bytes, "fwd_bwd_dense"});
   std::int64_t step = 0;
   results.push_back({"adamw", "AdamW step, both tables, dense",
                      time_it(std::max(3, reps / 3), [&] {

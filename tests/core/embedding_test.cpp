@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 #include <span>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -295,6 +296,65 @@ TEST(SparseGrad, ReusedStorageGivesTheBitsOfAZeroedGradient) {
       ASSERT_EQ(bits(fresh.values[k * 24 + j]), bits(want));
     }
   }
+}
+
+// GradMode::write over a buffer of NaNs gives the bits of zero_grad + accumulate:
+// small tables (written in the cache) and a token table of 16 MiB and more
+// (untouched rows cleared and first writes made past the cache), with a padding
+// position, -0 gradients (0 + -0 is +0), a frozen table, 1 and 2 threads.
+TEST(DenseGrad, WriteGivesTheBitsOfZeroGradAndAccumulate) {
+  Problem large = make_problem(2, 40, 1024, 91);
+  large.shape.vocab_size = (std::int64_t{16} << 20) / (1024 * 4) + 3;
+  large.tokens = test::random_ids(large.tokens.size(), large.shape.vocab_size, 92);
+  Problem small = make_problem(3, 17, 24, 93);
+  for (Problem* prob : {&small, &large}) {
+    for (std::size_t i = 0; i < prob->grad_out.size(); i += 7) prob->grad_out[i] = -0.0f;
+    prob->shape.position_padding_row = 3;
+    const EmbeddingShape& s = prob->shape;
+    const auto tok_size = static_cast<std::size_t>(s.vocab_size * s.embed_dim),
+               pos_size = static_cast<std::size_t>(s.max_seq_len * s.embed_dim);
+    const DropoutSpec dropout{0.3, 6, 2};
+    std::vector<float> want_tok(tok_size, 0.0f), want_pos(pos_size, 0.0f);
+    embedding_backward(want_tok, want_pos, prob->grad_out, prob->tokens, prob->positions, s, dropout);
+    for (const int threads : {1, 2}) {
+      set_num_threads(threads);
+      const float nan = std::numeric_limits<float>::quiet_NaN();
+      std::vector<float> tok(tok_size, nan), pos(pos_size, nan);
+      embedding_backward(tok, pos, prob->grad_out, prob->tokens, prob->positions, s, dropout,
+                         GradMode::write);
+      const std::string where = std::to_string(s.vocab_size) + " rows, " + std::to_string(threads) + " threads";
+      ASSERT_EQ(test::as_bits(tok), test::as_bits(want_tok)) << where;
+      ASSERT_EQ(test::as_bits(pos), test::as_bits(want_pos)) << where;
+      // A frozen token table: the position gradient alone, the same bits.
+      std::vector<float> frozen, pos_alone(pos_size, nan);
+      embedding_backward(frozen, pos_alone, prob->grad_out, prob->tokens, prob->positions, s, dropout,
+                         GradMode::write);
+      ASSERT_EQ(test::as_bits(pos_alone), test::as_bits(want_pos));
+    }
+  }
+  set_num_threads(0);
+}
+
+// The reference's write mode ignores what the gradients held; the kernel's
+// matches it in double within the rounding of its sums.
+TEST(DenseGrad, WriteMatchesTheDoubleReference) {
+  const Problem prob = make_problem(2, 30, 9, 95);
+  const DropoutSpec dropout{0.2, 3, 1};
+  std::vector<double> ref_tok(prob.token_table.size(), 7.0), ref_pos(prob.position_table.size(), 7.0),
+      abs_tok(ref_tok.size()), abs_pos(ref_pos.size());
+  reference::embedding_backward<double>(ref_tok, ref_pos, cast<double>(prob.grad_out), prob.tokens,
+                                        prob.positions, prob.shape, dropout, GradMode::write);
+  std::vector<double> abs_grad(prob.grad_out.size());
+  for (std::size_t i = 0; i < abs_grad.size(); ++i) abs_grad[i] = std::abs(prob.grad_out[i]);
+  reference::embedding_backward<double>(abs_tok, abs_pos, abs_grad, prob.tokens, prob.positions,
+                                        prob.shape, dropout, GradMode::write);
+  std::vector<float> tok(ref_tok.size(), 7.0f), pos(ref_pos.size(), 7.0f);
+  embedding_backward(tok, pos, prob.grad_out, prob.tokens, prob.positions, prob.shape, dropout,
+                     GradMode::write);
+  // At most B*T terms per element: B*T * eps * sum|terms| (sum_tolerance).
+  const auto uses = [](std::size_t size) { return std::vector<int>(size, 60); };
+  test::expect_near_each(tok, ref_tok, sum_tolerance(abs_tok, uses(tok.size())), "grad_token_table");
+  test::expect_near_each(pos, ref_pos, sum_tolerance(abs_pos, uses(pos.size())), "grad_position_table");
 }
 
 TEST(Embedding, PaddingPositionRowGetsNoGradient) {

@@ -25,7 +25,7 @@ struct Fixture {
   DropoutSpec dropout{0.1, 1, 1};
 };
 
-// Runs forward, dense backward and sparse backward on f; each must throw with
+// Runs forward, dense backward (both modes) and sparse backward on f; each must throw with
 // every fragment and leave out, grad_tok, grad_pos and the sparse gradient untouched.
 void expect_rejected(Fixture f, std::initializer_list<std::string> fragments) {
   const Fixture before = f;
@@ -47,6 +47,10 @@ void expect_rejected(Fixture f, std::initializer_list<std::string> fragments) {
         "backward");
   check([&] { embedding_backward(sparse, f.grad_pos, f.grad_out, f.tokens, f.positions, f.shape, f.dropout); },
         "sparse backward");
+  check([&] {
+    embedding_backward(f.grad_tok, f.grad_pos, f.grad_out, f.tokens, f.positions, f.shape, f.dropout,
+                       GradMode::write);
+  }, "backward writing a fresh gradient");
   EXPECT_EQ(f.out, before.out);
   EXPECT_EQ(f.grad_tok, before.grad_tok);
   EXPECT_EQ(f.grad_pos, before.grad_pos);

@@ -25,6 +25,8 @@
 namespace posembed {
 namespace {
 
+using test::as_bits;
+
 constexpr double kEps = std::numeric_limits<float>::epsilon();
 
 // Runs body() once per instruction set, the dispatcher forced to each in turn.
@@ -39,12 +41,6 @@ void for_each_target(Body&& body) {
     body();
   }
   hwy::SetSupportedTargetsForTest(0);  // back to what the CPU has
-}
-
-std::vector<std::uint32_t> as_bits(const std::vector<float>& v) {
-  std::vector<std::uint32_t> bits(v.size());
-  std::memcpy(bits.data(), v.data(), v.size() * sizeof(float));
-  return bits;
 }
 
 simd::DropoutMask mask_of(const DropoutSpec& s) {
@@ -191,7 +187,7 @@ TEST(SimdKernels, ForwardAndBackwardMatchAFloatOracleOnEveryTargetAndThreadCount
       // The oracle: forward, and the backward accumulated in flat order into
       // gradients that start at 0.5 / 0.25 (dense) and at 0 (row-sparse).
       std::vector<float> out(n * d), tok(c.token_table.size(), 0.5f), tok_from_zero(c.token_table.size(), 0.0f),
-          pos(c.position_table.size(), 0.25f);
+          pos(c.position_table.size(), 0.25f), pos_from_zero(c.position_table.size(), 0.0f);
       for (std::size_t r = 0; r < n; ++r) {
         const auto t = static_cast<std::size_t>(c.tokens[r]), q = static_cast<std::size_t>(c.positions[r]);
         for (std::size_t j = 0; j < d; ++j) {
@@ -200,7 +196,10 @@ TEST(SimdKernels, ForwardAndBackwardMatchAFloatOracleOnEveryTargetAndThreadCount
           const float g = masked(i, c.grad_out[i]);
           tok[t * d + j] += g;
           tok_from_zero[t * d + j] += g;
-          if (c.positions[r] != s.position_padding_row) pos[q * d + j] += g;
+          if (c.positions[r] != s.position_padding_row) {
+            pos[q * d + j] += g;
+            pos_from_zero[q * d + j] += g;
+          }
         }
       }
       for_each_target([&] {
@@ -218,6 +217,14 @@ TEST(SimdKernels, ForwardAndBackwardMatchAFloatOracleOnEveryTargetAndThreadCount
           embedding_backward(got_tok, got_pos, c.grad_out, c.tokens, c.positions, s, dropout);
           ASSERT_EQ(as_bits({got_tok.begin(), got_tok.end()}), as_bits(tok));
           ASSERT_EQ(as_bits({got_pos.begin(), got_pos.end()}), as_bits(pos));
+          // A fresh gradient written over NaNs: the bits of accumulating from zeros.
+          std::fill(tok_buffer.begin(), tok_buffer.end(), std::numeric_limits<float>::quiet_NaN());
+          std::fill(pos_buffer.begin(), pos_buffer.end(), std::numeric_limits<float>::quiet_NaN());
+          embedding_backward(got_tok, got_pos, c.grad_out, c.tokens, c.positions, s, dropout,
+                             GradMode::write);
+          ASSERT_EQ(as_bits({got_tok.begin(), got_tok.end()}), as_bits(tok_from_zero));
+          ASSERT_EQ(as_bits({got_pos.begin(), got_pos.end()}), as_bits(pos_from_zero));
+          ASSERT_TRUE(std::isnan(tok_buffer[2]) && std::isnan(pos_buffer[8])) << "wrote before the gradient";
           SparseRowGrad sparse;
           std::vector<float> no_pos;
           embedding_backward(sparse, no_pos, c.grad_out, c.tokens, c.positions, s, dropout);

@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <source_location>
@@ -87,6 +88,13 @@ void expect_rejected_untouched(const std::vector<std::vector<T>*>& buffers, Call
   for (std::size_t k = 0; k < buffers.size(); ++k) {
     EXPECT_EQ(*buffers[k], before[k]) << "buffer " << k << " was written before the error";
   }
+}
+
+// The bit patterns of floats, for comparisons that tell -0 from +0 and NaNs apart.
+inline std::vector<std::uint32_t> as_bits(const std::vector<float>& v) {
+  std::vector<std::uint32_t> bits(v.size());
+  std::memcpy(bits.data(), v.data(), v.size() * sizeof(float));
+  return bits;
 }
 
 // Cosine similarity of two whole tensors: catches a systematic error that

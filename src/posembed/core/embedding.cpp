@@ -54,15 +54,13 @@ simd::DropoutMask dropout_mask(const DropoutSpec& dropout) {
 // Backward over column strips: a strip of every gradient row is owned by one
 // task, which walks the tokens in flat order. So each gradient element is summed
 // in the same order for any strip width and thread count, with no atomics and
-// no sort of the tokens; grad_out is read once. token_rows: the gradient row of
-// each token (its id, or its slot in a row-sparse gradient); token_first: null,
-// or 1 for each token whose row starts at zero and has no earlier token (the row
-// is written, not read).
-void backward_strips(float* grad_token_table, const std::int64_t* token_rows,
-                     const std::uint8_t* token_first, float* grad_position_table, std::span<const float> grad_out,
-                     std::span<const std::int64_t> position_ids, const EmbeddingShape& shape,
-                     const DropoutSpec& dropout) {
-  if (!grad_token_table && !grad_position_table) return;  // both tables frozen
+// no sort of the tokens; grad_out is read once. Each table comes with the row of
+// each token (its id, or its slot in a row-sparse gradient) and, optionally, the
+// tokens whose rows start at zero and have no earlier token (written, not read);
+// its strip columns are filled in here.
+void backward_strips(simd::StripTable token, simd::StripTable position, std::span<const float> grad_out,
+                     const EmbeddingShape& shape, const DropoutSpec& dropout) {
+  if (!token.grad && !position.grad) return;  // both tables frozen
   const std::int64_t d = shape.embed_dim;
   const auto n = static_cast<std::int64_t>(token_count(shape));
   const std::int64_t threads = std::clamp<std::int64_t>(n * d / kGrainElements, 1, num_threads());
@@ -95,20 +93,47 @@ void backward_strips(float* grad_token_table, const std::int64_t* token_rows,
   const simd::DropoutMask mask = dropout_mask(dropout);
   // The padding row is put back afterwards rather than skipped in the SIMD loop:
   // d floats of copying instead of a branch per token.
-  float* padding_row = grad_position_table && shape.position_padding_row >= 0
-                           ? grad_position_table + shape.position_padding_row * d
+  float* padding_row = position.grad && shape.position_padding_row >= 0
+                           ? position.grad + shape.position_padding_row * d
                            : nullptr;
   std::vector<float> saved_padding_row;
   if (padding_row) saved_padding_row.assign(padding_row, padding_row + d);
   parallel_for(strips, [&](std::int64_t s) {
-    std::int64_t token_cols[2], position_cols[2];
-    columns(grad_token_table, s, token_cols);
-    columns(grad_position_table, s, position_cols);
-    simd::backward_strip(grad_token_table, token_rows, token_first, token_cols, grad_position_table,
-                         position_ids.data(), position_cols, grad_out.data(), static_cast<std::size_t>(d),
-                         static_cast<std::size_t>(n), mask);
+    simd::StripTable t = token, p = position;
+    columns(t.grad, s, t.cols);
+    columns(p.grad, s, p.cols);
+    simd::backward_strip(t, p, grad_out.data(), static_cast<std::size_t>(d), static_cast<std::size_t>(n),
+                         mask);
   });
   if (padding_row) std::copy(saved_padding_row.begin(), saved_padding_row.end(), padding_row);
+}
+
+// Marks the first token of each row in flat order: first[i] = 1 when no token
+// before i has row ids[i]; `seen` ends as the bitmap of the rows the tokens
+// touch. Tokens of row `skip` (-1: none) are never first and leave no bit.
+// first: (n), seen: (table_rows / 64), ids: (n)
+void mark_first_uses(std::vector<std::uint8_t>& first, std::vector<std::uint64_t>& seen,
+                     std::span<const std::int64_t> ids, std::int64_t table_rows, std::int64_t skip = -1) {
+  first.resize(ids.size());
+  seen.assign((static_cast<std::size_t>(table_rows) + 63) / 64, 0);
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    const auto id = static_cast<std::size_t>(ids[i]);
+    const std::uint64_t bit = std::uint64_t{1} << (id & 63);
+    first[i] = ids[i] != skip && (seen[id >> 6] & bit) == 0;
+    if (ids[i] != skip) seen[id >> 6] |= bit;
+  }
+}
+
+// Zeroes the rows of grad (rows, d) whose bit in `touched` is clear, in blocks
+// of rows spread over the threads; past the cache when `stream`.
+void zero_untouched_rows(float* grad, const std::vector<std::uint64_t>& touched, std::int64_t rows,
+                         std::int64_t d, bool stream) {
+  const std::int64_t per_block = std::max<std::int64_t>(1, kGrainElements / d);
+  parallel_for((rows + per_block - 1) / per_block, [&](std::int64_t b) {
+    simd::zero_untouched_rows(grad, touched.data(), static_cast<std::size_t>(b * per_block),
+                              static_cast<std::size_t>(std::min(rows, (b + 1) * per_block)),
+                              static_cast<std::size_t>(d), stream);
+  });
 }
 
 // Merges sorted unique `batch_rows` into grad.rows in place, from the back: an
@@ -268,12 +293,35 @@ void embedding_forward(std::span<float> out, std::span<const std::int64_t> token
 void embedding_backward(std::span<float> grad_token_table, std::span<float> grad_position_table,
                         std::span<const float> grad_out, std::span<const std::int64_t> token_ids,
                         std::span<const std::int64_t> position_ids, const EmbeddingShape& shape,
-                        const DropoutSpec& dropout) {
+                        const DropoutSpec& dropout, GradMode mode) {
   validate_backward(grad_token_table.size(), grad_position_table, grad_out, token_ids,
                     position_ids, shape, dropout);
-  backward_strips(grad_token_table.empty() ? nullptr : grad_token_table.data(), token_ids.data(),
-                  nullptr, grad_position_table.empty() ? nullptr : grad_position_table.data(), grad_out,
-                  position_ids, shape, dropout);
+  simd::StripTable token{grad_token_table.empty() ? nullptr : grad_token_table.data(), token_ids.data()};
+  simd::StripTable position{grad_position_table.empty() ? nullptr : grad_position_table.data(),
+                            position_ids.data()};
+  if (mode == GradMode::write) {
+    // A fresh gradient in one pass: rows no token touches are zeroed, each touched
+    // row is written by its first token (0 + v) and added to by the rest. Tables
+    // past kStreamBytes are written past the cache, as zero_grad clears them.
+    // The scratch (a byte per token, a bit per row) stays with the calling
+    // thread, so later calls allocate nothing.
+    thread_local std::vector<std::uint8_t> first[2];
+    thread_local std::vector<std::uint64_t> seen[2];
+    const std::int64_t d = shape.embed_dim;
+    const auto prepare = [&](simd::StripTable& table, std::size_t k, std::span<const std::int64_t> ids,
+                             std::int64_t rows, std::int64_t skip) {
+      if (!table.grad) return;
+      mark_first_uses(first[k], seen[k], ids, rows, skip);
+      table.first = first[k].data();
+      table.stream = static_cast<std::size_t>(rows * d) * sizeof(float) >= kStreamBytes;
+      zero_untouched_rows(table.grad, seen[k], rows, d, table.stream);
+    };
+    prepare(token, 0, token_ids, shape.vocab_size, -1);
+    // The padding row counts as untouched: zeroed here, then put back as zeros
+    // after its tokens added to it.
+    prepare(position, 1, position_ids, shape.max_seq_len, shape.position_padding_row);
+  }
+  backward_strips(token, position, grad_out, shape, dropout);
 }
 
 void embedding_backward(SparseRowGrad& grad, std::span<float> grad_position_table,
@@ -307,7 +355,7 @@ void embedding_backward(SparseRowGrad& grad, std::span<float> grad_position_tabl
     }
   }
   scratch.slot.resize(n);
-  const std::uint8_t* first_use = nullptr;
+  simd::StripTable token{nullptr, scratch.slot.data()};
   if (grad.rows.empty()) {
     // The usual case, right after zero_grad. A row's slot is its rank among the
     // touched rows; the first token of each row (in flat order) writes it, so
@@ -319,16 +367,15 @@ void embedding_backward(SparseRowGrad& grad, std::span<float> grad_position_tabl
       scratch.rank[w] = static_cast<std::int64_t>(rank);
       rank += static_cast<std::size_t>(std::popcount(scratch.touched[w]));
     }
-    scratch.unused.assign(scratch.touched.begin(), scratch.touched.end());
-    scratch.first_use.resize(n);
     for (std::size_t i = 0; i < n; ++i) {
       const auto id = static_cast<std::size_t>(token_ids[i]);
       const std::uint64_t bit = std::uint64_t{1} << (id & 63);
       scratch.slot[i] = scratch.rank[id >> 6] + std::popcount(scratch.touched[id >> 6] & (bit - 1));
-      scratch.first_use[i] = (scratch.unused[id >> 6] & bit) != 0;
-      scratch.unused[id >> 6] &= ~bit;
     }
-    first_use = scratch.first_use.data();
+    // The first writes go past the cache: the next reader is the optimizer.
+    mark_first_uses(scratch.first_use, scratch.seen, token_ids, shape.vocab_size);
+    token.first = scratch.first_use.data();
+    token.stream = true;
   } else {
     // Accumulating a second batch before zero_grad: merge the new rows in.
     merge_rows(grad, batch_rows);
@@ -336,9 +383,10 @@ void embedding_backward(SparseRowGrad& grad, std::span<float> grad_position_tabl
       scratch.slot[i] = std::lower_bound(grad.rows.begin(), grad.rows.end(), token_ids[i]) - grad.rows.begin();
     }
   }
-  backward_strips(grad.values.empty() ? nullptr : grad.values.data(), scratch.slot.data(), first_use,
-                  grad_position_table.empty() ? nullptr : grad_position_table.data(), grad_out,
-                  position_ids, shape, dropout);
+  token.grad = grad.values.empty() ? nullptr : grad.values.data();
+  const simd::StripTable position{
+      grad_position_table.empty() ? nullptr : grad_position_table.data(), position_ids.data()};
+  backward_strips(token, position, grad_out, shape, dropout);
 }
 
 void validate_sparse_grad(const SparseRowGrad& grad, std::int64_t table_rows) {

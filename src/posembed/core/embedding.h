@@ -47,7 +47,7 @@ struct SparseRowGrad {
     std::vector<std::int64_t> slot;       // (B*T): row of `values` each token adds to
     std::vector<std::uint8_t> first_use;  // (B*T): 1 where a token is its row's first
     std::vector<std::uint64_t> touched;   // (vocab_size / 64): bitmap of the batch's rows
-    std::vector<std::uint64_t> unused;    // (vocab_size / 64): rows not yet seen in flat order
+    std::vector<std::uint64_t> seen;      // (vocab_size / 64): rows seen so far in flat order
     std::vector<std::int64_t> rank;       // (vocab_size / 64): touched rows in earlier words
     std::vector<std::int64_t> batch_rows; // (R'): the batch's rows, when merging
   } scratch;
@@ -60,15 +60,27 @@ void embedding_forward(std::span<float> out, std::span<const std::int64_t> token
                        std::span<const float> token_table, std::span<const float> position_table,
                        const EmbeddingShape& shape, const DropoutSpec& dropout);
 
-// Accumulates (+=) the vector-Jacobian product of embedding_forward. Each
-// gradient row is summed over the batch in flat token order, whatever the
-// thread count; no atomics. An empty span skips that table (frozen).
+// What a backward does with the dense gradients it is given.
+enum class GradMode {
+  accumulate,  // += into what they hold (zero_grad first for a fresh gradient)
+  // A fresh gradient, as PyTorch's zero_grad(set_to_none=True) leaves it: every
+  // element is written and none is read, so the buffers may hold anything;
+  // rows no token touches become zeros. The same bits as zero_grad + accumulate,
+  // with one pass over the tables less. Keeps a byte per token and a bit per
+  // table row of scratch with the calling thread.
+  write,
+};
+
+// The vector-Jacobian product of embedding_forward, into both tables' gradients
+// (accumulated or written, by `mode`). Each gradient row is summed over the
+// batch in flat token order, whatever the thread count; no atomics. An empty
+// span skips that table (frozen).
 // grad_token_table: (vocab_size, d) owned by the caller, for instance shared with
 // a tied output layer; grad_position_table: (max_seq_len, d); grad_out: (B, T, d).
 void embedding_backward(std::span<float> grad_token_table, std::span<float> grad_position_table,
                         std::span<const float> grad_out, std::span<const std::int64_t> token_ids,
                         std::span<const std::int64_t> position_ids, const EmbeddingShape& shape,
-                        const DropoutSpec& dropout);
+                        const DropoutSpec& dropout, GradMode mode = GradMode::accumulate);
 
 // The same with a row-sparse token gradient: only the rows in this batch are
 // written, never all vocab_size x d values.

@@ -3,6 +3,7 @@
 // (dropout_draw) with the fast path, since the mask is part of the layer's spec.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -39,13 +40,18 @@ std::vector<T> embedding_forward(const std::vector<std::int64_t>& token_ids,
   return out;
 }
 
-// grad_token_table (V, d) and grad_position_table (max_seq_len, d) accumulate;
-// the position padding row (s.position_padding_row, if any) gets nothing.
+// grad_token_table (V, d) and grad_position_table (max_seq_len, d) accumulate,
+// or with GradMode::write start from zeros (what they held is ignored); the
+// position padding row (s.position_padding_row, if any) gets nothing.
 template <class T>
 void embedding_backward(std::vector<T>& grad_token_table, std::vector<T>& grad_position_table,
                         const std::vector<T>& grad_out, const std::vector<std::int64_t>& token_ids,
                         const std::vector<std::int64_t>& position_ids, const EmbeddingShape& s,
-                        const DropoutSpec& dropout) {
+                        const DropoutSpec& dropout, GradMode mode = GradMode::accumulate) {
+  if (mode == GradMode::write) {
+    std::fill(grad_token_table.begin(), grad_token_table.end(), T(0));
+    std::fill(grad_position_table.begin(), grad_position_table.end(), T(0));
+  }
   const std::int64_t n = s.batch * s.seq_len, d = s.embed_dim;
   for (std::int64_t r = 0; r < n; ++r) {
     for (std::int64_t j = 0; j < d; ++j) {

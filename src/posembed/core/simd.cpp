@@ -269,13 +269,14 @@ const float* MaskedGradient(float* HWY_RESTRICT v, const float* HWY_RESTRICT gra
 // row[j] += v[j], j < n, in vectors aligned to `row` (they never split a cache
 // line, and two threads never write one line through a partial vector).
 // row_is_zero: row holds zeros, so it is written (0 + v, the same bits) without
-// being read, past the cache: a fresh row-sparse gradient row.
-void AddInto(float* HWY_RESTRICT row, const float* HWY_RESTRICT v, std::size_t n, bool row_is_zero) {
+// being read; stream: past the cache (a fresh row of a large gradient).
+void AddInto(float* HWY_RESTRICT row, const float* HWY_RESTRICT v, std::size_t n, bool row_is_zero,
+             bool stream) {
   const hn::ScalableTag<float> df;
   const std::size_t lanes = hn::Lanes(df);
   ForEachVector(n, row, 0, DropoutMask{}, nullptr, lanes, [&](std::size_t j, std::size_t count, const std::uint16_t*) {
     const auto sum = hn::Add(row_is_zero ? hn::Zero(df) : LoadPart(df, row + j, count), LoadPart(df, v + j, count));
-    if (row_is_zero && count == lanes) return hn::Stream(sum, df, row + j);  // aligned: after the head
+    if (stream && count == lanes) return hn::Stream(sum, df, row + j);  // aligned: after the head
     StorePart(sum, df, row + j, count);
   });
 }
@@ -308,35 +309,31 @@ void ForwardRows(float* HWY_RESTRICT out, const float* HWY_RESTRICT token_table,
 }
 
 // One thread's share of the backward: every token r in flat order adds its masked
-// gradient row to token_grad row token_rows[r] over columns token_cols and to
-// position_grad row position_rows[r] over columns position_cols. A column range
-// [lo, hi) may start below 0: columns d + lo .. d of the token before (the tail
-// of the previous row that shares a cache line with this row's head). Each step
-// takes the flat range of both tables' columns at once, so one batch of Philox
-// draws serves both and the previous row's tail.
-void BackwardStrip(float* token_grad, const std::int64_t* HWY_RESTRICT token_rows,
-                   const std::uint8_t* HWY_RESTRICT token_first, const std::int64_t* token_cols,
-                   float* position_grad, const std::int64_t* HWY_RESTRICT position_rows,
-                   const std::int64_t* position_cols, const float* HWY_RESTRICT grad_out, std::size_t d,
-                   std::size_t n, const DropoutMask& mask) {
+// gradient row to its row of each table over that table's columns. A column
+// range [lo, hi) may start below 0: columns d + lo .. d of the token before (the
+// tail of the previous row that shares a cache line with this row's head). Each
+// step takes the flat range of both tables' columns at once, so one batch of
+// Philox draws serves both and the previous row's tail.
+void BackwardStrip(const StripTable& token, const StripTable& position, const float* HWY_RESTRICT grad_out,
+                   std::size_t d, std::size_t n, const DropoutMask& mask) {
   const auto sd = static_cast<std::int64_t>(d), total = static_cast<std::int64_t>(n * d);
-  const std::int64_t lo = std::min(token_grad ? token_cols[0] : position_cols[0],
-                                   position_grad ? position_cols[0] : token_cols[0]);
-  const std::int64_t hi = std::max(token_grad ? token_cols[1] : position_cols[1],
-                                   position_grad ? position_cols[1] : token_cols[1]);
+  const std::int64_t lo = std::min(token.grad ? token.cols[0] : position.cols[0],
+                                   position.grad ? position.cols[0] : token.cols[0]);
+  const std::int64_t hi = std::max(token.grad ? token.cols[1] : position.cols[1],
+                                   position.grad ? position.cols[1] : token.cols[1]);
   HWY_ALIGN float v[kTile];
-  // Adds v's share of [c0, c1) (flat) to one table: columns [cols[0], cols[1]) of
-  // the token that starts at flat r * d, and of the token before when cols[0] < 0.
-  const auto add = [&](float* grad, const std::int64_t* rows, const std::uint8_t* first_use,
-                       const std::int64_t* cols, std::int64_t r, std::int64_t c0, std::int64_t c1,
+  // Adds v's share of [c0, c1) (flat) to one table: its columns of the token that
+  // starts at flat r * d, and of the token before when cols[0] < 0.
+  const auto add = [&](const StripTable& table, std::int64_t r, std::int64_t c0, std::int64_t c1,
                        const float* masked) {
-    const std::int64_t f0 = std::max(c0, r * sd + cols[0]), f1 = std::min(c1, r * sd + cols[1]);
+    const std::int64_t f0 = std::max(c0, r * sd + table.cols[0]), f1 = std::min(c1, r * sd + table.cols[1]);
     for (std::int64_t f = f0; f < f1;) {
-      const std::int64_t token = f < r * sd ? r - 1 : r;
-      const std::int64_t end = std::min(f1, (token + 1) * sd);
-      const auto t = static_cast<std::size_t>(token);
-      AddInto(grad + static_cast<std::size_t>(rows[t]) * d + static_cast<std::size_t>(f - token * sd),
-              masked + (f - c0), static_cast<std::size_t>(end - f), first_use && first_use[t]);
+      const std::int64_t t = f < r * sd ? r - 1 : r;
+      const std::int64_t end = std::min(f1, (t + 1) * sd);
+      const auto k = static_cast<std::size_t>(t);
+      AddInto(table.grad + static_cast<std::size_t>(table.rows[k]) * d + static_cast<std::size_t>(f - t * sd),
+              masked + (f - c0), static_cast<std::size_t>(end - f), table.first && table.first[k],
+              table.stream);
       f = end;
     }
   };
@@ -350,10 +347,10 @@ void BackwardStrip(float* token_grad, const std::int64_t* HWY_RESTRICT token_row
     // prefetching the other thread's would pull lines it writes.
     for (std::int64_t t = r + 2 * group; t < std::min(r + 3 * group, static_cast<std::int64_t>(n)); ++t) {
       const auto ahead = static_cast<std::size_t>(t);
-      if (token_grad) {
-        const auto from = static_cast<std::size_t>(std::max<std::int64_t>(token_cols[0], 0));
-        PrefetchRow</*kForWrite=*/true>(token_grad + static_cast<std::size_t>(token_rows[ahead]) * d + from,
-                                        static_cast<std::size_t>(token_cols[1]) - from);
+      if (token.grad) {
+        const auto from = static_cast<std::size_t>(std::max<std::int64_t>(token.cols[0], 0));
+        PrefetchRow</*kForWrite=*/true>(token.grad + static_cast<std::size_t>(token.rows[ahead]) * d + from,
+                                        static_cast<std::size_t>(token.cols[1]) - from);
       }
       PrefetchRow(grad_out + ahead * d + static_cast<std::size_t>(std::max<std::int64_t>(lo, 0)),
                   static_cast<std::size_t>(hi - std::max<std::int64_t>(lo, 0)));
@@ -365,22 +362,50 @@ void BackwardStrip(float* token_grad, const std::int64_t* HWY_RESTRICT token_row
       const float* masked = MaskedGradient(v, grad_out + c0, static_cast<std::size_t>(c1 - c0),
                                            static_cast<std::uint64_t>(c0), mask);
       for (std::int64_t t = r; t <= last; ++t) {
-        if (token_grad) add(token_grad, token_rows, token_first, token_cols, t, c0, c1, masked);
-        if (position_grad) add(position_grad, position_rows, nullptr, position_cols, t, c0, c1, masked);
+        if (token.grad) add(token, t, c0, c1, masked);
+        if (position.grad) add(position, t, c0, c1, masked);
       }
     }
   }
-  if (token_first) hwy::FlushStream();
+  if (token.stream || position.stream) hwy::FlushStream();
 }
 
-void StreamZeros(float* HWY_RESTRICT out, std::size_t n) {
+// out[j] = 0, j < n, with non-temporal stores; no fence (the caller's).
+void StreamZerosUnfenced(float* HWY_RESTRICT out, std::size_t n) {
   const hn::ScalableTag<float> df;
   const std::size_t lanes = hn::Lanes(df);
   ForEachVector(n, out, 0, DropoutMask{}, nullptr, lanes, [&](std::size_t j, std::size_t count, const std::uint16_t*) {
     if (count == lanes) return hn::Stream(hn::Zero(df), df, out + j);  // aligned: after the head
     StorePart(hn::Zero(df), df, out + j, count);
   });
+}
+
+void StreamZeros(float* HWY_RESTRICT out, std::size_t n) {
+  StreamZerosUnfenced(out, n);
   hwy::FlushStream();
+}
+
+// Zeroes each run of rows in [r0, r1) whose bit in `touched` is clear; one
+// fence at the end, not one per run (the runs are short: a fresh gradient of
+// GPT-2's table has about 7000 of them).
+void ZeroUntouchedRows(float* HWY_RESTRICT grad, const std::uint64_t* HWY_RESTRICT touched, std::size_t r0,
+                       std::size_t r1, std::size_t d, bool stream) {
+  const auto is_touched = [&](std::size_t r) { return (touched[r >> 6] >> (r & 63) & 1) != 0; };
+  for (std::size_t r = r0; r < r1;) {
+    if (is_touched(r)) {
+      ++r;
+      continue;
+    }
+    std::size_t end = r + 1;
+    while (end < r1 && !is_touched(end)) ++end;
+    if (stream) {
+      StreamZerosUnfenced(grad + r * d, (end - r) * d);
+    } else {
+      std::fill_n(grad + r * d, (end - r) * d, 0.0f);
+    }
+    r = end;
+  }
+  if (stream) hwy::FlushStream();
 }
 
 void AdamW(float* HWY_RESTRICT param, const float* HWY_RESTRICT grad, float* HWY_RESTRICT m,
@@ -416,6 +441,7 @@ HWY_EXPORT(PhiloxBlocks);
 HWY_EXPORT(AddDropout);
 HWY_EXPORT(AdamW);
 HWY_EXPORT(StreamZeros);
+HWY_EXPORT(ZeroUntouchedRows);
 HWY_EXPORT(ForwardRows);
 HWY_EXPORT(BackwardStrip);
 
@@ -437,15 +463,17 @@ void forward_rows(float* out, const float* token_table, const std::int64_t* toke
                                     r1, mask, stream);
 }
 
-void backward_strip(float* token_grad, const std::int64_t* token_rows, const std::uint8_t* token_first,
-                    const std::int64_t* token_cols, float* position_grad, const std::int64_t* position_rows,
-                    const std::int64_t* position_cols, const float* grad_out, std::size_t d, std::size_t n,
-                    const DropoutMask& mask) {
-  HWY_DYNAMIC_DISPATCH(BackwardStrip)(token_grad, token_rows, token_first, token_cols, position_grad,
-                                      position_rows, position_cols, grad_out, d, n, mask);
+void backward_strip(const StripTable& token, const StripTable& position, const float* grad_out,
+                    std::size_t d, std::size_t n, const DropoutMask& mask) {
+  HWY_DYNAMIC_DISPATCH(BackwardStrip)(token, position, grad_out, d, n, mask);
 }
 
 void stream_zeros(float* out, std::size_t n) { HWY_DYNAMIC_DISPATCH(StreamZeros)(out, n); }
+
+void zero_untouched_rows(float* grad, const std::uint64_t* touched, std::size_t r0, std::size_t r1,
+                         std::size_t d, bool stream) {
+  HWY_DYNAMIC_DISPATCH(ZeroUntouchedRows)(grad, touched, r0, r1, d, stream);
+}
 
 void adamw(float* param, const float* grad, float* m, float* v, std::size_t n,
            const AdamWCoefficients& c) {

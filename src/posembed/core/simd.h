@@ -50,22 +50,32 @@ void forward_rows(float* out, const float* token_table, const std::int64_t* toke
                   const float* position_table, const std::int64_t* position_ids, std::size_t d,
                   std::size_t r0, std::size_t r1, const DropoutMask& mask, bool stream);
 
-// One thread's share of the backward, tokens r = 0 .. n-1 in flat order: the
-// masked grad_out row r is added to token_grad row token_rows[r] over columns
-// token_cols = [lo, hi) and to position_grad row position_rows[r] over
-// position_cols. lo < 0 also takes columns d + lo .. d of token r - 1 (the tail
-// of a row that shares a cache line with the next row's head). Either gradient
-// may be null. token_first: null, or per token whether its token_grad row is
-// still zero (written, not read).
-// token_grad: (rows, d), position_grad: (max_seq_len, d), grad_out: (n, d),
-// *_rows, token_first: (n), *_cols: (2)
-void backward_strip(float* token_grad, const std::int64_t* token_rows, const std::uint8_t* token_first,
-                    const std::int64_t* token_cols, float* position_grad, const std::int64_t* position_rows,
-                    const std::int64_t* position_cols, const float* grad_out, std::size_t d, std::size_t n,
-                    const DropoutMask& mask);
+// One gradient table of backward_strip. The masked grad_out row of token r goes
+// to row rows[r] of grad, over columns cols = [lo, hi); lo < 0 also takes
+// columns d + lo .. d of token r - 1 (the tail of a row that shares a cache
+// line with the next row's head).
+struct StripTable {
+  float* grad = nullptr;                // (rows, d); null: the table is skipped
+  const std::int64_t* rows = nullptr;   // (n)
+  const std::uint8_t* first = nullptr;  // (n) or null: 1 where token r's row still holds
+                                        // zeros, so it is written (0 + v, the same bits), not read
+  std::int64_t cols[2] = {0, 0};
+  bool stream = false;  // those first writes go past the cache (a table much larger than it)
+};
+
+// One thread's share of the backward, tokens r = 0 .. n-1 in flat order, into
+// both tables. grad_out: (n, d)
+void backward_strip(const StripTable& token, const StripTable& position, const float* grad_out,
+                    std::size_t d, std::size_t n, const DropoutMask& mask);
 
 // out[j] = 0, j < n, with non-temporal stores past the cache, then a store fence.
 void stream_zeros(float* out, std::size_t n);
+
+// Rows r in [r0, r1) of grad whose bit (touched[r / 64] >> r % 64) is clear
+// are set to zeros; stream: with non-temporal stores, then a store fence.
+// grad: (rows, d), touched: (rows / 64)
+void zero_untouched_rows(float* grad, const std::uint64_t* touched, std::size_t r0, std::size_t r1,
+                         std::size_t d, bool stream);
 
 // One AdamW element update, in the order of optim.cpp's scalar definition:
 //   p *= decay; m = beta1*m + (1-beta1)*g; v = beta2*v + (1-beta2)*g*g;
