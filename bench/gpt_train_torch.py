@@ -1,14 +1,18 @@
 #!/usr/bin/python3
-"""Training throughput of the same GPT in PyTorch eager, for comparison with
-`posembed train` (run with Debian's /usr/bin/python3 and python3-torch; install
-libopenblas0-pthread first, or torch's matrix products use the reference BLAS).
+"""Training throughput of the same GPT in PyTorch, eager or under torch.compile,
+for comparison with `posembed train`. Runs under Debian's /usr/bin/python3 with
+python3-torch 1.13 (install libopenblas0-pthread first, or its matrix products
+use the reference BLAS) and under PyPI's torch 2.x (MKL, oneDNN, torch.compile)
+in the venv bench/compare_torch.sh makes.
 
 Same architecture, sizes, dropout placement (embedding sum and both residual
 branches), AdamW decay groups, gradient clipping and batch as posembed's
-defaults; windows drawn at random from the same text. Prints the median step
-time and tokens/s over the timed steps (after warmup).
+defaults (dropout 0 as `posembed train`'s default); windows drawn at random from
+the same text. --compile runs forward and loss through torch.compile (the
+warmup steps include the compilation). Prints the median step time and tokens/s
+over the timed steps (after warmup).
 
-usage: OPENBLAS_NUM_THREADS=1 bench/gpt_train_torch.py --threads 1 [--data PATH] [--steps 40]
+usage: OPENBLAS_NUM_THREADS=1 bench/gpt_train_torch.py --threads 1 [--compile] [--data PATH] [--steps 40]
 """
 import argparse
 import math
@@ -82,7 +86,8 @@ def main():
     ap.add_argument("--embed-dim", type=int, default=128)
     ap.add_argument("--n-layer", type=int, default=4)
     ap.add_argument("--n-head", type=int, default=4)
-    ap.add_argument("--dropout", type=float, default=0.1)
+    ap.add_argument("--dropout", type=float, default=0.0)
+    ap.add_argument("--compile", action="store_true", help="torch.compile forward and loss")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     data = np.frombuffer(read_text(a.data), dtype=np.uint8).astype(np.int64)
@@ -91,14 +96,19 @@ def main():
     rest = [t for t in p.values() if t.dim() != 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
                              {"params": rest, "weight_decay": 0.0}], lr=2e-3, betas=(0.9, 0.95))
+    def loss_of(win):
+        logits = forward(p, win[:, :-1], a.embed_dim, a.n_head, a.n_layer, a.dropout)
+        return F.cross_entropy(logits.reshape(-1, 256), win[:, 1:].reshape(-1))
+
+    if a.compile:
+        loss_of = torch.compile(loss_of)
     rng = np.random.default_rng(0)
     times, loss = [], None
     for step in range(a.warmup + a.steps):
         off = rng.integers(0, len(data) - a.seq_len - 1, a.batch)
         win = torch.from_numpy(np.stack([data[o:o + a.seq_len + 1] for o in off]))
         t0 = time.perf_counter()
-        logits = forward(p, win[:, :-1], a.embed_dim, a.n_head, a.n_layer, a.dropout)
-        loss = F.cross_entropy(logits.reshape(-1, 256), win[:, 1:].reshape(-1))
+        loss = loss_of(win)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(list(p.values()), 1.0)
@@ -106,7 +116,7 @@ def main():
         if step >= a.warmup:
             times.append(time.perf_counter() - t0)
     med = statistics.median(times)
-    print(f"torch {torch.__version__} threads {a.threads} OPENBLAS_NUM_THREADS="
+    print(f"torch {torch.__version__} {'compiled' if a.compile else 'eager'} threads {a.threads} OPENBLAS_NUM_THREADS="
           f"{os.environ.get('OPENBLAS_NUM_THREADS', 'default')}: median step {med * 1e3:.1f} ms, "
           f"min {min(times) * 1e3:.1f} ms, {a.batch * a.seq_len / med:.0f} tokens/s "
           f"(final loss {loss.item():.3f})")

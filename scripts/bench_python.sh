@@ -1,16 +1,13 @@
 #!/usr/bin/env bash
 # bench/python_bench.py under Debian's torch 1.13 (the test venv) and under PyPI's current
-# torch in a venv made here on demand (build/bench-venv: a download of several GB the first
-# time, so it is kept out of the test command). Arguments go to the bench.
+# torch in the venv scripts/bench_venv.sh makes on demand (build/bench-venv: a download of
+# several GB the first time, so it is kept out of the test command). Arguments go to the bench.
 #   scripts/bench_python.sh                 2 threads, 3 rounds
 #   scripts/bench_python.sh --threads 1 --json
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh test
-bench=build/bench-venv
-[ -x "$bench/bin/python" ] || /usr/bin/python3 -m venv "$bench"
-"$bench/bin/python" -c "import torch, numpy" 2>/dev/null ||
-  "$bench/bin/pip" install --quiet --disable-pip-version-check torch numpy
+bench=$(scripts/bench_venv.sh)
 scripts/python_wheel.sh build/pyvenv "$bench"
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 for python in build/pyvenv/bin/python "$bench/bin/python"; do
