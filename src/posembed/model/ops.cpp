@@ -41,16 +41,90 @@ void for_column_strips(std::int64_t C, double work, Body&& body) {
   });
 }
 
+// The row and elementwise loops are plain loops that the compiler vectorises.
+// VECTOR_CLONES builds a function three times, for AVX-512, for AVX2 with FMA
+// and for baseline x86-64, and the loader picks the one this CPU runs (GCC's
+// target_clones): runtime dispatch without -march, as simd.cpp's Highway
+// kernels. A piece's arithmetic is fixed by the shapes, so the bits never
+// depend on the thread count (they may on the instruction set, as the GEMM's).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define VECTOR_CLONES
+#endif
+
+// Reductions over a row run in kLanes running partials (lane k takes the terms
+// i = k mod kLanes), combined pairwise at the end: they vectorise, and their
+// order depends on the length alone.
+constexpr std::int64_t kLanes = 16;
+template <class Term, class Op>
+inline float lane_reduce(std::int64_t n, float init, Term&& term, Op&& op) {
+  float acc[kLanes];
+  for (float& a : acc) a = init;
+  std::int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (std::int64_t k = 0; k < kLanes; ++k) acc[k] = op(acc[k], term(i + k));
+  }
+  for (std::int64_t k = 0; i + k < n; ++k) acc[k] = op(acc[k], term(i + k));
+  for (std::int64_t w = kLanes / 2; w > 0; w /= 2) {
+    for (std::int64_t k = 0; k < w; ++k) acc[k] = op(acc[k], acc[k + w]);
+  }
+  return acc[0];
+}
+template <class Term>
+inline float lane_sum(std::int64_t n, Term&& term) {
+  return lane_reduce(n, 0.0f, term, [](float a, float b) { return a + b; });
+}
+template <class Term>
+inline float lane_max(std::int64_t n, Term&& term) {
+  return lane_reduce(n, -INFINITY, term, [](float a, float b) { return a > b ? a : b; });
+}
+
+// exp(x) for float without a library call, so that loops over it vectorise:
+// x = n ln2 + r with |r| <= ln2/2, exp(r) by Cephes' degree-6 polynomial
+// (relative error ~2 ulp), times 2^n built in the exponent bits. Inputs are
+// clamped to [-87, 88]: the results there are tiny or huge but finite, which
+// is all the softmaxes and GELU's sigmoid need.
+inline float exp_poly(float x) {
+  x = std::min(88.0f, std::max(-87.0f, x));
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const float n = (x * 1.44269504088896341f + kRound) - kRound;
+  const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const auto bits = static_cast<std::uint32_t>(static_cast<std::int32_t>(n) + 127) << 23;
+  return p * std::bit_cast<float>(bits);
+}
+
+// acc (j1 - j0) += the column sums of rows [0, N) of m (N, ld) over columns
+// [j0, j1), rows in order; j1 - j0 <= kColStrip.
+VECTOR_CLONES void column_sums(float* acc, const float* m, std::int64_t N, std::int64_t ld,
+                               std::int64_t j0, std::int64_t j1) {
+  for (std::int64_t n = 0; n < N; ++n) {
+    const float* row = m + n * ld;
+    for (std::int64_t j = j0; j < j1; ++j) acc[j - j0] += row[j];
+  }
+}
+
 // dbias (OC) += sum over rows of dout (N, OC), rows in order.
 void bias_backward(float* dbias, const float* dout, std::int64_t N, std::int64_t OC) {
   for_column_strips(OC, double(N) * double(OC), [&](std::int64_t j0, std::int64_t j1) {
     float acc[kColStrip] = {};
-    for (std::int64_t n = 0; n < N; ++n) {
-      const float* row = dout + n * OC;
-      for (std::int64_t j = j0; j < j1; ++j) acc[j - j0] += row[j];
-    }
+    column_sums(acc, dout, N, OC, j0, j1);
     for (std::int64_t j = j0; j < j1; ++j) dbias[j] += acc[j - j0];
   });
+}
+
+// o (rows, OC) += bias (OC) on every row.
+VECTOR_CLONES void add_bias(float* o, const float* bias, std::int64_t rows, std::int64_t OC) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t j = 0; j < OC; ++j) o[r * OC + j] += bias[j];
+  }
 }
 
 // dx (R, K) += a^T @ b for a (N, R), b (N, K): a sum over all N rows, so
@@ -102,11 +176,7 @@ void matmul_forward(std::span<float> out, std::span<const float> inp, std::span<
     float* o = out.data() + r0 * OC;
     gemm(Trans::no, Trans::no, rows, OC, C, 1.0f, inp.data() + r0 * C, C, weight.data(), OC, 0.0f,
          o, OC);
-    if (!bias.empty()) {
-      for (std::int64_t r = 0; r < rows; ++r) {
-        for (std::int64_t j = 0; j < OC; ++j) o[r * OC + j] += bias[static_cast<std::size_t>(j)];
-      }
-    }
+    if (!bias.empty()) add_bias(o, bias.data(), rows, OC);
   });
 }
 
@@ -134,24 +204,57 @@ void matmul_tied_backward(std::span<float> dinp, std::span<float> dtable,
   matmul_backward_any(dinp, dtable, {}, dout, inp, table, N, C, V, WeightLayout::out_in);
 }
 
+namespace {
+
+// One row of layernorm_forward: out (C), *mean, *rstd from x (C).
+VECTOR_CLONES void layernorm_row(float* out, float* mean, float* rstd, const float* x,
+                                 const float* weight, const float* bias, std::int64_t C) {
+  const float m = lane_sum(C, [&](std::int64_t i) { return x[i]; }) / static_cast<float>(C);
+  const float var =
+      lane_sum(C, [&](std::int64_t i) { return (x[i] - m) * (x[i] - m); }) / static_cast<float>(C);
+  const float s = 1.0f / std::sqrt(var + kLayerNormEps);
+  for (std::int64_t i = 0; i < C; ++i) out[i] = (x[i] - m) * s * weight[i] + bias[i];
+  *mean = m;
+  *rstd = s;
+}
+
+// One row of layernorm_backward's dinp: dx (C) += VJP of g (C).
+VECTOR_CLONES void layernorm_row_backward(float* dx, const float* g, const float* x,
+                                          const float* weight, float m, float s, std::int64_t C) {
+  const float mean_dnorm =
+      lane_sum(C, [&](std::int64_t i) { return weight[i] * g[i]; }) / static_cast<float>(C);
+  const float mean_dnorm_norm =
+      lane_sum(C, [&](std::int64_t i) { return weight[i] * g[i] * ((x[i] - m) * s); }) /
+      static_cast<float>(C);
+  for (std::int64_t i = 0; i < C; ++i) {
+    const float norm = (x[i] - m) * s;
+    dx[i] += (weight[i] * g[i] - mean_dnorm - norm * mean_dnorm_norm) * s;
+  }
+}
+
+// dw, db (j1 - j0) += layernorm's weight and bias gradients over columns
+// [j0, j1) <= kColStrip, rows in order.
+VECTOR_CLONES void layernorm_param_grads(float* dw, float* db, const float* dout, const float* inp,
+                                         const float* mean, const float* rstd, std::int64_t N,
+                                         std::int64_t C, std::int64_t j0, std::int64_t j1) {
+  for (std::int64_t n = 0; n < N; ++n) {
+    const float* x = inp + n * C;
+    const float* g = dout + n * C;
+    for (std::int64_t j = j0; j < j1; ++j) {
+      dw[j - j0] += (x[j] - mean[n]) * rstd[n] * g[j];
+      db[j - j0] += g[j];
+    }
+  }
+}
+
+}  // namespace
+
 void layernorm_forward(std::span<float> out, std::span<float> mean, std::span<float> rstd,
                        std::span<const float> inp, std::span<const float> weight,
                        std::span<const float> bias, std::int64_t N, std::int64_t C) {
   parallel_pieces(N, double(N) * double(C), [&](std::int64_t n) {
-    const float* x = inp.data() + n * C;
-    float* o = out.data() + n * C;
-    float m = 0.0f;
-    for (std::int64_t i = 0; i < C; ++i) m += x[i];
-    m /= static_cast<float>(C);
-    float var = 0.0f;
-    for (std::int64_t i = 0; i < C; ++i) var += (x[i] - m) * (x[i] - m);
-    var /= static_cast<float>(C);
-    const float s = 1.0f / std::sqrt(var + kLayerNormEps);
-    for (std::int64_t i = 0; i < C; ++i) {
-      o[i] = (x[i] - m) * s * weight[static_cast<std::size_t>(i)] + bias[static_cast<std::size_t>(i)];
-    }
-    mean[static_cast<std::size_t>(n)] = m;
-    rstd[static_cast<std::size_t>(n)] = s;
+    layernorm_row(out.data() + n * C, mean.data() + n, rstd.data() + n, inp.data() + n * C,
+                  weight.data(), bias.data(), C);
   });
 }
 
@@ -160,41 +263,47 @@ void layernorm_backward(std::span<float> dinp, std::span<float> dweight, std::sp
                         std::span<const float> weight, std::span<const float> mean,
                         std::span<const float> rstd, std::int64_t N, std::int64_t C) {
   parallel_pieces(N, double(N) * double(C), [&](std::int64_t n) {
-    const float* x = inp.data() + n * C;
-    const float* g = dout.data() + n * C;
-    float* dx = dinp.data() + n * C;
-    const float m = mean[static_cast<std::size_t>(n)], s = rstd[static_cast<std::size_t>(n)];
-    float mean_dnorm = 0.0f, mean_dnorm_norm = 0.0f;
-    for (std::int64_t i = 0; i < C; ++i) {
-      const float dnorm = weight[static_cast<std::size_t>(i)] * g[i];
-      mean_dnorm += dnorm;
-      mean_dnorm_norm += dnorm * (x[i] - m) * s;
-    }
-    mean_dnorm /= static_cast<float>(C);
-    mean_dnorm_norm /= static_cast<float>(C);
-    for (std::int64_t i = 0; i < C; ++i) {
-      const float norm = (x[i] - m) * s;
-      const float dnorm = weight[static_cast<std::size_t>(i)] * g[i];
-      dx[i] += (dnorm - mean_dnorm - norm * mean_dnorm_norm) * s;
-    }
+    const auto k = static_cast<std::size_t>(n);
+    layernorm_row_backward(dinp.data() + n * C, dout.data() + n * C, inp.data() + n * C,
+                           weight.data(), mean[k], rstd[k], C);
   });
   for_column_strips(C, double(N) * double(C), [&](std::int64_t j0, std::int64_t j1) {
     float dw[kColStrip] = {}, db[kColStrip] = {};
-    for (std::int64_t n = 0; n < N; ++n) {
-      const float* x = inp.data() + n * C;
-      const float* g = dout.data() + n * C;
-      const float m = mean[static_cast<std::size_t>(n)], s = rstd[static_cast<std::size_t>(n)];
-      for (std::int64_t j = j0; j < j1; ++j) {
-        dw[j - j0] += (x[j] - m) * s * g[j];
-        db[j - j0] += g[j];
-      }
-    }
+    layernorm_param_grads(dw, db, dout.data(), inp.data(), mean.data(), rstd.data(), N, C, j0, j1);
     for (std::int64_t j = j0; j < j1; ++j) {
       dweight[static_cast<std::size_t>(j)] += dw[j - j0];
       dbias[static_cast<std::size_t>(j)] += db[j - j0];
     }
   });
 }
+
+namespace {
+
+// a (T, T): each row t of scores becomes softmax over columns 0..t, zeros after.
+VECTOR_CLONES void causal_softmax(float* a, std::int64_t T) {
+  for (std::int64_t t = 0; t < T; ++t) {
+    float* row = a + t * T;
+    const float mx = lane_max(t + 1, [&](std::int64_t u) { return row[u]; });
+    for (std::int64_t u = 0; u <= t; ++u) row[u] = exp_poly(row[u] - mx);
+    const float inv = 1.0f / lane_sum(t + 1, [&](std::int64_t u) { return row[u]; });
+    for (std::int64_t u = 0; u <= t; ++u) row[u] *= inv;
+    for (std::int64_t u = t + 1; u < T; ++u) row[u] = 0.0f;
+  }
+}
+
+// In place, da (T, T) = att * (da - sum(att * da)) per row over columns 0..t,
+// zeros after: the softmax's VJP.
+VECTOR_CLONES void causal_softmax_backward(float* da, const float* att, std::int64_t T) {
+  for (std::int64_t t = 0; t < T; ++t) {
+    const float* arow = att + t * T;
+    float* drow = da + t * T;
+    const float dot = lane_sum(t + 1, [&](std::int64_t u) { return arow[u] * drow[u]; });
+    for (std::int64_t u = 0; u <= t; ++u) drow[u] = arow[u] * (drow[u] - dot);
+    for (std::int64_t u = t + 1; u < T; ++u) drow[u] = 0.0f;
+  }
+}
+
+}  // namespace
 
 void attention_forward(std::span<float> out, std::span<float> att, std::span<const float> qkv,
                        std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t H) {
@@ -208,19 +317,7 @@ void attention_forward(std::span<float> out, std::span<float> att, std::span<con
     float* a = att.data() + bh * T * T;  // (T, T)
     // Scores for the whole square; the causal mask is applied in the softmax.
     gemm(Trans::no, Trans::yes, T, T, hd, scale, q, C3, k, C3, 0.0f, a, T);
-    for (std::int64_t t = 0; t < T; ++t) {
-      float* row = a + t * T;
-      float mx = row[0];
-      for (std::int64_t u = 1; u <= t; ++u) mx = std::max(mx, row[u]);
-      float sum = 0.0f;
-      for (std::int64_t u = 0; u <= t; ++u) {
-        row[u] = std::exp(row[u] - mx);
-        sum += row[u];
-      }
-      const float inv = 1.0f / sum;
-      for (std::int64_t u = 0; u <= t; ++u) row[u] *= inv;
-      for (std::int64_t u = t + 1; u < T; ++u) row[u] = 0.0f;
-    }
+    causal_softmax(a, T);
     gemm(Trans::no, Trans::no, T, hd, T, 1.0f, a, T, v, C3, 0.0f, out.data() + b * T * C + h * hd,
          C);
   });
@@ -246,15 +343,7 @@ void attention_backward(std::span<float> dqkv, std::span<float> scratch,
     // datt = dy @ v^T; dv += att^T @ dy
     gemm(Trans::no, Trans::yes, T, T, hd, 1.0f, dy, C, v, C3, 0.0f, da, T);
     gemm(Trans::yes, Trans::no, T, hd, T, 1.0f, a, T, dy, C, 1.0f, dv, C3);
-    // Softmax backward in place: dscore = att * (datt - sum(att * datt)), zero above the diagonal.
-    for (std::int64_t t = 0; t < T; ++t) {
-      const float* arow = a + t * T;
-      float* drow = da + t * T;
-      float dot = 0.0f;
-      for (std::int64_t u = 0; u <= t; ++u) dot += arow[u] * drow[u];
-      for (std::int64_t u = 0; u <= t; ++u) drow[u] = arow[u] * (drow[u] - dot);
-      for (std::int64_t u = t + 1; u < T; ++u) drow[u] = 0.0f;
-    }
+    causal_softmax_backward(da, a, T);
     // dq += scale * dscore @ k; dk += scale * dscore^T @ q
     gemm(Trans::no, Trans::no, T, hd, T, scale, da, T, k, C3, 1.0f, dq, C3);
     gemm(Trans::yes, Trans::no, T, hd, T, scale, da, T, q, C3, 1.0f, dk, C3);
@@ -265,28 +354,6 @@ namespace {
 constexpr float kGeluA = 0.044715f;
 const float kGeluS = static_cast<float>(std::sqrt(2.0 / std::numbers::pi));
 
-// exp(x) for float without a library call, so the GELU loops vectorise:
-// x = n ln2 + r with |r| <= ln2/2, exp(r) by Cephes' degree-6 polynomial
-// (relative error ~2 ulp), times 2^n built in the exponent bits. Inputs are
-// clamped to [-87, 88]: the results there are tiny or huge but finite, which
-// is all GELU's sigmoid needs.
-inline float exp_poly(float x) {
-  x = std::min(88.0f, std::max(-87.0f, x));
-  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const float n = (x * 1.44269504088896341f + kRound) - kRound;
-  const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const auto bits = static_cast<std::uint32_t>(static_cast<std::int32_t>(n) + 127) << 23;
-  return p * std::bit_cast<float>(bits);
-}
-}  // namespace
-
 // 0.5 x (1 + tanh(u)) = x * sigmoid(2u): one exp instead of tanhf, which is
 // several times slower in glibc and dominated the step's profile.
 inline float sigmoid_2u(float x) {
@@ -294,44 +361,54 @@ inline float sigmoid_2u(float x) {
   return 1.0f / (1.0f + exp_poly(-2.0f * u));
 }
 
-// Elementwise ops run over fixed pieces of kElemPiece, each a plain pointer loop
-// that the compiler vectorises.
+VECTOR_CLONES void gelu_piece(float* y, const float* x, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) y[i] = x[i] * sigmoid_2u(x[i]);
+}
+
+VECTOR_CLONES void gelu_backward_piece(float* dx, const float* g, const float* xs, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float x = xs[i];
+    const float th = 2.0f * sigmoid_2u(x) - 1.0f;  // tanh(u)
+    const float sech2 = 1.0f - th * th;
+    const float grad =
+        0.5f * (1.0f + th) + 0.5f * x * sech2 * kGeluS * (1.0f + 3.0f * kGeluA * x * x);
+    dx[i] += grad * g[i];
+  }
+}
+
+VECTOR_CLONES void add_piece(float* out, const float* a, const float* b, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+// Elementwise ops run over fixed pieces of kElemPiece.
 constexpr std::int64_t kElemPiece = 8192;
 
+// body(i0, n) for pieces [i0, i0 + n) of [0, total); `cost` per element.
+template <class Body>
+void for_elem_pieces(std::size_t total, double cost, Body&& body) {
+  const auto n = static_cast<std::int64_t>(total);
+  parallel_pieces(pieces(n, kElemPiece), double(n) * cost, [&](std::int64_t p) {
+    const std::int64_t i0 = p * kElemPiece;
+    body(i0, std::min(n - i0, kElemPiece));
+  });
+}
+}  // namespace
+
 void gelu_forward(std::span<float> out, std::span<const float> inp) {
-  const auto n = static_cast<std::int64_t>(inp.size());
-  parallel_pieces(pieces(n, kElemPiece), double(n) * 8, [&](std::int64_t p) {
-    const std::int64_t i0 = p * kElemPiece, i1 = std::min(n, i0 + kElemPiece);
-    const float* x = inp.data();
-    float* y = out.data();
-#pragma omp simd
-    for (std::int64_t i = i0; i < i1; ++i) y[i] = x[i] * sigmoid_2u(x[i]);
+  for_elem_pieces(inp.size(), 8, [&](std::int64_t i0, std::int64_t n) {
+    gelu_piece(out.data() + i0, inp.data() + i0, n);
   });
 }
 
 void gelu_backward(std::span<float> dinp, std::span<const float> dout, std::span<const float> inp) {
-  const auto n = static_cast<std::int64_t>(inp.size());
-  parallel_pieces(pieces(n, kElemPiece), double(n) * 8, [&](std::int64_t p) {
-    const std::int64_t i0 = p * kElemPiece, i1 = std::min(n, i0 + kElemPiece);
-    const float* xs = inp.data();
-    const float* g = dout.data();
-    float* dx = dinp.data();
-#pragma omp simd
-    for (std::int64_t i = i0; i < i1; ++i) {
-      const float x = xs[i];
-      const float th = 2.0f * sigmoid_2u(x) - 1.0f;  // tanh(u)
-      const float sech2 = 1.0f - th * th;
-      const float grad =
-          0.5f * (1.0f + th) + 0.5f * x * sech2 * kGeluS * (1.0f + 3.0f * kGeluA * x * x);
-      dx[i] += grad * g[i];
-    }
+  for_elem_pieces(inp.size(), 8, [&](std::int64_t i0, std::int64_t n) {
+    gelu_backward_piece(dinp.data() + i0, dout.data() + i0, inp.data() + i0, n);
   });
 }
 
 void residual_forward(std::span<float> out, std::span<const float> a, std::span<const float> b) {
-  parallel_pieces(static_cast<std::int64_t>(out.size()), double(out.size()), [&](std::int64_t i) {
-    const auto k = static_cast<std::size_t>(i);
-    out[k] = a[k] + b[k];
+  for_elem_pieces(out.size(), 1, [&](std::int64_t i0, std::int64_t n) {
+    add_piece(out.data() + i0, a.data() + i0, b.data() + i0, n);
   });
 }
 
@@ -385,23 +462,32 @@ void dropout_backward(std::span<float> dinp, std::span<const float> dout,
   });
 }
 
+namespace {
+
+// One row of the cross-entropy: p (V) = softmax(z); returns -log p[target].
+VECTOR_CLONES float softmax_loss(float* p, const float* z, std::int64_t target, std::int64_t V) {
+  const float mx = lane_max(V, [&](std::int64_t i) { return z[i]; });
+  for (std::int64_t i = 0; i < V; ++i) p[i] = exp_poly(z[i] - mx);
+  const float sum = lane_sum(V, [&](std::int64_t i) { return p[i]; });
+  const float inv = 1.0f / sum;
+  for (std::int64_t i = 0; i < V; ++i) p[i] *= inv;
+  return std::log(sum) + mx - z[target];  // log-sum-exp form
+}
+
+// d (V) += g * (p - onehot(target)).
+VECTOR_CLONES void softmax_loss_backward(float* d, const float* p, std::int64_t target, float g,
+                                         std::int64_t V) {
+  for (std::int64_t i = 0; i < V; ++i) d[i] += (p[i] - (i == target ? 1.0f : 0.0f)) * g;
+}
+
+}  // namespace
+
 void crossentropy_forward(std::span<float> losses, std::span<float> probs,
                           std::span<const float> logits, std::span<const std::int64_t> targets,
                           std::int64_t N, std::int64_t V) {
   parallel_pieces(N, double(N) * double(V) * 4, [&](std::int64_t n) {
-    const float* z = logits.data() + n * V;
-    float* p = probs.data() + n * V;
-    float mx = z[0];
-    for (std::int64_t i = 1; i < V; ++i) mx = std::max(mx, z[i]);
-    float sum = 0.0f;
-    for (std::int64_t i = 0; i < V; ++i) {
-      p[i] = std::exp(z[i] - mx);
-      sum += p[i];
-    }
-    const float inv = 1.0f / sum;
-    for (std::int64_t i = 0; i < V; ++i) p[i] *= inv;
-    const std::int64_t target = targets[static_cast<std::size_t>(n)];
-    losses[static_cast<std::size_t>(n)] = std::log(sum) + mx - z[target];  // log-sum-exp form
+    const auto k = static_cast<std::size_t>(n);
+    losses[k] = softmax_loss(probs.data() + n * V, logits.data() + n * V, targets[k], V);
   });
 }
 
@@ -409,11 +495,8 @@ void crossentropy_backward(std::span<float> dlogits, std::span<const float> dlos
                            std::span<const float> probs, std::span<const std::int64_t> targets,
                            std::int64_t N, std::int64_t V) {
   parallel_pieces(N, double(N) * double(V) * 4, [&](std::int64_t n) {
-    const float g = dloss[static_cast<std::size_t>(n)];
-    const float* p = probs.data() + n * V;
-    float* d = dlogits.data() + n * V;
-    const std::int64_t target = targets[static_cast<std::size_t>(n)];
-    for (std::int64_t i = 0; i < V; ++i) d[i] += (p[i] - (i == target ? 1.0f : 0.0f)) * g;
+    const auto k = static_cast<std::size_t>(n);
+    softmax_loss_backward(dlogits.data() + n * V, probs.data() + n * V, targets[k], dloss[k], V);
   });
 }
 
