@@ -1,5 +1,5 @@
 // Each op: the fast fp32 kernel against the double plain-loop reference (forward
-// and backward, awkward sizes crossing the 16-column strips and 64-row pieces),
+// and backward, awkward sizes crossing the 16-column strips and 128-row pieces),
 // and the reference backward against central finite differences of the
 // reference forward, all in double.
 #include <gtest/gtest.h>
@@ -127,7 +127,9 @@ INSTANTIATE_TEST_SUITE_P(Sizes, MatmulTest,
                          });
 
 TEST(MatmulTied, MatchesReferenceAndFiniteDifferences) {
-  for (const auto [N, C, V] : {std::array<std::int64_t, 3>{1, 1, 1}, {5, 7, 3}, {67, 17, 33}, {3, 4, 70}}) {
+  // N 131: two row pieces, which share one transposed copy of the table.
+  for (const auto [N, C, V] : {std::array<std::int64_t, 3>{1, 1, 1}, {5, 7, 3}, {67, 17, 33}, {3, 4, 70},
+                               {131, 9, 40}}) {
     const auto n = [](std::int64_t v) { return static_cast<std::size_t>(v); };
     auto inp = random_floats(n(N * C), 5), table = random_floats(n(V * C), 6, 0.5);
     auto dout = random_floats(n(N * V), 7);
