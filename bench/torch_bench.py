@@ -1,12 +1,15 @@
-"""PyTorch eager timings of the same kernels as `posembed bench`, for its ratio column.
+"""PyTorch timings of the same kernels as `posembed bench`, for its ratio columns.
 
-Run with Debian's /usr/bin/python3 (python3-torch). The layer as a PyTorch user
-writes it: nn.Embedding + nn.Embedding + add + nn.Dropout, backward through
-autograd, torch.optim.AdamW. Prints one JSON object on stdout:
-  {"format": "posembed-torch-bench/1", "torch": version, "threads": N,
-   "shapes": {name: {kernel: {"median_ms": .., "min_ms": .., "reps": ..}}}}
+Runs under Debian's /usr/bin/python3 (python3-torch 1.13) or PyPI's torch 2.x.
+The layer as a PyTorch user writes it: nn.Embedding + nn.Embedding + add +
+nn.Dropout, backward through autograd, torch.optim.AdamW. With --compile (and a
+torch that has it) the forward of forward_eval, forward_train and fwd_bwd_* is
+also timed under torch.compile, and each of those kernels reports the faster of
+the two ("variant": "eager" or "compile"). Prints one JSON object on stdout:
+  {"format": "posembed-torch-bench/1", "torch": version, "threads": N, "compile": bool,
+   "shapes": {name: {kernel: {"median_ms": .., "min_ms": .., "reps": .., "variant": ..}}}}
 
-usage: torch_bench.py --threads N --reps R --shape NAME:B:T:D:V:MAXT [--shape ...]
+usage: torch_bench.py --threads N --reps R [--compile] --shape NAME:B:T:D:V:MAXT [--shape ...]
 """
 import argparse
 import json
@@ -35,7 +38,13 @@ def timed(fn, reps, setup=None, warmup=2):
     return {"median_ms": statistics.median(times), "min_ms": min(times), "reps": reps}
 
 
-def bench_shape(batch, seq_len, dim, vocab, max_seq_len, reps):
+def fastest(variants):
+    """The variant with the lower median, labelled."""
+    name, best = min(variants.items(), key=lambda kv: kv[1]["median_ms"])
+    return dict(best, variant=name)
+
+
+def bench_shape(batch, seq_len, dim, vocab, max_seq_len, reps, compile_too):
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, vocab, (batch, seq_len), generator=gen)
     pids = torch.arange(seq_len).expand(batch, seq_len)
@@ -63,14 +72,20 @@ def bench_shape(batch, seq_len, dim, vocab, max_seq_len, reps):
         del out, ref, kept
 
         kind = "sparse" if sparse else "dense"
+        # The forward as written, and compiled (its first calls, the compilation, are warmup).
+        forwards = {"eager": forward}
+        if compile_too:
+            forwards["compile"] = torch.compile(forward)
         if not sparse:
-            def forward_eval():
-                with torch.no_grad():
-                    drop.eval()
-                    tok(ids) + pos(pids)
-                    drop.train()
-            results["forward_eval"] = timed(forward_eval, reps)
-            results["forward_train"] = timed(forward, reps)
+            def eval_of(fwd):
+                def forward_eval():
+                    with torch.no_grad():
+                        drop.eval()
+                        fwd()
+                        drop.train()
+                return forward_eval
+            results["forward_eval"] = fastest({k: timed(eval_of(f), reps) for k, f in forwards.items()})
+            results["forward_train"] = fastest({k: timed(f, reps) for k, f in forwards.items()})
 
         state = {}
 
@@ -78,20 +93,22 @@ def bench_shape(batch, seq_len, dim, vocab, max_seq_len, reps):
             clear()
             state["out"] = forward()
 
-        results["backward_" + kind] = timed(lambda: state["out"].backward(grad_out), reps, prepare)
-        results["fwd_bwd_" + kind] = timed(lambda: forward().backward(grad_out), reps, clear)
+        results["backward_" + kind] = dict(
+            timed(lambda: state["out"].backward(grad_out), reps, prepare), variant="eager")
+        results["fwd_bwd_" + kind] = fastest(
+            {k: timed(lambda f=f: f().backward(grad_out), reps, clear) for k, f in forwards.items()})
 
         if not sparse:
             clear()
             forward().backward(grad_out)
-            results["zero_grad_dense"] = timed(lambda: tok.weight.grad.zero_(), reps)
+            results["zero_grad_dense"] = dict(timed(lambda: tok.weight.grad.zero_(), reps), variant="eager")
             best = None
             for foreach in (False, True):  # report PyTorch's better implementation
                 opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.01, foreach=foreach)
                 r = timed(opt.step, max(3, reps // 3))
                 if best is None or r["median_ms"] < best["median_ms"]:
                     best = dict(r, foreach=foreach)
-            results["adamw"] = best
+            results["adamw"] = dict(best, variant="eager")
     return results
 
 
@@ -101,16 +118,19 @@ def main():
     parser.add_argument("--reps", type=int, default=15)
     parser.add_argument("--shape", action="append", required=True,
                         help="NAME:B:T:D:V:MAXT, repeatable")
+    parser.add_argument("--compile", action="store_true",
+                        help="also time the forwards under torch.compile, where torch has it")
     args = parser.parse_args()
+    compile_too = args.compile and hasattr(torch, "compile")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     shapes = {}
     for spec in args.shape:
         name, *dims = spec.split(":")
         batch, seq_len, dim, vocab, max_seq_len = map(int, dims)
-        shapes[name] = bench_shape(batch, seq_len, dim, vocab, max_seq_len, args.reps)
+        shapes[name] = bench_shape(batch, seq_len, dim, vocab, max_seq_len, args.reps, compile_too)
     json.dump({"format": FORMAT, "torch": torch.__version__, "threads": torch.get_num_threads(),
-               "shapes": shapes}, sys.stdout)
+               "compile": compile_too, "shapes": shapes}, sys.stdout)
     print()
 
 

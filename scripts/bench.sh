@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# posembed's kernels side by side with PyTorch eager, in one run: builds the CLI,
-# then `posembed bench --torch`, which runs bench/torch_bench.py (Debian's
-# /usr/bin/python3 with python3-torch) at the same shapes and thread count,
-# alternating with our own timings for ROUNDS rounds, and prints the ratios.
+# posembed's kernels side by side with PyTorch, in one run: builds the CLI, then
+# `posembed bench --torch`, which runs bench/torch_bench.py at the same shapes and
+# thread count under PyPI's torch 2.x (eager and torch.compile, in the venv
+# scripts/bench_venv.sh makes on demand) and Debian's 1.13 (/usr/bin/python3 with
+# python3-torch), alternating with our own timings for ROUNDS rounds, and prints
+# the ratios to each and the targets against the faster.
 #   scripts/bench.sh                 2 threads, 3 rounds, table
 #   THREADS=1 ROUNDS=5 scripts/bench.sh --json
 set -euo pipefail
@@ -10,4 +12,6 @@ cd "$(dirname "$0")/.."
 scripts/deps.sh test  # python3-torch, and OpenBLAS for it (see shared REFERENCE notes)
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j "$(nproc)" --target posembed_cli
-exec build/posembed bench --torch --threads "${THREADS:-2}" --rounds "${ROUNDS:-3}" "$@"
+venv=$(scripts/bench_venv.sh)
+exec build/posembed bench --torch --torch-compile --python "$venv/bin/python" --python /usr/bin/python3 \
+  --threads "${THREADS:-2}" --rounds "${ROUNDS:-3}" "$@"
