@@ -129,7 +129,7 @@ VECTOR_CLONES void add_bias(float* o, const float* bias, std::int64_t rows, std:
 }
 
 // dx (R, K) += a^T @ b for a (N, R), b (N, K): a sum over all N rows, so
-// split the output's rows instead; each piece does the whole sum in one BLAS call.
+// split the output's rows instead; each piece does the whole sum in one GEMM call.
 void accumulate_at_b(float* dx, const float* a, const float* b, std::int64_t N, std::int64_t R,
                      std::int64_t K, double work) {
   constexpr std::int64_t kOutPiece = 32;
@@ -189,16 +189,13 @@ void matmul_backward_any(std::span<float> dinp, std::span<float> dweight, std::s
   const bool in_out = layout == WeightLayout::in_out;
   if (in_out) {
     multiply_by_transpose(dinp.data(), dout.data(), weight.data(), N, OC, C, 1.0f);
+    accumulate_at_b(dweight.data(), inp.data(), dout.data(), N, C, OC, work);  // (C, OC)
   } else {
     parallel_pieces(pieces(N, kRowPiece), work, [&](std::int64_t p) {
       const std::int64_t r0 = p * kRowPiece, rows = std::min(N - r0, kRowPiece);
       gemm(Trans::no, Trans::no, rows, C, OC, 1.0f, dout.data() + r0 * OC, OC, weight.data(), C,
            1.0f, dinp.data() + r0 * C, C);
     });
-  }
-  if (in_out) {
-    accumulate_at_b(dweight.data(), inp.data(), dout.data(), N, C, OC, work);  // (C, OC)
-  } else {
     accumulate_at_b(dweight.data(), dout.data(), inp.data(), N, OC, C, work);  // (OC, C)
   }
   if (!dbias.empty()) bias_backward(dbias.data(), dout.data(), N, OC);
@@ -337,10 +334,6 @@ VECTOR_CLONES void causal_softmax_backward(float* da, const float* att, std::int
     for (std::int64_t u = t + 1; u < T; ++u) drow[u] = 0.0f;
   }
 }
-
-}  // namespace
-
-namespace {
 
 // The products of causal attention skip the masked upper triangle in blocks of
 // kCausalBlock rows: block [r0, r0 + rows) of queries meets keys [0, r0 + rows)
