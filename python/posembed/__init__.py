@@ -70,14 +70,19 @@ def forward(input_ids, position_ids, token_table, position_table, *, dropout=0.0
 
 
 def backward(grad_out, input_ids, position_ids, *, grad_token_table=None, grad_position_table=None,
-             vocab_size, max_seq_len, dropout=0.0, seed=1337, step=0, padding_row=-1):
+             vocab_size, max_seq_len, dropout=0.0, seed=1337, step=0, padding_row=-1,
+             accumulate=True):
     """Accumulates (+=) the gradients of forward() into the given float32 tables; None skips one.
 
     Each gradient row is summed over the batch in flat token order: the same bits on any thread
-    count. Zeroing is up to the caller (``np.zeros`` or ``_C.zero_grad``).
+    count. Zeroing is up to the caller (``np.zeros`` or ``_C.zero_grad``), or pass
+    ``accumulate=False`` to write fresh gradients: what the tables held is ignored (``np.empty``
+    will do), rows no token touches become zeros, and the bits are those of zeros + accumulate,
+    with one pass over the tables less.
     """
     _C.backward_dense(grad_token_table, grad_position_table, grad_out, input_ids, position_ids,
-                      vocab_size, max_seq_len, float(dropout), seed, step, padding_row)
+                      vocab_size, max_seq_len, float(dropout), seed, step, padding_row,
+                      bool(accumulate))
 
 
 def backward_sparse(grad_out, input_ids, position_ids, *, grad_position_table=None, vocab_size,

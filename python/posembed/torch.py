@@ -94,9 +94,10 @@ class _Embedding(torch.autograd.Function):
         _C.set_num_threads(torch.get_num_threads())
         if need_positions:
             grad_positions = torch.empty(position_shape, dtype=torch.float32)
-            _C.zero_grad(grad_positions)
         vocab_size, max_seq_len = token_shape[0], position_shape[0]
         if need_tokens and sparse:
+            if grad_positions is not None:
+                _C.zero_grad(grad_positions)  # the sparse backward accumulates into it
             rows, values = _C.backward_sparse(grad_positions, grad_out, input_ids, position_ids,
                                               vocab_size, max_seq_len, p, seed, step,
                                               position_padding_row)
@@ -106,9 +107,10 @@ class _Embedding(torch.autograd.Function):
                 # A fresh gradient, as PyTorch's own embedding backward makes, from storage
                 # that torch has freed before (see empty_cache).
                 grad_tokens = _C.empty_float32(*token_shape)
-                _C.zero_grad(grad_tokens)
+            # Written, not accumulated: fresh gradients need no zeroing pass first.
             _C.backward_dense(grad_tokens, grad_positions, grad_out, input_ids, position_ids,
-                              vocab_size, max_seq_len, p, seed, step, position_padding_row)
+                              vocab_size, max_seq_len, p, seed, step, position_padding_row,
+                              accumulate=False)
             if grad_tokens is not None and padding_idx is not None:
                 grad_tokens[padding_idx].zero_()
         return (grad_tokens, grad_positions) + (None,) * 8

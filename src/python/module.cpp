@@ -221,7 +221,7 @@ BackwardArgs backward_args(const std::optional<Out>& grad_position_table, const 
 void backward_dense(std::optional<Out> grad_token_table, std::optional<Out> grad_position_table,
                     In grad_out, In token_ids, In position_ids, std::int64_t vocab_size,
                     std::int64_t max_seq_len, double p, std::uint64_t seed, std::uint64_t step,
-                    std::int64_t padding_row) {
+                    std::int64_t padding_row, bool accumulate) {
   const BackwardArgs a = backward_args(grad_position_table, grad_out, token_ids, position_ids,
                                        vocab_size, max_seq_len, padding_row);
   const auto grad_token = view_optional<float>(grad_token_table, "grad_token_table", 2);
@@ -234,7 +234,8 @@ void backward_dense(std::optional<Out> grad_token_table, std::optional<Out> grad
   require_disjoint(grad_token, "grad_token_table", a.grad_position, "grad_position_table");
   nb::gil_scoped_release release;
   embedding_backward(grad_token, a.grad_position, a.grad_out, a.batch.token_ids,
-                     a.batch.position_ids, a.batch.shape, {p, seed, step});
+                     a.batch.position_ids, a.batch.shape, {p, seed, step},
+                     accumulate ? GradMode::accumulate : GradMode::write);
 }
 
 // Storage handed to Python that comes back when Python frees it. A new 154 MB
@@ -538,7 +539,10 @@ NB_MODULE(_C, m) {
   m.def("backward_dense", &py::backward_dense, "grad_token_table"_a.none(),
         "grad_position_table"_a.none(), "grad_out"_a, "input_ids"_a, "position_ids"_a,
         "vocab_size"_a, "max_seq_len"_a, "p"_a, "seed"_a, "step"_a, "padding_row"_a = -1,
-        "accumulates (+=) the gradients of forward; None skips a table");
+        "accumulate"_a = true,
+        "accumulates (+=) the gradients of forward, or with accumulate=False writes them "
+        "(what the arrays held is ignored; the same bits as zeros + accumulate); None skips "
+        "a table");
   m.def("backward_sparse", &py::backward_sparse, "grad_position_table"_a.none(), "grad_out"_a,
         "input_ids"_a, "position_ids"_a, "vocab_size"_a, "max_seq_len"_a, "p"_a, "seed"_a, "step"_a,
         "padding_row"_a = -1,

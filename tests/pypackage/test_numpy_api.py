@@ -91,6 +91,23 @@ def test_backward_accumulates_and_sparse_rows_equal_dense_rows_bitwise():
     np.testing.assert_array_equal(values, dense[rows])
 
 
+def test_backward_that_writes_ignores_what_the_tables_held_and_equals_zeros_plus_accumulate():
+    tok, pos = tables()
+    ids, pids = batch()
+    g = np.random.default_rng(5).standard_normal((3, 17, D)).astype(np.float32)
+    kw = dict(vocab_size=V, max_seq_len=P, dropout=0.1, seed=9, step=4)
+    acc_tok, acc_pos = np.zeros_like(tok), np.zeros_like(pos)
+    posembed.backward(g, ids, pids, grad_token_table=acc_tok, grad_position_table=acc_pos, **kw)
+    # Garbage in the written tables, NaN included: none of it may be read.
+    w_tok, w_pos = np.full_like(tok, np.nan), np.full_like(pos, 7.0)
+    posembed.backward(g, ids, pids, grad_token_table=w_tok, grad_position_table=w_pos,
+                      accumulate=False, **kw)
+    assert w_tok.tobytes() == acc_tok.tobytes()
+    assert w_pos.tobytes() == acc_pos.tobytes()
+    untouched = np.setdiff1d(np.arange(V), ids)
+    assert untouched.size > 0 and np.all(w_tok[untouched] == 0)
+
+
 def test_same_bits_on_one_and_two_threads():
     # Wide enough that both kernels split the work: backward's column strips are >= 256 wide.
     d = 600
