@@ -19,10 +19,10 @@ namespace {
 
 struct AnalyzeOptions {
   std::string file;
-  std::string tensor;        // empty: detect by name
+  std::string tensor;                  // empty: detect by name
   std::optional<std::int64_t> offset;  // absent: the offset the names imply (OPT, RoBERTa: 2)
   std::string out_dir = ".";
-  std::string prefix;        // empty: the file's stem
+  std::string prefix;          // empty: the file's stem
   std::string format = "png";  // png or svg
   bool no_plots = false;
   bool json = false;
@@ -55,8 +55,8 @@ void run_analyze(const AnalyzeOptions& o) {
 
   std::string source = o.file + " : " + info.name;
   if (t.offset_rows > 0) {
-    source += " rows " + std::to_string(t.offset_rows) + ".." + std::to_string(rows - 1) +
-              " (" + t.offset_reason + ")";
+    source += " rows " + std::to_string(t.offset_rows) + ".." + std::to_string(rows - 1) + " (" +
+              t.offset_reason + ")";
   }
   // Check the plot paths before the work, so a bad --out-dir fails fast.
   const std::filesystem::path dir(o.out_dir);
@@ -71,8 +71,8 @@ void run_analyze(const AnalyzeOptions& o) {
   const tools::TableAnalysis a = tools::analyze_table(table, used, cols);
   if (!o.no_plots) {
     const std::string title = std::filesystem::path(o.file).filename().string() + " " + info.name;
-    tools::write_heatmap_png(heatmap, table, used, cols, title);
-    tools::write_spectrum_png(spectrum, a, title);
+    tools::write_table_heatmap(heatmap, table, used, cols, title);
+    tools::write_spectrum_plot(spectrum, a, title);
   }
   std::string text = o.json ? tools::analysis_json(a, source) : tools::format_analysis(a, source);
   if (!o.json && !o.no_plots) {

@@ -19,8 +19,8 @@
 #include "posembed/model/eval.h"
 #include "posembed/model/extend.h"
 #include "posembed/model/init_from.h"
-#include "posembed/tools/canvas.h"
 #include "posembed/tools/format.h"
+#include "posembed/tools/plot.h"
 
 namespace posembed::cli {
 namespace {
@@ -101,19 +101,19 @@ void run_eval(const EvalOptions& o) {
   if (!o.plot.empty()) {
     const std::filesystem::path ckpt(o.checkpoint);
     tools::LinePlot p;
-    p.title = "LOSS BY POSITION: " + (ckpt.parent_path().filename() / ckpt.filename()).string();
-    if (resize) p.title += " (" + extended + " IN MEMORY)";
-    p.x_label = tools::format("POSITION IN THE WINDOW (MEAN OVER %lld WINDOWS)",
+    p.title = "Loss by position: " + (ckpt.parent_path().filename() / ckpt.filename()).string();
+    if (resize) p.title += " (" + extended + " in memory)";
+    p.x_label = tools::format("position in the window (mean over %lld windows)",
                               static_cast<long long>(loss.windows));
-    p.y_label = "LOSS, NATS/BYTE (EVAL MODE)";
+    p.y_label = "loss, nats/byte (eval mode)";
     tools::PlotSeries each, buckets;
-    each.label = "EACH POSITION";
+    each.label = "each position";
     each.colour = tools::kLightGrey;
     for (std::int64_t t = 0; t < T; ++t) {
       each.x.push_back(static_cast<double>(t));
       each.y.push_back(loss.by_position[static_cast<std::size_t>(t)]);
     }
-    buckets.label = tools::format("MEAN OF %lld POSITIONS", static_cast<long long>(o.bucket));
+    buckets.label = tools::format("mean of %lld positions", static_cast<long long>(o.bucket));
     buckets.colour = tools::series_colour(0);
     buckets.markers = true;
     for (std::int64_t b = 0; b < T; b += o.bucket) {
@@ -123,7 +123,7 @@ void run_eval(const EvalOptions& o) {
     p.series = {each, buckets};
     if (resize) {
       tools::PlotSeries edge;
-      edge.label = tools::format("TRAINED POSITIONS END (%lld)", static_cast<long long>(rows));
+      edge.label = tools::format("trained positions end (%lld)", static_cast<long long>(rows));
       edge.colour = tools::kGrey;
       edge.dashed = true;
       const auto [lo, hi] = std::minmax_element(each.y.begin(), each.y.end());
@@ -131,7 +131,7 @@ void run_eval(const EvalOptions& o) {
       edge.y = {*lo, *hi};
       p.series.push_back(edge);
     }
-    tools::write_line_plot_png(o.plot, p);
+    tools::write_line_plot(o.plot, p);
   }
 
   if (o.json) {

@@ -10,7 +10,9 @@ exists, is small, and decodes (signature, chunk CRCs, IHDR, IDAT inflating to
 exactly height * (1 + 3 * width) bytes with valid filter bytes, IEND); no PNG
 is left unreferenced. Then the error paths: an unknown name (a usage error,
 status 2) and a missing corpus (an error, status 1) exit with a message naming
-the problem and write nothing.
+the problem and write nothing. Last, one claim with `--format svg`: every plot the
+report references is an SVG file that parses, with an <svg> root of positive size, and
+no PNG is written.
 """
 import os
 import re
@@ -19,6 +21,7 @@ import struct
 import subprocess
 import sys
 import zlib
+import xml.etree.ElementTree as ET
 
 MAX_PNG_BYTES = 300 * 1024  # the report is committed: plots must stay small
 
@@ -116,7 +119,30 @@ def main():
             fail(f"{args}: exit {r.returncode}, stderr {r.stderr!r}, want status {status} and {words!r}")
         if os.path.exists(bad):
             fail(f"{args}: wrote {bad} before failing")
-    print(f"ok: {len(verdicts)} verdicts, {len(images)} plots checked")
+    # SVG plots, by --format, for one claim (the cheapest one that plots lines and spectra).
+    svg_out = os.path.join(work, "experiment_svg")
+    shutil.rmtree(svg_out, ignore_errors=True)
+    r = subprocess.run([exe, "experiment", "dimensionality", "--quick", "--quiet", "--format", "svg",
+                        "--out", svg_out, "--data", text_dir], capture_output=True, text=True,
+                       timeout=600)
+    if r.returncode != 0:
+        fail(f"--format svg: exit {r.returncode}\nstderr:\n{r.stderr}")
+    svgs = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", open(os.path.join(svg_out, "REPORT.md")).read())
+    if not svgs or any(not s.endswith(".svg") for s in svgs):
+        fail(f"--format svg: report references {svgs}")
+    for name in svgs:
+        root = ET.parse(os.path.join(svg_out, name)).getroot()
+        if root.tag != "{http://www.w3.org/2000/svg}svg":
+            fail(f"{name}: root element {root.tag}")
+        if not (float(re.sub(r"(px|pt)$", "", root.get("width", "0"))) > 0 and len(list(root.iter())) > 20):
+            fail(f"{name}: empty drawing")
+    if any(f.endswith(".png") for f in os.listdir(svg_out)):
+        fail("--format svg wrote a PNG")
+    r = subprocess.run([exe, "experiment", "dropout", "--quick", "--format", "jpg", "--out", bad],
+                       capture_output=True, text=True, timeout=60)
+    if r.returncode != 2 or "jpg" not in r.stderr or os.path.exists(bad):
+        fail(f"--format jpg: exit {r.returncode}, stderr {r.stderr!r}")
+    print(f"ok: {len(verdicts)} verdicts, {len(images)} PNG and {len(svgs)} SVG plots checked")
 
 
 if __name__ == "__main__":

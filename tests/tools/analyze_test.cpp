@@ -73,7 +73,8 @@ TEST(Analyze, ComponentsFor) {
 std::vector<float> low_rank_table(std::int64_t rows, std::int64_t cols, std::int64_t r,
                                   double sigma, std::uint64_t seed) {
   std::vector<double> a(static_cast<std::size_t>(rows * r)), b(static_cast<std::size_t>(r * cols));
-  for (std::size_t i = 0; i < a.size(); ++i) a[i] = standard_normal(seed, RandomStream::model_init, i);
+  for (std::size_t i = 0; i < a.size(); ++i)
+    a[i] = standard_normal(seed, RandomStream::model_init, i);
   for (std::size_t i = 0; i < b.size(); ++i) {
     b[i] = standard_normal(seed, RandomStream::model_init, a.size() + i);
   }
@@ -101,8 +102,8 @@ TEST(Analyze, RecoversRankOfLowRankPlusNoise) {
   // singular value stays far above the noise's largest (about sigma (sqrt(rows) + sqrt(cols))).
   for (const Case c : {Case{128, 64, 1, 1e-3}, Case{128, 64, 3, 1e-3}, Case{128, 64, 7, 1e-2},
                        Case{128, 64, 16, 1e-3}, Case{64, 96, 5, 1e-2}, Case{300, 40, 12, 1e-2}}) {
-    SCOPED_TRACE(testing::Message() << c.rows << "x" << c.cols << " rank " << c.rank << " sigma "
-                                    << c.sigma);
+    SCOPED_TRACE(testing::Message()
+                 << c.rows << "x" << c.cols << " rank " << c.rank << " sigma " << c.sigma);
     const std::vector<float> t = low_rank_table(c.rows, c.cols, c.rank, c.sigma, 7 + c.rank);
     const TableAnalysis r = analyze_table(t, c.rows, c.cols);
     EXPECT_EQ(r.gap_rank, c.rank);
@@ -194,7 +195,8 @@ TEST(Analyze, MatchesNumPy) {
   ASSERT_EQ(cos.size(), static_cast<std::size_t>(rows - 1));
   ASSERT_EQ(r.row_norms.size(), norms.size());
   ASSERT_EQ(r.neighbour_cosine.size(), cos.size());
-  for (std::size_t i = 0; i < norms.size(); ++i) EXPECT_NEAR(r.row_norms[i], norms[i], 1e-13 * norms[i]);
+  for (std::size_t i = 0; i < norms.size(); ++i)
+    EXPECT_NEAR(r.row_norms[i], norms[i], 1e-13 * norms[i]);
   for (std::size_t i = 0; i < cos.size(); ++i) EXPECT_NEAR(r.neighbour_cosine[i], cos[i], 1e-13);
 }
 
@@ -204,8 +206,8 @@ TEST(Analyze, WritesPlots) {
   const std::vector<float> t = low_rank_table(40, 16, 3, 0.05, 11);
   const TableAnalysis r = analyze_table(t, 40, 16);
   const auto dir = std::filesystem::path(ANALYZE_REFERENCE_DIR);
-  write_heatmap_png(dir / "test.heatmap.png", t, 40, 16, "test");
-  write_spectrum_png(dir / "test.spectrum.png", r, "test");
+  write_table_heatmap(dir / "test.heatmap.png", t, 40, 16, "test");
+  write_spectrum_plot(dir / "test.spectrum.png", r, "test");
   const readback::PngImage heat = readback::read_png(dir / "test.heatmap.png");
   const readback::PngImage spectrum = readback::read_png(dir / "test.spectrum.png");
   EXPECT_TRUE(heat.rgb8 && spectrum.rgb8);
@@ -222,13 +224,13 @@ TEST(Analyze, WritesPlots) {
     }
   }
 
-  write_heatmap_png(dir / "test.heatmap.svg", t, 40, 16, "test");
-  write_spectrum_png(dir / "test.spectrum.svg", r, "test");
+  write_table_heatmap(dir / "test.heatmap.svg", t, 40, 16, "test");
+  write_spectrum_plot(dir / "test.spectrum.svg", r, "test");
   EXPECT_EQ(readback::read_svg(dir / "test.heatmap.svg").count("image"), 1);
   const readback::SvgSummary svg = readback::read_svg(dir / "test.spectrum.svg");
   EXPECT_EQ(svg.root_attributes.at("width"), std::to_string(spectrum.width) + "px");
   EXPECT_EQ(svg.root_attributes.at("height"), std::to_string(spectrum.height) + "px");
-  EXPECT_THROW(write_spectrum_png(dir / "no-such-dir" / "x.png", r, "test"), Error);
+  EXPECT_THROW(write_spectrum_plot(dir / "no-such-dir" / "x.png", r, "test"), Error);
 }
 
 // All rows equal: every singular value is 0; the spectrum says so instead of
@@ -237,7 +239,7 @@ TEST(Analyze, SpectrumOfAConstantTable) {
   const std::vector<float> t(6 * 4, 0.5f);
   const TableAnalysis r = analyze_table(t, 6, 4);
   const auto path = std::filesystem::path(ANALYZE_REFERENCE_DIR) / "constant.spectrum.png";
-  write_spectrum_png(path, r, "constant");
+  write_spectrum_plot(path, r, "constant");
   EXPECT_GT(readback::read_png(path).width, 0);
 }
 

@@ -51,14 +51,14 @@ TEST(LinePlot, WritesAnRgbPngOfTheRequestedSize) {
   p.width = 640;
   p.height = 300;
   const auto path = out_file("size", ".png");
-  write_line_plot_png(path, p);
+  write_line_plot(path, p);
   const readback::PngImage img = read_png(path);
   EXPECT_EQ(img.width, 640);
   EXPECT_EQ(img.height, 300);
   EXPECT_TRUE(img.rgb8);
   EXPECT_TRUE(same(img.at(0, 0), kWhite));
   p.log_x = p.log_y = true;  // all values positive: fine on log axes
-  write_line_plot_png(path, p);
+  write_line_plot(path, p);
   EXPECT_EQ(read_png(path).width, 640);
   std::filesystem::remove(path);
 }
@@ -68,7 +68,7 @@ TEST(LinePlot, WritesAWellFormedSvg) {
   p.width = 640;
   p.height = 300;
   const auto path = out_file("svg", ".SVG");  // the extension in any case
-  write_line_plot_png(path, p);
+  write_line_plot(path, p);
   const readback::SvgSummary svg = read_svg(path);
   EXPECT_EQ(svg.root, "http://www.w3.org/2000/svg|svg");
   EXPECT_EQ(svg.root_attributes.at("width"), "640px");
@@ -90,7 +90,7 @@ TEST(LinePlot, PointsLandWhereTheAxesPutThem) {
     const std::vector<double> x{1, 3, 10, 30, 100}, y{0.5, 7, 1, 200, 3};
     p.series.push_back({"", series_colour(2), x, y, {}, {}, true, false});
     const auto path = out_file("mapping", ".png");
-    write_line_plot_png(path, p);
+    write_line_plot(path, p);
     const readback::PngImage img = read_png(path);
     const PixelBox f = line_plot_frame(p);
     ASSERT_GT(f.w, 400);
@@ -119,7 +119,7 @@ TEST(LinePlot, NonFinitePointsLeaveAGap) {
   p.series.push_back(
       {"", series_colour(3), {0, 1, 2, 3, 4}, {1, 1, NAN, 1, 1}, {}, {}, false, false});
   const auto path = out_file("gap", ".png");
-  write_line_plot_png(path, p);
+  write_line_plot(path, p);
   const readback::PngImage img = read_png(path);
   const PixelBox f = line_plot_frame(p);
   const double mid_y = f.y + f.h / 2.0;
@@ -184,28 +184,28 @@ TEST(LinePlot, RejectsBadInputAndLeavesTheFileAsItWas) {
   { std::ofstream(path) << "an earlier file"; }
   LinePlot p = two_series();
   p.series[1].y.pop_back();
-  EXPECT_THROW(write_line_plot_png(path, p), Error);  // x and y sizes differ
+  EXPECT_THROW(write_line_plot(path, p), Error);  // x and y sizes differ
   p = two_series();
   p.series[0].y_lo.pop_back();
-  EXPECT_THROW(write_line_plot_png(path, p), Error);  // band size differs
+  EXPECT_THROW(write_line_plot(path, p), Error);  // band size differs
   p = two_series();
   p.series[0].y[0] = 0;
   p.log_y = true;
-  EXPECT_THROW(write_line_plot_png(path, p), Error);  // 0 on a log axis
+  EXPECT_THROW(write_line_plot(path, p), Error);  // 0 on a log axis
   p = two_series();
   for (auto& s : p.series) std::fill(s.y.begin(), s.y.end(), NAN);
-  EXPECT_THROW(write_line_plot_png(path, p), Error);  // nothing finite to draw
+  EXPECT_THROW(write_line_plot(path, p), Error);  // nothing finite to draw
   p = two_series();
   p.width = 100;
-  EXPECT_THROW(write_line_plot_png(path, p), Error);  // too small
+  EXPECT_THROW(write_line_plot(path, p), Error);  // too small
   std::ifstream in(path);
   EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "an earlier file");
   std::filesystem::remove(path);
 
   const auto jpg = out_file("bad", ".jpg");
-  EXPECT_THROW(write_line_plot_png(jpg, two_series()), Error);  // neither .png nor .svg
+  EXPECT_THROW(write_line_plot(jpg, two_series()), Error);  // neither .png nor .svg
   EXPECT_FALSE(std::filesystem::exists(jpg));
-  EXPECT_THROW(write_line_plot_png("/nonexistent-dir/x.png", two_series()), Error);
+  EXPECT_THROW(write_line_plot("/nonexistent-dir/x.png", two_series()), Error);
 }
 
 TEST(LinePlot, SeriesColoursDifferAndCycle) {

@@ -73,8 +73,8 @@ TableAnalysis analyze_table(std::span<const float> table, std::int64_t rows, std
 
   // Mean-centred table in double; its singular values are the spectrum.
   const Eigen::MatrixXd x = as_matrix(table, rows, cols).cast<double>();  // (rows, cols)
-  const Eigen::RowVectorXd mean = x.colwise().mean();                    // (cols,)
-  const Eigen::MatrixXd centred = x.rowwise() - mean;                    // (rows, cols)
+  const Eigen::RowVectorXd mean = x.colwise().mean();                     // (cols,)
+  const Eigen::MatrixXd centred = x.rowwise() - mean;                     // (rows, cols)
   a.mean_row_norm = mean.norm();
   const Eigen::BDCSVD<Eigen::MatrixXd> svd(centred);  // values only
   const Eigen::VectorXd& s = svd.singularValues();
@@ -115,7 +115,8 @@ TableAnalysis analyze_table(std::span<const float> table, std::int64_t rows, std
   a.row_norms.resize(n);
   for (std::size_t p = 0; p < n; ++p) {
     double sum = 0;
-    for (std::size_t j = 0; j < d; ++j) sum += static_cast<double>(table[p * d + j]) * table[p * d + j];
+    for (std::size_t j = 0; j < d; ++j)
+      sum += static_cast<double>(table[p * d + j]) * table[p * d + j];
     a.row_norms[p] = std::sqrt(sum);
     a.zero_rows += a.row_norms[p] == 0;
   }
@@ -131,8 +132,8 @@ TableAnalysis analyze_table(std::span<const float> table, std::int64_t rows, std
   return a;
 }
 
-std::vector<float> cosine_matrix(std::span<const float> table, std::int64_t rows,
-                                 std::int64_t cols, std::int64_t stride) {
+std::vector<float> cosine_matrix(std::span<const float> table, std::int64_t rows, std::int64_t cols,
+                                 std::int64_t stride) {
   check_table(table, rows, cols, 1);
   if (stride < 1) throw Error("cosine_matrix: stride " + std::to_string(stride) + " must be >= 1");
   const std::int64_t count = (rows + stride - 1) / stride;
@@ -153,9 +154,9 @@ std::vector<float> cosine_matrix(std::span<const float> table, std::int64_t rows
   return out;
 }
 
-void write_heatmap_png(const std::filesystem::path& path, std::span<const float> table,
-                       std::int64_t rows, std::int64_t cols, const std::string& title,
-                       std::int64_t max_positions) {
+void write_table_heatmap(const std::filesystem::path& path, std::span<const float> table,
+                         std::int64_t rows, std::int64_t cols, const std::string& title,
+                         std::int64_t max_positions) {
   if (max_positions < 1) {
     throw Error("heatmap: max_positions " + std::to_string(max_positions) + " must be >= 1");
   }
@@ -172,8 +173,8 @@ void write_heatmap_png(const std::filesystem::path& path, std::span<const float>
   write_heatmap(path, h);
 }
 
-void write_spectrum_png(const std::filesystem::path& path, const TableAnalysis& a,
-                        const std::string& title) {
+void write_spectrum_plot(const std::filesystem::path& path, const TableAnalysis& a,
+                         const std::string& title) {
   const auto& s = a.singular_values;
   const std::size_t k = s.size();
   // The data with a dot per component; the marks dashed, named in the legend.
@@ -262,9 +263,10 @@ std::string format_analysis(const TableAnalysis& a, const std::string& source) {
     out += format(" %.2f", 100 * a.variance_ratio[i]);
   }
   out += k > 8 ? " ...\n" : "\n";
-  out += format("  components for 90%% / 95%% / 99%% of the variance: %lld / %lld / %lld (of %zu)\n",
-                static_cast<long long>(a.components_90), static_cast<long long>(a.components_95),
-                static_cast<long long>(a.components_99), k);
+  out +=
+      format("  components for 90%% / 95%% / 99%% of the variance: %lld / %lld / %lld (of %zu)\n",
+             static_cast<long long>(a.components_90), static_cast<long long>(a.components_95),
+             static_cast<long long>(a.components_99), k);
   out += format("  participation ratio: %.2f\n", a.participation_ratio);
   out += format("  largest spectral gap: after %lld components (s_k / s_k+1 = %.3g)\n",
                 static_cast<long long>(a.gap_rank), a.gap_ratio);
@@ -272,10 +274,11 @@ std::string format_analysis(const TableAnalysis& a, const std::string& source) {
   double mean_norm = 0;
   for (double v : a.row_norms) mean_norm += v;
   mean_norm /= static_cast<double>(a.row_norms.size());
-  out += format("  per-position norm: mean %.4g, min %.4g (position %td), max %.4g (position %td); "
-                "norm of the mean row %.4g\n",
-                mean_norm, *min_it, min_it - a.row_norms.begin(), *max_it,
-                max_it - a.row_norms.begin(), a.mean_row_norm);
+  out += format(
+      "  per-position norm: mean %.4g, min %.4g (position %td), max %.4g (position %td); "
+      "norm of the mean row %.4g\n",
+      mean_norm, *min_it, min_it - a.row_norms.begin(), *max_it, max_it - a.row_norms.begin(),
+      a.mean_row_norm);
   out += "    first positions:";
   for (std::size_t p = 0; p < std::min<std::size_t>(a.row_norms.size(), 6); ++p) {
     out += format(" %.3g", a.row_norms[p]);
@@ -290,10 +293,12 @@ std::string format_analysis(const TableAnalysis& a, const std::string& source) {
   double nmean = 0;
   for (double v : nc) nmean += v;
   nmean /= static_cast<double>(nc.size());
-  out += format("  neighbour cosine cos(p, p+1): mean %.3f, min %.3f (p = %td), max %.3f (p = %td)\n",
-                nmean, *nmin, nmin - nc.begin(), *nmax, nmax - nc.begin());
+  out +=
+      format("  neighbour cosine cos(p, p+1): mean %.3f, min %.3f (p = %td), max %.3f (p = %td)\n",
+             nmean, *nmin, nmin - nc.begin(), *nmax, nmax - nc.begin());
   out += "    first positions:";
-  for (std::size_t p = 0; p < std::min<std::size_t>(nc.size(), 6); ++p) out += format(" %.3f", nc[p]);
+  for (std::size_t p = 0; p < std::min<std::size_t>(nc.size(), 6); ++p)
+    out += format(" %.3f", nc[p]);
   out += "\n";
   return out;
 }

@@ -30,9 +30,9 @@ struct TableAnalysis {
   std::vector<double> variance_ratio;   // (min(rows, cols),) s_i^2 / sum s^2
   std::int64_t components_90 = 0, components_95 = 0, components_99 = 0;
   double participation_ratio = 0;
-  std::int64_t gap_rank = 0;    // components before the largest spectral gap
-  double gap_ratio = 0;         // s_k / s_(k+1) at that gap
-  double mean_row_norm = 0;     // norm of the mean row, the part centring removes
+  std::int64_t gap_rank = 0;             // components before the largest spectral gap
+  double gap_ratio = 0;                  // s_k / s_(k+1) at that gap
+  double mean_row_norm = 0;              // norm of the mean row, the part centring removes
   std::vector<double> row_norms;         // (rows,)
   std::vector<double> neighbour_cosine;  // (rows - 1,) cos(row p, row p + 1)
   std::int64_t zero_rows = 0;            // rows whose norm is 0
@@ -47,19 +47,19 @@ std::int64_t components_for(std::span<const double> variance_ratio, double level
 
 // Cosine similarity of every pair of the positions 0, stride, 2 stride, ...:
 // (n, n) row-major with n = ceil(rows / stride); 0 where a row is all zeros.
-std::vector<float> cosine_matrix(std::span<const float> table, std::int64_t rows,
-                                 std::int64_t cols, std::int64_t stride = 1);
+std::vector<float> cosine_matrix(std::span<const float> table, std::int64_t rows, std::int64_t cols,
+                                 std::int64_t stride = 1);
 
 // Plots a person can open, PNG or SVG by the file's extension (see plot.h): the
 // cosine heatmap with a colour scale from -1 (blue) through 0 (white) to +1
 // (red), and the singular-value spectrum (log scale) above the cumulative
 // variance with the 90/95/99% marks.
 // The heatmap draws at most max_positions positions (every stride-th above it).
-void write_heatmap_png(const std::filesystem::path& path, std::span<const float> table,
-                       std::int64_t rows, std::int64_t cols, const std::string& title,
-                       std::int64_t max_positions = 1024);
-void write_spectrum_png(const std::filesystem::path& path, const TableAnalysis& analysis,
-                        const std::string& title);
+void write_table_heatmap(const std::filesystem::path& path, std::span<const float> table,
+                         std::int64_t rows, std::int64_t cols, const std::string& title,
+                         std::int64_t max_positions = 1024);
+void write_spectrum_plot(const std::filesystem::path& path, const TableAnalysis& analysis,
+                         const std::string& title);
 
 // Text summary and JSON ("format": "posembed-analyze", "version": 1). `source`
 // names the file and tensor.

@@ -67,7 +67,8 @@ ExperimentReport run_experiments(std::span<const std::string> names, const Exper
   // Validate everything before the first run.
   std::vector<std::size_t> chosen;
   std::string known = "all";
-  for (std::size_t i = 0; i < std::size(kClaims); ++i) known += format(", %s (%zu)", kClaims[i].name, i + 1);
+  for (std::size_t i = 0; i < std::size(kClaims); ++i)
+    known += format(", %s (%zu)", kClaims[i].name, i + 1);
   if (names.empty()) throw Error("name an experiment: " + known);
   for (const std::string& n : names) {
     if (n == "all") {
@@ -85,7 +86,11 @@ ExperimentReport run_experiments(std::span<const std::string> names, const Exper
   }
   std::sort(chosen.begin(), chosen.end());
   chosen.erase(std::unique(chosen.begin(), chosen.end()), chosen.end());
-  if (o.threads < 0) throw Error("--threads " + std::to_string(o.threads) + " must be >= 0 (0 = all cores)");
+  if (o.threads < 0)
+    throw Error("--threads " + std::to_string(o.threads) + " must be >= 0 (0 = all cores)");
+  if (o.image_format != "png" && o.image_format != "svg") {
+    throw Error("plot format '" + o.image_format + "' is not one of png, svg");
+  }
   Context ctx(o);
   bool text = false;
   for (std::size_t i : chosen) text = text || kClaims[i].needs_text;
@@ -129,23 +134,28 @@ ExperimentReport run_experiments(std::span<const std::string> names, const Exper
 
   std::string md;
   md += "# What we measured: textbook claims about learned position embeddings\n\n";
-  md += "Produced by `" + (o.command_line.empty() ? std::string("posembed experiment all") : o.command_line) +
-        "`" + (o.quick ? " (**--quick**: tiny models and step counts; these verdicts say nothing about the claims)" : "") +
-        format(" in %.1f minutes on %u hardware threads, %d used by the kernels; load average "
-               "(1 min) %s at the start, %s at the end: other processes shared the machine, so "
-               "timings are noisy and claim 3 reports medians of interleaved repeats. Every run "
-               "has a fixed seed; rerunning gives the same losses (the kernels are deterministic "
-               "for any thread count) and similar timings.\n\n",
-               report.seconds / 60, std::thread::hardware_concurrency(), num_threads(),
-               load_before.c_str(), load_average().c_str());
+  md += "Produced by `" +
+        (o.command_line.empty() ? std::string("posembed experiment all") : o.command_line) + "`" +
+        (o.quick ? " (**--quick**: tiny models and step counts; these verdicts say nothing about "
+                   "the claims)"
+                 : "") +
+        format(
+            " in %.1f minutes on %u hardware threads, %d used by the kernels; load average "
+            "(1 min) %s at the start, %s at the end: other processes shared the machine, so "
+            "timings are noisy and claim 3 reports medians of interleaved repeats. Every run "
+            "has a fixed seed; rerunning gives the same losses (the kernels are deterministic "
+            "for any thread count) and similar timings.\n\n",
+            report.seconds / 60, std::thread::hardware_concurrency(), num_threads(),
+            load_before.c_str(), load_average().c_str());
   md += "| # | claim | verdict | numbers |\n|---|---|---|---|\n";
   for (const ClaimResult& r : report.claims) {
-    md += format("| %d | [%s](#%d-%s) | **%s** | %s |\n", r.number, r.title.c_str(), r.number, r.name.c_str(),
-                 r.verdict.c_str(), r.summary.c_str());
+    md += format("| %d | [%s](#%d-%s) | **%s** | %s |\n", r.number, r.title.c_str(), r.number,
+                 r.name.c_str(), r.verdict.c_str(), r.summary.c_str());
   }
   md += "\n";
   for (const ClaimResult& r : report.claims) {
-    md += format("<a id=\"%d-%s\"></a>\n## %d. %s\n\n", r.number, r.name.c_str(), r.number, r.title.c_str());
+    md += format("<a id=\"%d-%s\"></a>\n## %d. %s\n\n", r.number, r.name.c_str(), r.number,
+                 r.title.c_str());
     md += r.markdown;
     md += format("\n*Wall time: %.0f s.*\n\n", r.seconds);
   }

@@ -39,7 +39,8 @@ struct ExperimentOptions {
   std::string data = "/usr/share/games/fortunes";  // a file or a directory (model::read_text)
   int threads = 1;     // kernel threads; 1 is fastest for these small models on a shared machine
   bool quiet = false;  // no progress lines
-  std::string command_line;  // written into the report, so it says how to rerun it
+  std::string image_format = "png";  // the plots' files: png or svg
+  std::string command_line;          // written into the report, so it says how to rerun it
 };
 
 // In report order: init-scale, dropout, seq-len, dimensionality, param-share, no-position,
@@ -48,12 +49,12 @@ std::vector<std::string> experiment_names();
 
 struct ClaimResult {
   int number = 0;
-  std::string name;     // one of experiment_names()
+  std::string name;  // one of experiment_names()
   std::string title;
-  std::string verdict;  // "holds", "partly" or "does not hold"
-  std::string summary;  // one line with the headline numbers
-  std::string markdown; // the claim's section of the report
-  std::vector<std::string> images;  // PNG file names written into out_dir
+  std::string verdict;              // "holds", "partly" or "does not hold"
+  std::string summary;              // one line with the headline numbers
+  std::string markdown;             // the claim's section of the report
+  std::vector<std::string> images;  // plot file names written into out_dir
   double seconds = 0;
 };
 
@@ -65,7 +66,7 @@ struct ExperimentReport {
 
 // names: experiment names, their numbers ("1".."7") or "all". Validates every
 // name, the output directory and the data before any run; throws
-// posembed::Error naming the problem. Writes out_dir/REPORT.md and the PNGs.
+// posembed::Error naming the problem. Writes out_dir/REPORT.md and the plots.
 ExperimentReport run_experiments(std::span<const std::string> names,
                                  const ExperimentOptions& options);
 

@@ -661,7 +661,7 @@ PixelBox line_plot_frame(const LinePlot& plot) {
   return with_scratch_context([&](cairo_t* cr) { return layout_plot(cr, plot, 0, 0).frame; });
 }
 
-void write_line_plot_png(const std::filesystem::path& path, const LinePlot& plot) {
+void write_line_plot(const std::filesystem::path& path, const LinePlot& plot) {
   write_line_plots(path, std::span<const LinePlot>(&plot, 1), "");
 }
 

@@ -76,10 +76,10 @@ struct LinePlot {
 // Throws posembed::Error on an empty plot, series whose x, y (or band) sizes
 // differ, non-positive values on a log axis, a file name that is neither .png
 // nor .svg, or a file that cannot be written (the file is then left as it was).
-void write_line_plot_png(const std::filesystem::path& path, const LinePlot& plot);
+void write_line_plot(const std::filesystem::path& path, const LinePlot& plot);
 
 // Several plots stacked top to bottom in one image under a common title; the
-// image is as wide as the widest panel. The same errors as write_line_plot_png.
+// image is as wide as the widest panel. The same errors as write_line_plot.
 void write_line_plots(const std::filesystem::path& path, std::span<const LinePlot> panels,
                       const std::string& title);
 
@@ -93,7 +93,7 @@ struct Heatmap {
   double last = 0;            // the largest position, the end of the axis ticks
 };
 // Throws posembed::Error when n is outside 1..4096 or values are not n x n,
-// and as write_line_plot_png for the file.
+// and as write_line_plot for the file.
 void write_heatmap(const std::filesystem::path& path, const Heatmap& heatmap);
 
 // Where things land in the image, in pixels, for callers and tests that read

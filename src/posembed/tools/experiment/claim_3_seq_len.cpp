@@ -13,8 +13,8 @@ namespace posembed::tools::claims {
 Findings claim_seq_len(Context& ctx) {
   Findings f;
   const bool q = ctx.options().quick;
-  const std::vector<std::int64_t> lengths = q ? std::vector<std::int64_t>{16, 32, 64}
-                                              : std::vector<std::int64_t>{64, 128, 256, 512};
+  const std::vector<std::int64_t> lengths =
+      q ? std::vector<std::int64_t>{16, 32, 64} : std::vector<std::int64_t>{64, 128, 256, 512};
   const int reps = q ? 2 : 15;
   GptConfig c;  // the trainer's default model (plan preset "trainer"), table long enough for all
   c.max_seq_len = lengths.back();
@@ -67,7 +67,8 @@ Findings claim_seq_len(Context& ctx) {
   };
   for (std::size_t j = 0; j < n; ++j) time_one(j, false);  // warm-up: caches, pages, BLAS
   for (int r = 0; r < reps; ++r) {
-    for (std::size_t i = 0; i < n; ++i) time_one((i + static_cast<std::size_t>(r)) % n, true);  // rotated order
+    for (std::size_t i = 0; i < n; ++i)
+      time_one((i + static_cast<std::size_t>(r)) % n, true);  // rotated order
   }
   std::vector<double> x, step_ms, att_ms, rest_ms, share;
   for (std::size_t j = 0; j < n; ++j) {
@@ -81,11 +82,13 @@ Findings claim_seq_len(Context& ctx) {
     rest_ms.push_back(1e3 * median(rest_t));
     share.push_back(att_ms.back() / step_ms.back());
   }
-  ctx.log("  medians of %d interleaved repeats: step %s ms", reps, [&] {
-    std::string s;
-    for (double v : step_ms) s += format(" %.1f", v);
-    return s;
-  }().c_str());
+  ctx.log("  medians of %d interleaved repeats: step %s ms", reps,
+          [&] {
+            std::string s;
+            for (double v : step_ms) s += format(" %.1f", v);
+            return s;
+          }()
+              .c_str());
   // Fits: step time a + b T + c T^2; attention c T^2 (+ b T for the per-row work).
   const int quad[] = {0, 1, 2}, att_pw[] = {1, 2};
   const auto step_fit = fit_powers(x, step_ms, quad);
@@ -119,17 +122,18 @@ Findings claim_seq_len(Context& ctx) {
     ModelShape at_t = shape;
     at_t.max_seq_len = lengths[j];
     const ParamCounts pc = count_params(at_t);
-    f.rows += format("| %lld | %.1f | %.1f | %.1f | %.0f%% | %.0f%% / %.0f%% | %.3f | %.2f | %s | %s |\n",
-                     static_cast<long long>(lengths[j]), step_ms[j], att_ms[j], rest_ms[j], 100 * share[j],
-                     100 * plan_full[j], 100 * plan_causal[j], gflop, gflop / (step_ms[j] / 1e3),
-                     with_commas(pc.position).c_str(),
-                     human_bytes(activation_memory(at_t, lengths[j]).attention_scores).c_str());
+    f.rows +=
+        format("| %lld | %.1f | %.1f | %.1f | %.0f%% | %.0f%% / %.0f%% | %.3f | %.2f | %s | %s |\n",
+               static_cast<long long>(lengths[j]), step_ms[j], att_ms[j], rest_ms[j],
+               100 * share[j], 100 * plan_full[j], 100 * plan_causal[j], gflop,
+               gflop / (step_ms[j] / 1e3), with_commas(pc.position).c_str(),
+               human_bytes(activation_memory(at_t, lengths[j]).attention_scores).c_str());
   }
 
   LinePlot tp;
-  tp.title = "CLAIM 3: TIME PER TRAINING STEP VS SEQUENCE LENGTH";
-  tp.x_label = format("SEQUENCE LENGTH T (BATCH %lld, LOG SCALE)", static_cast<long long>(B));
-  tp.y_label = "MILLISECONDS (MEDIAN, LOG SCALE)";
+  tp.title = "Claim 3: time per training step vs sequence length";
+  tp.x_label = format("sequence length T (batch %lld, log scale)", static_cast<long long>(B));
+  tp.y_label = "milliseconds (median, log scale)";
   tp.log_x = tp.log_y = true;
   tp.x_ticks = x;
   // A log axis shows only positive times: a repeat slower on its attention core
@@ -149,16 +153,16 @@ Findings claim_seq_len(Context& ctx) {
     keep_positive(s);
     tp.series.push_back(s);
   };
-  measured("WHOLE STEP", 0, step_ms);
-  measured("ATTENTION CORE", 1, att_ms);
-  measured("REST", 2, rest_ms);
+  measured("whole step", 0, step_ms);
+  measured("attention core", 1, att_ms);
+  measured("rest", 2, rest_ms);
   std::vector<double> fx;
   for (double t = x.front(); t <= x.back() * 1.0001; t *= 1.05) fx.push_back(t);
   PlotSeries fs, fa;
-  fs.label = "STEP FIT A + BT + CT^2";
+  fs.label = "step fit a + bT + cT^2";
   fs.colour = series_colour(0);
   fs.dashed = true;
-  fa.label = "ATTENTION FIT BT + CT^2";
+  fa.label = "attention fit bT + cT^2";
   fa.colour = series_colour(1);
   fa.dashed = true;
   for (double t : fx) {
@@ -171,17 +175,18 @@ Findings claim_seq_len(Context& ctx) {
   keep_positive(fa);
   tp.series.push_back(fs);
   tp.series.push_back(fa);
-  write_line_plot_png(ctx.options().out_dir / "seq_len_time.png", tp);
+  write_line_plot(ctx.options().out_dir / ctx.image("seq_len_time"), tp);
 
   LinePlot sp;
-  sp.title = "CLAIM 3: ATTENTION SHARE OF A TRAINING STEP";
-  sp.x_label = "SEQUENCE LENGTH T (LOG SCALE)";
-  sp.y_label = "SHARE OF THE STEP";
+  sp.title = "Claim 3: attention share of a training step";
+  sp.x_label = "sequence length T (log scale)";
+  sp.y_label = "share of the step";
   sp.log_x = true;
   sp.x_ticks = x;
   sp.y_min = 0;
   sp.y_max = 1;
-  const auto share_series = [&](const std::string& label, int colour, const std::vector<double>& y, bool dashed) {
+  const auto share_series = [&](const std::string& label, int colour, const std::vector<double>& y,
+                                bool dashed) {
     PlotSeries s;
     s.label = label;
     s.colour = series_colour(colour);
@@ -191,52 +196,65 @@ Findings claim_seq_len(Context& ctx) {
     s.dashed = dashed;
     sp.series.push_back(s);
   };
-  share_series("MEASURED: TIME", 1, share, false);
-  share_series("PLAN: FLOPS, FULL T X T", 0, plan_full, true);
-  share_series("PLAN: FLOPS, CAUSAL HALF", 2, plan_causal, true);
-  write_line_plot_png(ctx.options().out_dir / "seq_len_share.png", sp);
-  f.figures = {{"seq_len_time.png", "time per step vs sequence length"},
-               {"seq_len_share.png", "attention share vs sequence length"}};
+  share_series("measured: time", 1, share, false);
+  share_series("plan: FLOPs, full T × T", 0, plan_full, true);
+  share_series("plan: FLOPs, causal half", 2, plan_causal, true);
+  write_line_plot(ctx.options().out_dir / ctx.image("seq_len_share"), sp);
+  f.figures = {{ctx.image("seq_len_time"), "time per step vs sequence length"},
+               {ctx.image("seq_len_share"), "attention share vs sequence length"}};
 
   f.level = exponent >= 1.6 ? 2 : exponent >= 1.2 ? 1 : 0;
-  f.summary = format("attention time x%.2f from T=%lld to %lld (exponent %.2f); whole step x%.2f; "
-                     "attention share %.0f%% -> %.0f%%",
-                     top_ratio, static_cast<long long>(lengths[n - 2]), static_cast<long long>(lengths[n - 1]),
-                     exponent, step_ratio, 100 * share.front(), 100 * share.back());
-  f.claim = "The position table's parameters and memory grow linearly with max_seq_len; "
-            "attention work grows quadratically, so doubling the sequence length roughly quadruples "
-            "attention time.";
-  f.measured = format("One training step (forward, backward, AdamW) of the trainer's "
-                      "default model (%lld layers, %lld heads, width %lld, dropout 0.1, table of %lld rows) on "
-                      "a batch of %lld sequences of T random bytes, %d threads. Each length is timed %d times, "
-                      "the lengths interleaved in rotated order so that load from other processes spreads "
-                      "over all of them; the table shows medians. *Attention core* = the causal "
-                      "scores/softmax/weighted-sum forward and backward of every layer, timed separately on "
-                      "the step's own inputs (the QKV and output projections count as *rest*). `plan` "
-                      "columns: its predicted share of forward FLOPs in attention (over full T x T score "
-                      "matrices, and over the causal half this kernel computes), its training FLOPs per "
-                      "step (3 x forward), the position table's parameters and the attention-score "
-                      "activation memory per sequence.",
-                      static_cast<long long>(c.n_layer), static_cast<long long>(H), static_cast<long long>(C),
-                      static_cast<long long>(c.max_seq_len), static_cast<long long>(B), num_threads(), reps);
-  f.columns = {"T", "step ms", "attention ms", "rest ms", "attention share",
-               "plan share (full / causal)", "plan GFLOP/step", "GFLOP/s", "position params",
+  f.summary = format(
+      "attention time x%.2f from T=%lld to %lld (exponent %.2f); whole step x%.2f; "
+      "attention share %.0f%% -> %.0f%%",
+      top_ratio, static_cast<long long>(lengths[n - 2]), static_cast<long long>(lengths[n - 1]),
+      exponent, step_ratio, 100 * share.front(), 100 * share.back());
+  f.claim =
+      "The position table's parameters and memory grow linearly with max_seq_len; "
+      "attention work grows quadratically, so doubling the sequence length roughly quadruples "
+      "attention time.";
+  f.measured = format(
+      "One training step (forward, backward, AdamW) of the trainer's "
+      "default model (%lld layers, %lld heads, width %lld, dropout 0.1, table of %lld rows) on "
+      "a batch of %lld sequences of T random bytes, %d threads. Each length is timed %d times, "
+      "the lengths interleaved in rotated order so that load from other processes spreads "
+      "over all of them; the table shows medians. *Attention core* = the causal "
+      "scores/softmax/weighted-sum forward and backward of every layer, timed separately on "
+      "the step's own inputs (the QKV and output projections count as *rest*). `plan` "
+      "columns: its predicted share of forward FLOPs in attention (over full T x T score "
+      "matrices, and over the causal half this kernel computes), its training FLOPs per "
+      "step (3 x forward), the position table's parameters and the attention-score "
+      "activation memory per sequence.",
+      static_cast<long long>(c.n_layer), static_cast<long long>(H), static_cast<long long>(C),
+      static_cast<long long>(c.max_seq_len), static_cast<long long>(B), num_threads(), reps);
+  f.columns = {"T",
+               "step ms",
+               "attention ms",
+               "rest ms",
+               "attention share",
+               "plan share (full / causal)",
+               "plan GFLOP/step",
+               "GFLOP/s",
+               "position params",
                "plan attention-score memory"};
-  f.notes = format("Fits (least squares on the medians): step time = %.3g + %.3g T + %.3g T^2 ms; "
-                   "attention = %.3g T + %.3g T^2 ms. Log-log slope of attention time over all lengths: "
-                   "%.2f.\n\n",
-                   step_fit[0], step_fit[1], step_fit[2], att_fit[0], att_fit[1], slope_all);
-  f.reasons = format("Doubling T from %lld to %lld multiplies the attention time by %.2f (exponent %.2f; "
-                     "quadratic would be 4 and 2), while the whole step grows %.2fx because the rest is "
-                     "linear in T: attention takes %.0f%% of the step at T = %lld and %.0f%% at T = %lld "
-                     "(plan's causal FLOP share: %.0f%% and %.0f%%). The table's parameters grow "
-                     "linearly by construction (T x d rows: `plan` column). ",
-                     static_cast<long long>(lengths[n - 2]), static_cast<long long>(lengths[n - 1]), top_ratio,
-                     exponent, step_ratio, 100 * share.front(), static_cast<long long>(lengths.front()),
-                     100 * share.back(), static_cast<long long>(lengths.back()), 100 * plan_causal.front(),
-                     100 * plan_causal.back());
-  f.rule = "*holds* when the attention time's exponent over the last doubling is >= 1.6 "
-           "(ratio >= 3); *partly* when >= 1.2; otherwise *does not hold*.";
+  f.notes = format(
+      "Fits (least squares on the medians): step time = %.3g + %.3g T + %.3g T^2 ms; "
+      "attention = %.3g T + %.3g T^2 ms. Log-log slope of attention time over all lengths: "
+      "%.2f.\n\n",
+      step_fit[0], step_fit[1], step_fit[2], att_fit[0], att_fit[1], slope_all);
+  f.reasons = format(
+      "Doubling T from %lld to %lld multiplies the attention time by %.2f (exponent %.2f; "
+      "quadratic would be 4 and 2), while the whole step grows %.2fx because the rest is "
+      "linear in T: attention takes %.0f%% of the step at T = %lld and %.0f%% at T = %lld "
+      "(plan's causal FLOP share: %.0f%% and %.0f%%). The table's parameters grow "
+      "linearly by construction (T x d rows: `plan` column). ",
+      static_cast<long long>(lengths[n - 2]), static_cast<long long>(lengths[n - 1]), top_ratio,
+      exponent, step_ratio, 100 * share.front(), static_cast<long long>(lengths.front()),
+      100 * share.back(), static_cast<long long>(lengths.back()), 100 * plan_causal.front(),
+      100 * plan_causal.back());
+  f.rule =
+      "*holds* when the attention time's exponent over the last doubling is >= 1.6 "
+      "(ratio >= 3); *partly* when >= 1.2; otherwise *does not hold*.";
   return f;
 }
 

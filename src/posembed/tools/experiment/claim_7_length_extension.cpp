@@ -175,30 +175,30 @@ Findings claim_length_extension(Context& ctx) {
   const auto position_plot = [&](const std::string& title) {
     LinePlot p;
     p.title = title;
-    p.x_label = format("POSITION IN A WINDOW OF %lld (MEAN OF %lld POSITIONS, 3 SEEDS)",
+    p.x_label = format("position in a window of %lld (mean of %lld positions, 3 seeds)",
                        static_cast<long long>(long_len), static_cast<long long>(bucket));
-    p.y_label = "VALIDATION LOSS, NATS/BYTE (EVAL MODE)";
+    p.y_label = "validation loss, nats/byte (eval mode)";
     return p;
   };
-  LinePlot before = position_plot("CLAIM 7: LOSS BY POSITION, EXTENDED TABLES BEFORE FINE-TUNING");
-  LinePlot after = position_plot(format("CLAIM 7: LOSS BY POSITION AFTER %lld STEPS AT %lld",
+  LinePlot before = position_plot("Claim 7: loss by position, extended tables before fine-tuning");
+  LinePlot after = position_plot(format("Claim 7: loss by position after %lld steps at %lld",
                                         static_cast<long long>(tune.train.steps),
                                         static_cast<long long>(long_len)));
   PlotSeries trained_line = by_position_series(
-      format("TRAINED AT %lld (NO ROWS BEYOND)", static_cast<long long>(short_len)), kGrey,
+      format("trained at %lld (no rows beyond)", static_cast<long long>(short_len)), kGrey,
       base_curves, bucket);
   trained_line.dashed = true;
   before.series.push_back(trained_line);
   LinePlot recovery;
   recovery.title =
-      format("CLAIM 7: FINE-TUNING AT %lld, LOSS AT POSITIONS >= %lld (SOLID) AND < %lld (DASHED)",
+      format("Claim 7: fine-tuning at %lld, loss at positions ≥ %lld (solid) and < %lld (dashed)",
              static_cast<long long>(long_len), static_cast<long long>(short_len),
              static_cast<long long>(short_len));
-  recovery.x_label = "FINE-TUNING STEP";
-  recovery.y_label = "VALIDATION LOSS, NATS/BYTE (EVAL MODE)";
+  recovery.x_label = "fine-tuning step";
+  recovery.y_label = "validation loss, nats/byte (eval mode)";
   for (std::size_t k = 0; k <= M; ++k) {
     const std::string label =
-        k < M ? methods[k].label : format("FROM SCRATCH AT %lld", static_cast<long long>(long_len));
+        k < M ? methods[k].label : format("from scratch at %lld", static_cast<long long>(long_len));
     const Rgb colour = series_colour(static_cast<int>(k));
     if (k < M) before.series.push_back(by_position_series(label, colour, arms[k].before, bucket));
     after.series.push_back(by_position_series(label, colour, arms[k].after, bucket));
@@ -214,25 +214,25 @@ Findings claim_length_extension(Context& ctx) {
   double top = 0;
   for (std::size_t k = 0; k < M; ++k) top = std::max(top, spread_of(arms[k].after_hi).hi);
   recovery.y_max = q ? NAN : top + 1.0;
-  write_line_plot_png(ctx.options().out_dir / "length_extension_before.png", before);
-  write_line_plot_png(ctx.options().out_dir / "length_extension_after.png", after);
-  write_line_plot_png(ctx.options().out_dir / "length_extension_recovery.png", recovery);
-  f.figures = {
-      {"length_extension_before.png", "loss by position of the extended tables before fine-tuning"},
-      {"length_extension_after.png", "loss by position after fine-tuning"},
-      {"length_extension_recovery.png",
-       "loss at positions >= " + std::to_string(short_len) + " during fine-tuning"}};
+  write_line_plot(ctx.options().out_dir / ctx.image("length_extension_before"), before);
+  write_line_plot(ctx.options().out_dir / ctx.image("length_extension_after"), after);
+  write_line_plot(ctx.options().out_dir / ctx.image("length_extension_recovery"), recovery);
+  f.figures = {{ctx.image("length_extension_before"),
+                "loss by position of the extended tables before fine-tuning"},
+               {ctx.image("length_extension_after"), "loss by position after fine-tuning"},
+               {ctx.image("length_extension_recovery"),
+                "loss at positions >= " + std::to_string(short_len) + " during fine-tuning"}};
   for (std::size_t k = 0; k < M; ++k) {
     for (const bool tuned : {false, true}) {
       const std::string png =
-          "length_extension_" + methods[k].file + (tuned ? "_tuned" : "") + ".png";
-      write_heatmap_png(
+          ctx.image("length_extension_" + methods[k].file + (tuned ? "_tuned" : ""));
+      write_table_heatmap(
           ctx.options().out_dir / png, tuned ? first_tuned[k] : first_tables[k], long_len,
           tune.model.embed_dim,
-          format("%s TABLE, SEED 1, %s", methods[k].label.c_str(),
+          format("Position table (%s), seed 1, %s", methods[k].label.c_str(),
                  tuned
-                     ? format("AFTER %lld STEPS", static_cast<long long>(tune.train.steps)).c_str()
-                     : "BEFORE FINE-TUNING"),
+                     ? format("after %lld steps", static_cast<long long>(tune.train.steps)).c_str()
+                     : "before fine-tuning"),
           128);
       f.figures.push_back({png, methods[k].label + (tuned ? " table after fine-tuning"
                                                           : " table before fine-tuning")});

@@ -7,8 +7,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdarg>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <map>
 #include <optional>
 #include <span>
@@ -17,17 +17,21 @@
 
 #include "posembed/model/gpt.h"
 #include "posembed/model/train.h"
-#include "posembed/tools/canvas.h"
 #include "posembed/tools/experiment.h"
 #include "posembed/tools/format.h"
+#include "posembed/tools/plot.h"
 
 namespace posembed::tools::claims {
 
 using model::GptConfig;
 using model::TrainConfig;
 
-inline std::size_t sz(std::int64_t n) { return static_cast<std::size_t>(n); }
-inline double dbl(std::int64_t n) { return static_cast<double>(n); }
+inline std::size_t sz(std::int64_t n) {
+  return static_cast<std::size_t>(n);
+}
+inline double dbl(std::int64_t n) {
+  return static_cast<double>(n);
+}
 
 double seconds_since(std::chrono::steady_clock::time_point t0);
 
@@ -39,7 +43,9 @@ struct Spread {
 Spread spread_of(std::span<const double> v);
 // "2.134 [2.120, 2.150]": mean [min, max] over seeds.
 std::string show(const Spread& s, const char* f = "%.3f");
-inline bool separated(const Spread& low, const Spread& high) { return low.hi < high.lo; }
+inline bool separated(const Spread& low, const Spread& high) {
+  return low.hi < high.lo;
+}
 
 double median(std::vector<double> v);
 
@@ -63,8 +69,8 @@ struct RunSpec {
   const model::Corpus* corpus = nullptr;  // nullptr: the copy-k-back task
   std::string data_tag;                   // names the corpus in the cache key
   std::int64_t eval_every = 50;
-  std::int64_t eval_windows = 128;   // per split, for the periodic estimates
-  std::int64_t final_windows = 1024; // per split, for the final ones
+  std::int64_t eval_windows = 128;    // per split, for the periodic estimates
+  std::int64_t final_windows = 1024;  // per split, for the final ones
   // Start from these weights (a fresh AdamW state, as `train --init-from`), not
   // make_gpt's initialisation; init_tag names them in the cache key.
   const std::vector<float>* init_params = nullptr;
@@ -104,6 +110,8 @@ class Context {
  public:
   explicit Context(const ExperimentOptions& o) : o_(o) {}
   const ExperimentOptions& options() const { return o_; }
+  // A plot's file name in out_dir: the stem with the chosen format's extension.
+  std::string image(const std::string& stem) const { return stem + "." + o_.image_format; }
 
   void log(const char* fmt, ...) __attribute__((format(printf, 2, 3))) {
     if (o_.quiet) return;
@@ -127,7 +135,8 @@ class Context {
   const model::Corpus& small_corpus(std::size_t bytes) {
     if (!small_) {
       const auto& t = text();
-      std::vector<std::uint8_t> slice(t.begin(), t.begin() + static_cast<std::ptrdiff_t>(std::min(bytes, t.size())));
+      std::vector<std::uint8_t> slice(
+          t.begin(), t.begin() + static_cast<std::ptrdiff_t>(std::min(bytes, t.size())));
       small_ = model::split_corpus(std::move(slice), 0.25);
     }
     return *small_;
@@ -151,7 +160,9 @@ class Context {
 constexpr std::uint64_t kSeeds[] = {1, 2, 3};
 
 // Claim 2's slice: the first 32 KiB of the text, a quarter held out.
-inline std::size_t small_slice_bytes(bool) { return 32768; }
+inline std::size_t small_slice_bytes(bool) {
+  return 32768;
+}
 
 // The text model of claims 1, 4 and 6: GPT-2 architecture on bytes, small
 // enough for a 2-core machine. Dropout 0 so that only the compared setting varies.
@@ -170,7 +181,7 @@ std::vector<double> step_axis(std::size_t n);
 // ---- a claim's section of the report ----
 
 struct Figure {
-  std::string file;  // a PNG written into out_dir
+  std::string file;  // a plot written into out_dir
   std::string alt;
 };
 
