@@ -11,7 +11,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -33,6 +32,7 @@
 #include "posembed/core/simd.h"
 #include "posembed/model/gemm.h"
 #include "posembed/tools/format.h"
+#include "posembed/tools/machine.h"
 
 namespace posembed::cli {
 namespace {
@@ -346,15 +346,6 @@ std::vector<Result> bench_shape(Workload& w, int reps, bool validate) {
   return results;
 }
 
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  }
-  return "unknown";
-}
-
 // Runs the PyTorch script under `python` for one shape; returns its JSON or throws.
 Json run_torch(const BenchOptions& o, const std::string& python, const Shape& shape, int reps) {
   const EmbeddingShape& s = shape.dims;
@@ -499,7 +490,7 @@ void run_bench(const BenchOptions& o) {
   }
 
   Json report;
-  report["machine"] = {{"cpu", cpu_model()}, {"simd_target", simd::target_name()},
+  report["machine"] = {{"cpu", tools::cpu_model()}, {"simd_target", simd::target_name()},
                        {"gemm", model::gemm_library()}, {"threads", o.threads}};
   report["probe"] = {{"triad_gbps", probe.triad_gbps}, {"copy_gbps", probe.copy_gbps},
                      {"stream_add_gbps", probe.stream_add_gbps}, {"gbps", probe.gbps()},
@@ -508,7 +499,7 @@ void run_bench(const BenchOptions& o) {
   if (o.torch) report["torch"] = torch_info;
   if (!o.json) {
     std::printf("posembed bench: %s, SIMD target %s, GEMM %s, %d thread(s), %d round(s)\n",
-                cpu_model().c_str(), simd::target_name(), model::gemm_library().c_str(), o.threads, o.rounds);
+                tools::cpu_model().c_str(), simd::target_name(), model::gemm_library().c_str(), o.threads, o.rounds);
     for (std::size_t c = 0; c < columns; ++c) {
       const Json& t = torch_info[c];
       std::printf("PyTorch column %zu: torch %s (%s), eager%s\n", c + 1,

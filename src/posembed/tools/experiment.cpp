@@ -10,6 +10,7 @@
 #include "posembed/core/error.h"
 #include "posembed/core/parallel.h"
 #include "posembed/tools/experiment/common.h"
+#include "posembed/tools/machine.h"
 
 namespace posembed::tools {
 namespace {
@@ -46,13 +47,6 @@ ClaimResult run_claim(std::size_t i, Context& ctx) {
   r.markdown = claim_section(f);
   for (const Figure& g : f.figures) r.images.push_back(g.file);
   return r;
-}
-
-std::string load_average() {
-  std::ifstream f("/proc/loadavg");
-  std::string a;
-  if (f >> a) return a;
-  return "unknown";
 }
 
 }  // namespace
@@ -140,12 +134,13 @@ ExperimentReport run_experiments(std::span<const std::string> names, const Exper
                    "the claims)"
                  : "") +
         format(
-            " in %.1f minutes on %u hardware threads, %d used by the kernels; load average "
+            " in %.1f minutes on %s, %u hardware threads, %d used by the kernels; load average "
             "(1 min) %s at the start, %s at the end: other processes shared the machine, so "
             "timings are noisy and claim 3 reports medians of interleaved repeats. Every run "
             "has a fixed seed; rerunning gives the same losses (the kernels are deterministic "
             "for any thread count) and similar timings.\n\n",
-            report.seconds / 60, std::thread::hardware_concurrency(), num_threads(),
+            report.seconds / 60, cpu_model().c_str(), std::thread::hardware_concurrency(),
+            num_threads(),
             load_before.c_str(), load_average().c_str());
   md += "| # | claim | verdict | numbers |\n|---|---|---|---|\n";
   for (const ClaimResult& r : report.claims) {
