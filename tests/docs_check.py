@@ -48,6 +48,12 @@ def fail(message):
     print("FAIL: " + message)
 
 
+def summarize(part, before, summary):
+    """One line per part: what it checked, or how many problems it found."""
+    found = len(failures) - before
+    print(f"{part}: {summary}" if found == 0 else f"{part}: {found} problem(s) above")
+
+
 def pages():
     docs = os.path.join(SRC, "docs")
     names = ["README.md"] + sorted("docs/" + n for n in os.listdir(docs) if n.endswith(".md"))
@@ -93,6 +99,7 @@ def program(*args):
 
 
 def check_examples(all_pages):
+    before = len(failures)
     shown, count = set(), 0
     for page, lines in all_pages.items():
         for i, line in enumerate(lines):
@@ -118,10 +125,11 @@ def check_examples(all_pages):
         fail("examples: no <!-- FILE --> example block in any page")
     for name in sorted(set(os.listdir(os.path.join(SRC, "examples"))) - shown):
         fail(f"examples/{name} is shown in no page (add it after a <!-- {name} --> marker)")
-    print(f"examples: {count} blocks equal to examples/")
+    summarize("examples", before, f"{count} blocks equal to examples/")
 
 
 def check_config(all_pages):
+    before = len(failures)
     want, count = program("config", "--markdown"), 0
     for page, lines in all_pages.items():
         for i, line in enumerate(lines):
@@ -139,10 +147,11 @@ def check_config(all_pages):
                      "(paste its output here):\n" + diff_text(want, got, "posembed config --markdown", page))
     if count == 0:
         fail("config: no <!-- config --> table in any page")
-    print(f"config: {count} table(s) equal to `posembed config --markdown`")
+    summarize("config", before, f"{count} table(s) equal to `posembed config --markdown`")
 
 
 def check_plans(all_pages):
+    before = len(failures)
     count = 0
     for page, lines in all_pages.items():
         for i, line in enumerate(lines):
@@ -161,10 +170,11 @@ def check_plans(all_pages):
                      + diff_text(want, got, f"posembed plan {m.group(1)}", page))
     if count == 0:
         fail("plan: no <!-- plan ARGS --> block in any page")
-    print(f"plan: {count} blocks equal to `posembed plan ARGS`")
+    summarize("plan", before, f"{count} blocks equal to `posembed plan ARGS`")
 
 
 def check_cli_reference():
+    before = len(failures)
     r = subprocess.run(["bash", os.path.join(SRC, "scripts", "cli_reference.sh"), POSEMBED],
                        capture_output=True, text=True)
     if r.returncode != 0 or "## posembed " not in r.stdout:
@@ -175,7 +185,7 @@ def check_cli_reference():
         fail("docs/cli.md is not what the program's help says; regenerate it with\n    "
              + REGENERATE_CLI + "\n" + diff_text(r.stdout, got, "scripts/cli_reference.sh", "docs/cli.md"))
     commands = re.findall(r"^## posembed (\S+)$", r.stdout, re.M)
-    print(f"cli: docs/cli.md equals the help of {len(commands)} commands")
+    summarize("cli", before, f"docs/cli.md equals the help of {len(commands)} commands")
 
 
 def commands_of(body, first_line):
@@ -214,6 +224,7 @@ def run_command(page, line, command, scratch, env, want_rc):
 
 
 def check_commands(all_pages, work):
+    before = len(failures)
     bin_dir = os.path.join(work, "bin")
     os.makedirs(bin_dir)
     os.symlink(POSEMBED, os.path.join(bin_dir, "posembed"))
@@ -223,7 +234,7 @@ def check_commands(all_pages, work):
     for page, lines in all_pages.items():
         scratch = None
         for start, language, body in fences(lines):
-            before = lines[start - 2] if start >= 2 else ""
+            marker = lines[start - 2] if start >= 2 else ""
             if language in ("bash", "shell", "console", "shell-session", "zsh"):
                 fail(f"{page}:{start}: label command blocks ```sh, not ```{language}")
                 continue
@@ -236,7 +247,7 @@ def check_commands(all_pages, work):
             if language != "sh":
                 continue
             marked += 1
-            run, not_run = RUN_MARKER.match(before), NOT_RUN_MARKER.match(before)
+            run, not_run = RUN_MARKER.match(marker), NOT_RUN_MARKER.match(marker)
             if not_run:
                 if not not_run.group(1).strip():
                     fail(f"{page}:{start}: <!-- not run: REASON --> needs a reason")
@@ -275,10 +286,11 @@ def check_commands(all_pages, work):
                      "block marked run or not run")
     if marked == 0 or ran == 0:
         fail(f"commands: {marked} sh blocks, {ran} commands run: expected some of each")
-    print(f"commands: {marked} sh blocks marked, {ran} commands run")
+    summarize("commands", before, f"{marked} sh blocks marked, {ran} commands run")
 
 
 def check_verdicts(all_pages):
+    before = len(failures)
     page = "docs/experiments.md"
     text = "\n".join(all_pages.get(page, []))
     ours = re.findall(r"^\| ([1-9]) \| [^|]* \| ([a-z ]+) \| ", text, re.M)
@@ -288,7 +300,7 @@ def check_verdicts(all_pages):
         fail("verdicts: docs/experiments/REPORT.md has no verdict table")
     elif ours != theirs:
         fail(f"verdicts: {page} says {ours}, docs/experiments/REPORT.md says {theirs}")
-    print(f"verdicts: {len(ours)} claims agree with docs/experiments/REPORT.md")
+    summarize("verdicts", before, f"{len(ours)} claims agree with docs/experiments/REPORT.md")
 
 
 def slug(heading):
@@ -304,6 +316,7 @@ def anchors(path):
 
 
 def check_links(all_pages):
+    before = len(failures)
     count = 0
     for page, lines in all_pages.items():
         text = "\n".join(lines)
@@ -327,7 +340,7 @@ def check_links(all_pages):
             fail(f"docs/experiments/REPORT.md shows missing {image}")
     if count == 0:
         fail("links: no relative link in any page")
-    print(f"links: {count} relative links and images resolve")
+    summarize("links", before, f"{count} relative links and images resolve")
 
 
 def main():
