@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The README's data-parallel scaling table for GPT-2 small, by calculation.
+"""The data-parallel scaling table of docs/training.md for GPT-2 small, by calculation.
 
 Step time = compute + exchange (posembed train does not overlap them). Each rank
 computes one micro-batch of one 1024-token sequence per step (so the global batch
@@ -9,7 +9,7 @@ is N sequences); its exchange moves what a ring all-reduce does,
     exchange = 2 (N-1) latency + 2 (N-1)/N x 4 P / bandwidth
 
 Usage: bench/scaling_table.py GFLOPS_PER_RANK ...
-  GFLOPS_PER_RANK: training FLOP rate of one rank (the README uses the default
+  GFLOPS_PER_RANK: training FLOP rate of one rank (docs/training.md uses the default
   model's rate measured on this machine by bench/data_parallel.sh, and one 100x
   faster to show where the links start to matter); one table per rate
 """

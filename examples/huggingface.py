@@ -1,4 +1,4 @@
-# The README's Hugging Face example; tests/pypackage/test_examples.py runs it.
+# The Hugging Face example of docs/python.md; tests/pypackage/test_examples.py runs it.
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 from posembed.torch import LearnedPositionEmbedding

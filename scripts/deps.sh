@@ -2,7 +2,7 @@
 # Installs what posembed needs and is missing: Debian packages with apt-get,
 # PyPI packages with pip. Quick when everything is present.
 #   scripts/deps.sh build   compilers and libraries
-#   scripts/deps.sh test    plus what the tests' reference scripts need
+#   scripts/deps.sh test    plus what the tests' reference scripts and the docs' examples need
 #   scripts/deps.sh run     plus the training corpus
 set -euo pipefail
 # libdnnl-dev: the model's matrix products (oneDNN); libopenblas-dev and libblis-dev: the
@@ -14,7 +14,9 @@ want=(cmake ninja-build g++ libgtest-dev libbenchmark-dev libcli11-dev nlohmann-
 want+=(libcairo2-dev fonts-dejavu-core libexpat1-dev)
 case "${1:-build}" in
   build) ;;
-  test) want+=(python3-torch libopenblas0-pthread python3-numpy clang libclang-rt-14-dev python3-pip python3-venv) ;;
+  # fortunes: the docs' examples (tests/docs_check.py runs them) train on it, as the main job does.
+  test) want+=(python3-torch libopenblas0-pthread python3-numpy clang libclang-rt-14-dev python3-pip python3-venv
+               fortunes) ;;
   run) want+=(fortunes) ;;
   *) echo "usage: scripts/deps.sh [build|test|run]" >&2; exit 2 ;;
 esac

@@ -1,5 +1,5 @@
 // `posembed config`: the layer's parameters, defaults and meaning, straight from
-// visit_fields, as text or as the README's markdown table.
+// visit_fields, as text or as the markdown table of docs/library.md.
 #include <cstdio>
 #include <string>
 
@@ -12,7 +12,7 @@ namespace posembed::cli {
 void add_config_command(CLI::App& app) {
   auto markdown = std::make_shared<bool>(false);
   CLI::App* cmd = app.add_subcommand("config", "list the layer's parameters and their defaults");
-  cmd->add_flag("--markdown", *markdown, "print the README's markdown table");
+  cmd->add_flag("--markdown", *markdown, "print the markdown table of docs/library.md");
   cmd->callback([markdown] {
     EmbeddingConfig defaults;
     if (*markdown) std::printf("| flag | default | meaning |\n|---|---|---|\n");

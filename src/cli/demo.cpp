@@ -1,5 +1,5 @@
 // `posembed demo`: one training step of the layer on a line of text, printed
-// step by step. The README's main command until the trainer lands.
+// step by step: the bare layer, as the main command showed it before the trainer.
 #include <cmath>
 #include <cstdio>
 #include <string>

@@ -1,6 +1,6 @@
 // The posembed program: one subcommand per job (src/cli/<command>.cpp).
 //
-// Exit status (README, "The program: version, help, exit status"):
+// Exit status (docs/cli.md, "Version and exit status"):
 //   0    done
 //   1    error: bad input data, a file that cannot be read or written, an
 //        impossible request; the message says what is wrong and what to do

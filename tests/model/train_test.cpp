@@ -207,7 +207,7 @@ TEST(Train, ThrowingRunRestoresTheSigintHandler) {
   EXPECT_EQ(logged_steps(o.out_dir / "log.csv"), (std::vector<long long>{1, 2}));  // flushed, closed
 }
 
-// The schedule as the README states it, written here in another form: warmup
+// The schedule as docs/training.md states it, written here in another form: warmup
 // step s (0-based) gets lr (s + 1) / warmup; from step `warmup` the rate falls as
 // floor + (lr - floor) cos^2(pi/2 p), p = (s - warmup) / (steps - warmup), the
 // half-angle form of floor + (lr - floor) (1 + cos(pi p)) / 2.

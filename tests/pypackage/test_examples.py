@@ -1,4 +1,4 @@
-"""The README's Python examples run as a user runs them, and print what the README says."""
+"""The docs' Python examples (README.md, docs/python.md) run as a user runs them, and print what the docs say."""
 
 import pathlib
 import subprocess

@@ -194,9 +194,16 @@ def reference_by_position(weights, meta, text, T, extend, count):
     return loss.view(len(starts), T).mean(dim=0).numpy(), len(starts)
 
 
-def check_eval(exe, work, text_file):
+def check_eval(exe, work, text_source):
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
+    # English text of a known size: the docs pages, joined into one file (no single page is
+    # long enough for windows in both splits; every tenth 4 KiB chunk is validation).
+    text_file = os.path.join(work, "text.txt")
+    with open(text_file, "wb") as out:
+        for name in sorted(n for n in os.listdir(text_source) if n.endswith(".md")):
+            with open(os.path.join(text_source, name), "rb") as page:
+                out.write(page.read())
     ckpt = os.path.join(work, "base", "ckpt.safetensors")
     run([exe, "train", "--data", text_file, "--out", os.path.join(work, "base"), "--max-seq-len", "24",
          "--embed-dim", "16", "--n-layer", "2", "--n-head", "2", "--steps", "15", "--batch-size", "4",

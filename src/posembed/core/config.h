@@ -1,6 +1,6 @@
 // The layer's configuration: one struct, defaults in one place. visit_fields()
 // walks it, and that single walk drives the CLI flags, their help text, the
-// checkpoint metadata and the README's parameter table.
+// checkpoint metadata and the parameter table of docs/library.md.
 #pragma once
 
 #include <cstdint>

@@ -1,7 +1,7 @@
 // The model's matrix products: one row-major fp32 GEMM on the calling thread,
 // run by oneDNN's dnnl_sgemm (JIT kernels for the CPU's instruction set).
 // Chosen by bench/gemm_bench at the trainer's shapes against OpenBLAS and BLIS
-// (README, Performance). gemm() serves the model's ops; gemm_library() is what
+// (docs/performance.md, "The trainer's step"). gemm() serves the model's ops; gemm_library() is what
 // `posembed train` and `posembed bench` print.
 #pragma once
 
