@@ -1,5 +1,6 @@
 #include "posembed/model/train.h"
 
+#include <signal.h>  // pthread_sigmask, sigtimedwait
 #include <unistd.h>
 
 #include <algorithm>
@@ -51,21 +52,46 @@ using FilePtr = std::unique_ptr<std::FILE, FileCloser>;
 // Signals that save a checkpoint and stop: Ctrl-C; under MPI also SIGTERM (what
 // mpirun sends every rank on Ctrl-C, SIGKILL following a second later by
 // default) and SIGUSR1 (which mpirun forwards as it is).
+//
+// The training thread blocks them while the guard lives and takes a pending one
+// at each step's end (stop_requested), so a signal never interrupts its work:
+// under mpirun, a SIGTERM that landed in the middle of a step (inside MPI's
+// shared-memory exchange or a GEMM's allocations) sometimes left the rank with
+// a corrupted heap ("free(): invalid pointer") instead of a checkpoint. The
+// handler stays installed for the threads that MPI and OpenMP started earlier
+// with the signals unblocked: if the kernel hands one of them the signal, the
+// handler only sets the flag.
 class StopSignalGuard {
  public:
   explicit StopSignalGuard(bool distributed) : count_(distributed ? 3 : 1) {
-    for (int i = 0; i < count_; ++i) previous_[i] = std::signal(kSignals[i], on_stop_signal);
+    sigemptyset(&set_);
+    for (int i = 0; i < count_; ++i) {
+      previous_[i] = std::signal(kSignals[i], on_stop_signal);
+      sigaddset(&set_, kSignals[i]);
+    }
+    pthread_sigmask(SIG_BLOCK, &set_, &old_mask_);
   }
   ~StopSignalGuard() {
+    // A signal still pending runs the handler when unblocked, which only sets
+    // the flag; the previous handlers come back after that.
+    pthread_sigmask(SIG_SETMASK, &old_mask_, nullptr);
     for (int i = 0; i < count_; ++i) std::signal(kSignals[i], previous_[i]);
   }
   StopSignalGuard(const StopSignalGuard&) = delete;
   StopSignalGuard& operator=(const StopSignalGuard&) = delete;
 
+  // True once one of the signals arrived; takes a pending one off the queue.
+  bool stop_requested() const {
+    const timespec now{};
+    while (sigtimedwait(&set_, nullptr, &now) > 0) g_interrupted.store(true);
+    return g_interrupted.load();
+  }
+
  private:
   static constexpr int kSignals[3] = {SIGINT, SIGTERM, SIGUSR1};
   int count_;
   void (*previous_[3])(int) = {};
+  sigset_t set_{}, old_mask_{};
 };
 // Why a run stops at a step, as flags every rank ORs together.
 constexpr int kStopSignal = 1, kStopAfter = 2;
@@ -713,7 +739,7 @@ TrainResult train(const TrainOptions& options) {
     info.step = step;
     // Every rank stops at the same step: a signal may reach them at different times.
     const int stop = flags_of_all_ranks(
-        w, (g_interrupted.load() ? kStopSignal : 0) | (step == options.stop_after ? kStopAfter : 0));
+        w, (signals.stop_requested() ? kStopSignal : 0) | (step == options.stop_after ? kStopAfter : 0));
     if (stop || step % tc.checkpoint_every == 0 || step == tc.steps) {
       if (log) std::fflush(log);
       save_checkpoint(ckpt, model, dp, info);
