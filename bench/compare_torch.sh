@@ -17,7 +17,8 @@ scripts/deps.sh run >&2
   cmake --build build --target posembed_cli >&2
 }
 venv=$(scripts/bench_venv.sh)
-export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
+# Both programs wait as scripts/run.sh has them wait: a bounded spin, then sleep.
+export GOMP_SPINCOUNT=${GOMP_SPINCOUNT:-30000}
 steps=${STEPS:-40}
 out=$(mktemp -d)
 results=$out/results.txt
