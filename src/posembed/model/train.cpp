@@ -55,9 +55,9 @@ using FilePtr = std::unique_ptr<std::FILE, FileCloser>;
 //
 // The training thread blocks them while the guard lives and takes a pending one
 // at each step's end (stop_requested), so a signal never interrupts its work:
-// under mpirun, a SIGTERM that landed in the middle of a step (inside MPI's
-// shared-memory exchange or a GEMM's allocations) sometimes left the rank with
-// a corrupted heap ("free(): invalid pointer") instead of a checkpoint. The
+// under mpirun, a SIGTERM that landed in the middle of a step sometimes left
+// the rank with a corrupted heap ("free(): invalid pointer", seen in a GEMM's
+// free; which interrupted call did it was not found) instead of a checkpoint. The
 // handler stays installed for the threads that MPI and OpenMP started earlier
 // with the signals unblocked: if the kernel hands one of them the signal, the
 // handler only sets the flag.
