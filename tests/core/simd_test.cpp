@@ -6,6 +6,7 @@
 
 #include <hwy/targets.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -243,6 +244,24 @@ TEST(SimdKernels, ForwardAndBackwardMatchAFloatOracleOnEveryTargetAndThreadCount
       set_num_threads(0);
     }
   }
+}
+
+TEST(SimdTranspose, MatchesThePlainLoopOnAwkwardShapes) {
+  for_each_target([&] {
+    for (const std::size_t rows : {1, 3, 4, 5, 8, 17, 128}) {
+      for (const std::size_t cols : {1, 2, 4, 7, 16, 33, 384}) {
+        const std::vector<float> a = test::random_floats(rows * cols, 11);
+        std::vector<float> b(rows * cols, std::numeric_limits<float>::quiet_NaN());
+        simd::transpose(b.data(), a.data(), rows, cols);
+        for (std::size_t i = 0; i < rows; ++i) {
+          for (std::size_t j = 0; j < cols; ++j) {
+            ASSERT_EQ(std::bit_cast<std::uint32_t>(b[j * rows + i]), std::bit_cast<std::uint32_t>(a[i * cols + j]))
+                << rows << " x " << cols << " at (" << i << ", " << j << ")";
+          }
+        }
+      }
+    }
+  });
 }
 
 TEST(SimdAdamW, MatchesDoubleReferenceOnAwkwardLengths) {

@@ -4,7 +4,9 @@
 // reference forward, all in double.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <functional>
+#include <limits>
 
 #include "posembed/core/parallel.h"
 #include "posembed/model/ops.h"
@@ -478,6 +480,76 @@ TEST(CrossEntropy, MatchesReferenceAndFiniteDifferences) {
     if (N * V > 100) continue;
     check_fd([&](const Vd& x) { ref::crossentropy_forward(o, x, targets, N, V); return dot(o, dd); }, ld, g, "ce");
   }
+}
+
+// GradMode::write into a buffer of NaNs against zeroing it and accumulating:
+// every element written, none read, the same values (zeros may differ in sign).
+// op(dinp, mode, params) runs one backward; its parameter gradients (params, one
+// fresh vector per call) must come out bit for bit the same either way.
+void expect_write_matches_accumulate(
+    const std::string& what, std::size_t size,
+    const std::function<void(std::span<float>, GradMode, std::vector<float>&)>& op) {
+  SCOPED_TRACE(what);
+  std::vector<float> accumulated(size, 0.0f), written(size, std::numeric_limits<float>::quiet_NaN());
+  std::vector<float> params_accumulated, params_written;
+  op(accumulated, GradMode::accumulate, params_accumulated);
+  op(written, GradMode::write, params_written);
+  for (std::size_t i = 0; i < size; ++i) {
+    ASSERT_EQ(written[i], accumulated[i]) << "element " << i;  // NaN: an element left unwritten
+  }
+  ASSERT_EQ(params_written.size(), params_accumulated.size());
+  for (std::size_t i = 0; i < params_written.size(); ++i) {
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(params_written[i]), std::bit_cast<std::uint32_t>(params_accumulated[i]))
+        << "parameter gradient " << i;
+  }
+}
+
+TEST(GradModeWrite, EveryBackwardWritesWhatZeroingAndAccumulatingGives) {
+  const std::int64_t B = 3, T = 67, C = 24, H = 3, N = B * T, V = 37;
+  const auto n = [](std::int64_t v) { return static_cast<std::size_t>(v); };
+  const auto x = random_floats(n(N * C), 31), w = random_floats(n(C * 4 * C), 32, 0.5);
+  const auto dout_c = random_floats(n(N * C), 33), dout_4c = random_floats(n(N * 4 * C), 34);
+  expect_write_matches_accumulate("matmul", n(N * C), [&](std::span<float> dinp, GradMode mode, auto& params) {
+    params.assign(n(C * 4 * C + 4 * C), 0.0f);
+    matmul_backward(dinp, std::span(params).first(n(C * 4 * C)), std::span(params).last(n(4 * C)), dout_4c,
+                    x, w, N, C, 4 * C, mode);
+  });
+  const auto table = random_floats(n(V * C), 35), dlogits = random_floats(n(N * V), 36);
+  expect_write_matches_accumulate("matmul_tied", n(N * C), [&](std::span<float> dinp, GradMode mode, auto& params) {
+    params.assign(n(V * C), 0.0f);
+    matmul_tied_backward(dinp, params, dlogits, x, table, N, C, V, mode);
+  });
+  const auto gain = random_floats(n(C), 37), shift = random_floats(n(C), 38);
+  std::vector<float> ln(n(N * C)), mean(n(N)), rstd(n(N));
+  layernorm_forward(ln, mean, rstd, x, gain, shift, N, C);
+  expect_write_matches_accumulate("layernorm", n(N * C), [&](std::span<float> dinp, GradMode mode, auto& params) {
+    params.assign(n(2 * C), 0.0f);
+    layernorm_backward(dinp, std::span(params).first(n(C)), std::span(params).last(n(C)), dout_c, x, gain,
+                       mean, rstd, N, C, mode);
+  });
+  const auto qkv = random_floats(n(N * 3 * C), 39);
+  std::vector<float> y(n(N * C)), att(n(B * H * T * T)), scratch(att.size());
+  attention_forward(y, att, qkv, B, T, C, H);
+  expect_write_matches_accumulate("attention", n(N * 3 * C), [&](std::span<float> dinp, GradMode mode, auto&) {
+    attention_backward(dinp, scratch, dout_c, qkv, att, B, T, C, H, mode);
+  });
+  expect_write_matches_accumulate("gelu", n(N * 4 * C), [&](std::span<float> dinp, GradMode mode, auto&) {
+    gelu_backward(dinp, dout_4c, dout_4c, mode);
+  });
+  for (const double p : {0.0, 0.25}) {
+    expect_write_matches_accumulate("dropout p " + std::to_string(p), n(N * C),
+                                    [&](std::span<float> dinp, GradMode mode, auto&) {
+                                      dropout_backward(dinp, dout_c, DropoutSpec{p, 5, 2}, 1, mode);
+                                    });
+  }
+  std::vector<float> losses(n(N)), probs(n(N * V));
+  std::vector<std::int64_t> targets(n(N));
+  for (std::int64_t i = 0; i < N; ++i) targets[n(i)] = (i * 5 + 1) % V;
+  crossentropy_forward(losses, probs, dlogits, targets, N, V);
+  const auto dloss = random_floats(n(N), 40);
+  expect_write_matches_accumulate("crossentropy", n(N * V), [&](std::span<float> dinp, GradMode mode, auto&) {
+    crossentropy_backward(dinp, dloss, probs, targets, N, V, mode);
+  });
 }
 
 }  // namespace

@@ -408,6 +408,37 @@ void ZeroUntouchedRows(float* HWY_RESTRICT grad, const std::uint64_t* HWY_RESTRI
   if (stream) hwy::FlushStream();
 }
 
+void Transpose(float* HWY_RESTRICT b, const float* HWY_RESTRICT a, std::size_t rows, std::size_t cols) {
+  const auto scalar = [&](std::size_t i0, std::size_t i1, std::size_t j0) {
+    for (std::size_t i = i0; i < i1; ++i) {
+      for (std::size_t j = j0; j < cols; ++j) b[j * rows + i] = a[i * cols + j];
+    }
+  };
+#if HWY_TARGET == HWY_SCALAR
+  scalar(0, rows, 0);
+#else
+  const hn::FixedTag<float, 4> d;
+  std::size_t i = 0;
+  for (; i + 4 <= rows; i += 4) {
+    const float* r = a + i * cols;
+    std::size_t j = 0;
+    for (; j + 4 <= cols; j += 4) {
+      const auto r0 = hn::LoadU(d, r + j), r1 = hn::LoadU(d, r + cols + j),
+                 r2 = hn::LoadU(d, r + 2 * cols + j), r3 = hn::LoadU(d, r + 3 * cols + j);
+      const auto lo01 = hn::InterleaveLower(d, r0, r1), lo23 = hn::InterleaveLower(d, r2, r3);
+      const auto hi01 = hn::InterleaveUpper(d, r0, r1), hi23 = hn::InterleaveUpper(d, r2, r3);
+      float* out = b + j * rows + i;
+      hn::StoreU(hn::ConcatLowerLower(d, lo23, lo01), d, out);
+      hn::StoreU(hn::ConcatUpperUpper(d, lo23, lo01), d, out + rows);
+      hn::StoreU(hn::ConcatLowerLower(d, hi23, hi01), d, out + 2 * rows);
+      hn::StoreU(hn::ConcatUpperUpper(d, hi23, hi01), d, out + 3 * rows);
+    }
+    scalar(i, i + 4, j);
+  }
+  scalar(i, rows, 0);
+#endif
+}
+
 void AdamW(float* HWY_RESTRICT param, const float* HWY_RESTRICT grad, float* HWY_RESTRICT m,
            float* HWY_RESTRICT v, std::size_t n, const AdamWCoefficients& c) {
   const hn::ScalableTag<float> df;
@@ -444,6 +475,7 @@ HWY_EXPORT(StreamZeros);
 HWY_EXPORT(ZeroUntouchedRows);
 HWY_EXPORT(ForwardRows);
 HWY_EXPORT(BackwardStrip);
+HWY_EXPORT(Transpose);
 
 const char* target_name() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
 
@@ -473,6 +505,10 @@ void stream_zeros(float* out, std::size_t n) { HWY_DYNAMIC_DISPATCH(StreamZeros)
 void zero_untouched_rows(float* grad, const std::uint64_t* touched, std::size_t r0, std::size_t r1,
                          std::size_t d, bool stream) {
   HWY_DYNAMIC_DISPATCH(ZeroUntouchedRows)(grad, touched, r0, r1, d, stream);
+}
+
+void transpose(float* b, const float* a, std::size_t rows, std::size_t cols) {
+  HWY_DYNAMIC_DISPATCH(Transpose)(b, a, rows, cols);
 }
 
 void adamw(float* param, const float* grad, float* m, float* v, std::size_t n,

@@ -77,6 +77,11 @@ void stream_zeros(float* out, std::size_t n);
 void zero_untouched_rows(float* grad, const std::uint64_t* touched, std::size_t r0, std::size_t r1,
                          std::size_t d, bool stream);
 
+// b (cols, rows) = a (rows, cols)^T, in 4 x 4 tiles of 128-bit vectors (a plain
+// loop on a one-lane target). Used for the products that multiply by a
+// transposed weight (model/ops.cpp).
+void transpose(float* b, const float* a, std::size_t rows, std::size_t cols);
+
 // One AdamW element update, in the order of optim.cpp's scalar definition:
 //   p *= decay; m = beta1*m + (1-beta1)*g; v = beta2*v + (1-beta2)*g*g;
 //   p -= step_size * m / (sqrt(v) / sqrt_correction2 + eps)

@@ -356,20 +356,26 @@ void gpt_backward(Gpt& model, Activations& a, std::span<const std::int64_t> inpu
   const DropoutSpec& dropout = a.last_dropout;
   const ParamViews& p = model.p;
   ParamViews& g = model.g;
-  const auto zero = [](std::span<float> s) { std::fill(s.begin(), s.end(), 0.0f); };
+  // Every activation gradient but the residual stream's is written fresh by the
+  // op that makes it (GradMode::write), so none is cleared first.
+  constexpr GradMode write = GradMode::write;
 
   if (loss_count < 0) throw Error("loss_count = " + std::to_string(loss_count) + " must be >= 0");
   const std::int64_t count = loss_count == 0 ? N : loss_count;
   std::fill(a.d_losses.begin(), a.d_losses.begin() + N, 1.0f / static_cast<float>(count));
-  zero(a.d_logits.first(sz(N * V)));
-  crossentropy_backward(a.d_logits, a.d_losses, a.probs, targets, N, V);
-  zero(a.d_residual.first(nc));
-  zero(a.d_ln.first(nc));
-  matmul_tied_backward(a.d_ln, g.wte, a.d_logits, a.ln_f, p.wte, N, C, V);
+  crossentropy_backward(a.d_logits, a.d_losses, a.probs, targets, N, V, write);
+  matmul_tied_backward(a.d_ln, g.wte, a.d_logits, a.ln_f, p.wte, N, C, V, write);
   const std::span<const float> last =
       c.n_layer > 0 ? a.layers.back().residual3.first(nc) : a.encoded.first(nc);
   layernorm_backward(a.d_residual, g.ln_f_w, g.ln_f_b, a.d_ln, last, p.ln_f_w, a.ln_f_mean,
-                     a.ln_f_rstd, N, C);
+                     a.ln_f_rstd, N, C, write);
+  // A residual branch's gradient is the stream's through its dropout; without
+  // dropout it is the stream's gradient itself, read in place.
+  const auto branch_grad = [&](std::span<float> scratch, std::uint64_t site) -> std::span<const float> {
+    if (dropout.p == 0.0) return a.d_residual.first(nc);
+    dropout_backward(scratch.first(nc), a.d_residual.first(nc), dropout, site, write);
+    return scratch.first(nc);
+  };
   for (std::int64_t l = c.n_layer - 1; l >= 0; --l) {
     const BlockViews& w = p.h[sz(l)];
     BlockViews& dw = g.h[sz(l)];
@@ -377,29 +383,22 @@ void gpt_backward(Gpt& model, Activations& a, std::span<const std::int64_t> inpu
     const std::span<const float> layer_in =
         l == 0 ? a.encoded.first(nc) : a.layers[sz(l - 1)].residual3.first(nc);
     // residual3 = residual2 + dropout(mlp_proj(gelu(fc(ln_2(residual2)))))
-    zero(a.d_mlpproj.first(nc));
-    dropout_backward(a.d_mlpproj.first(nc), a.d_residual.first(nc), dropout,
-                     static_cast<std::uint64_t>(l * kSitesPerLayer + 1));
-    zero(a.d_fch_gelu.first(4 * nc));
-    matmul_backward(a.d_fch_gelu, dw.mlp_proj_w, dw.mlp_proj_b, a.d_mlpproj, L.fch_gelu,
-                    w.mlp_proj_w, N, 4 * C, C);
-    zero(a.d_fch.first(4 * nc));
-    gelu_backward(a.d_fch.first(4 * nc), a.d_fch_gelu.first(4 * nc), L.fch.first(4 * nc));
-    zero(a.d_ln.first(nc));
-    matmul_backward(a.d_ln, dw.c_fc_w, dw.c_fc_b, a.d_fch, L.ln_2, w.c_fc_w, N, C, 4 * C);
+    const std::span<const float> d_mlpproj =
+        branch_grad(a.d_mlpproj, static_cast<std::uint64_t>(l * kSitesPerLayer + 1));
+    matmul_backward(a.d_fch_gelu, dw.mlp_proj_w, dw.mlp_proj_b, d_mlpproj, L.fch_gelu,
+                    w.mlp_proj_w, N, 4 * C, C, write);
+    gelu_backward(a.d_fch.first(4 * nc), a.d_fch_gelu.first(4 * nc), L.fch.first(4 * nc), write);
+    matmul_backward(a.d_ln, dw.c_fc_w, dw.c_fc_b, a.d_fch, L.ln_2, w.c_fc_w, N, C, 4 * C, write);
     layernorm_backward(a.d_residual, dw.ln_2_w, dw.ln_2_b, a.d_ln, L.residual2, w.ln_2_w,
                        L.ln_2_mean, L.ln_2_rstd, N, C);
     // residual2 = layer_in + dropout(attn_proj(attention(c_attn(ln_1(layer_in)))))
-    zero(a.d_attproj.first(nc));
-    dropout_backward(a.d_attproj.first(nc), a.d_residual.first(nc), dropout,
-                     static_cast<std::uint64_t>(l * kSitesPerLayer));
-    zero(a.d_atty.first(nc));
-    matmul_backward(a.d_atty, dw.attn_proj_w, dw.attn_proj_b, a.d_attproj, L.atty,
-                    w.attn_proj_w, N, C, C);
-    zero(a.d_qkv.first(3 * nc));
-    attention_backward(a.d_qkv, a.d_att, a.d_atty, L.qkv, L.att, B, T, C, H);
-    zero(a.d_ln.first(nc));
-    matmul_backward(a.d_ln, dw.c_attn_w, dw.c_attn_b, a.d_qkv, L.ln_1, w.c_attn_w, N, C, 3 * C);
+    const std::span<const float> d_attproj =
+        branch_grad(a.d_attproj, static_cast<std::uint64_t>(l * kSitesPerLayer));
+    matmul_backward(a.d_atty, dw.attn_proj_w, dw.attn_proj_b, d_attproj, L.atty, w.attn_proj_w,
+                    N, C, C, write);
+    attention_backward(a.d_qkv, a.d_att, a.d_atty, L.qkv, L.att, B, T, C, H, write);
+    matmul_backward(a.d_ln, dw.c_attn_w, dw.c_attn_b, a.d_qkv, L.ln_1, w.c_attn_w, N, C, 3 * C,
+                    write);
     layernorm_backward(a.d_residual, dw.ln_1_w, dw.ln_1_b, a.d_ln, layer_in, w.ln_1_w,
                        L.ln_1_mean, L.ln_1_rstd, N, C);
   }

@@ -1,7 +1,10 @@
 // The GPT's operations on flat fp32 buffers: each op's forward, then its
 // backward (the vector-Jacobian product), side by side. Arguments go outputs
 // first, then inputs, then dimensions. Backward accumulates (+=) into every
-// gradient it writes; zeroing is the caller's job.
+// gradient it writes; zeroing is the caller's job. The gradient of an op's
+// input (dinp) may instead be written, as a fresh buffer (GradMode::write): the
+// same values as zeroing it and accumulating, with no pass to clear it.
+// Parameter gradients always accumulate: they sum over micro-batches.
 //
 // Threads: every op splits its work into pieces fixed by the shapes alone
 // (never by the thread count), and each output element is reduced in a fixed
@@ -25,7 +28,7 @@ void matmul_forward(std::span<float> out, std::span<const float> inp, std::span<
 void matmul_backward(std::span<float> dinp, std::span<float> dweight, std::span<float> dbias,
                      std::span<const float> dout, std::span<const float> inp,
                      std::span<const float> weight, std::int64_t N, std::int64_t C,
-                     std::int64_t OC);
+                     std::int64_t OC, GradMode dinp_mode = GradMode::accumulate);
 
 // The tied output layer: out (N, V) = inp (N, C) @ table (V, C)^T, no bias.
 void matmul_tied_forward(std::span<float> out, std::span<const float> inp,
@@ -35,7 +38,7 @@ void matmul_tied_forward(std::span<float> out, std::span<const float> inp,
 void matmul_tied_backward(std::span<float> dinp, std::span<float> dtable,
                           std::span<const float> dout, std::span<const float> inp,
                           std::span<const float> table, std::int64_t N, std::int64_t C,
-                          std::int64_t V);
+                          std::int64_t V, GradMode dinp_mode = GradMode::accumulate);
 
 inline constexpr float kLayerNormEps = 1e-5f;  // GPT-2's layer_norm_epsilon
 
@@ -47,7 +50,8 @@ void layernorm_forward(std::span<float> out, std::span<float> mean, std::span<fl
 void layernorm_backward(std::span<float> dinp, std::span<float> dweight, std::span<float> dbias,
                         std::span<const float> dout, std::span<const float> inp,
                         std::span<const float> weight, std::span<const float> mean,
-                        std::span<const float> rstd, std::int64_t N, std::int64_t C);
+                        std::span<const float> rstd, std::int64_t N, std::int64_t C,
+                        GradMode dinp_mode = GradMode::accumulate);
 
 // Causal multi-head self-attention, softmax(q k^T / sqrt(hd)) v per head.
 // out (B, T, C); att (B, H, T, T): the softmax, zero above the diagonal, saved
@@ -59,11 +63,12 @@ void attention_forward(std::span<float> out, std::span<float> att, std::span<con
 void attention_backward(std::span<float> dqkv, std::span<float> scratch,
                         std::span<const float> dout, std::span<const float> qkv,
                         std::span<const float> att, std::int64_t B, std::int64_t T,
-                        std::int64_t C, std::int64_t H);
+                        std::int64_t C, std::int64_t H, GradMode dinp_mode = GradMode::accumulate);
 
 // GELU, tanh approximation (GPT-2's gelu_new). out, inp: (N)
 void gelu_forward(std::span<float> out, std::span<const float> inp);
-void gelu_backward(std::span<float> dinp, std::span<const float> dout, std::span<const float> inp);
+void gelu_backward(std::span<float> dinp, std::span<const float> dout, std::span<const float> inp,
+                   GradMode dinp_mode = GradMode::accumulate);
 
 // out = a + b, all (N). Backward is the identity into both; callers that keep a
 // residual-stream gradient buffer simply keep accumulating into it.
@@ -76,7 +81,8 @@ void dropout_forward(std::span<float> out, std::span<const float> inp, const Dro
                      std::uint64_t site);
 // dinp += mask * scale * dout. dinp must not alias dout.
 void dropout_backward(std::span<float> dinp, std::span<const float> dout,
-                      const DropoutSpec& dropout, std::uint64_t site);
+                      const DropoutSpec& dropout, std::uint64_t site,
+                      GradMode dinp_mode = GradMode::accumulate);
 
 // Softmax cross-entropy. losses (N) = -log softmax(logits)[target];
 // probs (N, V) saved for backward; logits (N, V); targets (N) in [0, V).
@@ -86,6 +92,6 @@ void crossentropy_forward(std::span<float> losses, std::span<float> probs,
 // dlogits (N, V) += dloss[n] * (probs - onehot(target)); dloss (N).
 void crossentropy_backward(std::span<float> dlogits, std::span<const float> dloss,
                            std::span<const float> probs, std::span<const std::int64_t> targets,
-                           std::int64_t N, std::int64_t V);
+                           std::int64_t N, std::int64_t V, GradMode dinp_mode = GradMode::accumulate);
 
 }  // namespace posembed::model
