@@ -250,13 +250,15 @@ TEST(SimdTranspose, MatchesThePlainLoopOnAwkwardShapes) {
   for_each_target([&] {
     for (const std::size_t rows : {1, 3, 4, 5, 8, 17, 128}) {
       for (const std::size_t cols : {1, 2, 4, 7, 16, 33, 384}) {
-        const std::vector<float> a = test::random_floats(rows * cols, 11);
-        std::vector<float> b(rows * cols, std::numeric_limits<float>::quiet_NaN());
-        simd::transpose(b.data(), a.data(), rows, cols);
-        for (std::size_t i = 0; i < rows; ++i) {
-          for (std::size_t j = 0; j < cols; ++j) {
-            ASSERT_EQ(std::bit_cast<std::uint32_t>(b[j * rows + i]), std::bit_cast<std::uint32_t>(a[i * cols + j]))
-                << rows << " x " << cols << " at (" << i << ", " << j << ")";
+        for (const std::size_t lda : {cols, cols + 5}) {
+          const std::vector<float> a = test::random_floats(rows * lda, 11);
+          std::vector<float> b(rows * cols, std::numeric_limits<float>::quiet_NaN());
+          simd::transpose(b.data(), a.data(), rows, cols, lda);
+          for (std::size_t i = 0; i < rows; ++i) {
+            for (std::size_t j = 0; j < cols; ++j) {
+              ASSERT_EQ(std::bit_cast<std::uint32_t>(b[j * rows + i]), std::bit_cast<std::uint32_t>(a[i * lda + j]))
+                  << rows << " x " << cols << ", lda " << lda << ", at (" << i << ", " << j << ")";
+            }
           }
         }
       }

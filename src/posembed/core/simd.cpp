@@ -10,6 +10,7 @@
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 #include <hwy/cache_control.h>
 #include <hwy/highway.h>
+#include <hwy/contrib/math/math-inl.h>
 
 HWY_BEFORE_NAMESPACE();
 namespace posembed::simd {
@@ -408,10 +409,42 @@ void ZeroUntouchedRows(float* HWY_RESTRICT grad, const std::uint64_t* HWY_RESTRI
   if (stream) hwy::FlushStream();
 }
 
-void Transpose(float* HWY_RESTRICT b, const float* HWY_RESTRICT a, std::size_t rows, std::size_t cols) {
+// Three passes over the row (max; exp and sum; scale), each a vector loop with
+// one partial vector at the end; the masked-off lanes never enter a reduction.
+float SoftmaxRow(float* out, const float* in, std::size_t n, std::size_t width, float* max) {
+  const hn::ScalableTag<float> df;
+  const std::size_t lanes = hn::Lanes(df);
+  const auto lowest = hn::Set(df, -HUGE_VALF);
+  auto vmax = lowest;
+  for (std::size_t j = 0; j < n; j += lanes) {
+    const std::size_t count = std::min(lanes, n - j);
+    vmax = hn::Max(vmax, hn::IfThenElse(hn::FirstN(df, count), LoadPart(df, in + j, count), lowest));
+  }
+  const float mx = hn::GetLane(hn::MaxOfLanes(df, vmax));
+  const auto vmx = hn::Set(df, mx);
+  auto vsum = hn::Zero(df);
+  for (std::size_t j = 0; j < n; j += lanes) {
+    const std::size_t count = std::min(lanes, n - j);
+    const auto e = hn::IfThenElseZero(hn::FirstN(df, count), hn::Exp(df, hn::Sub(LoadPart(df, in + j, count), vmx)));
+    vsum = hn::Add(vsum, e);
+    StorePart(e, df, out + j, count);
+  }
+  const float sum = hn::GetLane(hn::SumOfLanes(df, vsum));
+  const auto inv = hn::Set(df, 1.0f / sum);
+  for (std::size_t j = 0; j < n; j += lanes) {
+    const std::size_t count = std::min(lanes, n - j);
+    StorePart(hn::Mul(LoadPart(df, out + j, count), inv), df, out + j, count);
+  }
+  std::fill(out + n, out + width, 0.0f);
+  *max = mx;
+  return sum;
+}
+
+void Transpose(float* HWY_RESTRICT b, const float* HWY_RESTRICT a, std::size_t rows, std::size_t cols,
+               std::size_t lda) {
   const auto scalar = [&](std::size_t i0, std::size_t i1, std::size_t j0) {
     for (std::size_t i = i0; i < i1; ++i) {
-      for (std::size_t j = j0; j < cols; ++j) b[j * rows + i] = a[i * cols + j];
+      for (std::size_t j = j0; j < cols; ++j) b[j * rows + i] = a[i * lda + j];
     }
   };
 #if HWY_TARGET == HWY_SCALAR
@@ -420,11 +453,11 @@ void Transpose(float* HWY_RESTRICT b, const float* HWY_RESTRICT a, std::size_t r
   const hn::FixedTag<float, 4> d;
   std::size_t i = 0;
   for (; i + 4 <= rows; i += 4) {
-    const float* r = a + i * cols;
+    const float* r = a + i * lda;
     std::size_t j = 0;
     for (; j + 4 <= cols; j += 4) {
-      const auto r0 = hn::LoadU(d, r + j), r1 = hn::LoadU(d, r + cols + j),
-                 r2 = hn::LoadU(d, r + 2 * cols + j), r3 = hn::LoadU(d, r + 3 * cols + j);
+      const auto r0 = hn::LoadU(d, r + j), r1 = hn::LoadU(d, r + lda + j),
+                 r2 = hn::LoadU(d, r + 2 * lda + j), r3 = hn::LoadU(d, r + 3 * lda + j);
       const auto lo01 = hn::InterleaveLower(d, r0, r1), lo23 = hn::InterleaveLower(d, r2, r3);
       const auto hi01 = hn::InterleaveUpper(d, r0, r1), hi23 = hn::InterleaveUpper(d, r2, r3);
       float* out = b + j * rows + i;
@@ -476,6 +509,7 @@ HWY_EXPORT(ZeroUntouchedRows);
 HWY_EXPORT(ForwardRows);
 HWY_EXPORT(BackwardStrip);
 HWY_EXPORT(Transpose);
+HWY_EXPORT(SoftmaxRow);
 
 const char* target_name() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
 
@@ -507,8 +541,12 @@ void zero_untouched_rows(float* grad, const std::uint64_t* touched, std::size_t 
   HWY_DYNAMIC_DISPATCH(ZeroUntouchedRows)(grad, touched, r0, r1, d, stream);
 }
 
-void transpose(float* b, const float* a, std::size_t rows, std::size_t cols) {
-  HWY_DYNAMIC_DISPATCH(Transpose)(b, a, rows, cols);
+float softmax_row(float* out, const float* in, std::size_t n, std::size_t width, float* max) {
+  return HWY_DYNAMIC_DISPATCH(SoftmaxRow)(out, in, n, width, max);
+}
+
+void transpose(float* b, const float* a, std::size_t rows, std::size_t cols, std::size_t lda) {
+  HWY_DYNAMIC_DISPATCH(Transpose)(b, a, rows, cols, lda);
 }
 
 void adamw(float* param, const float* grad, float* m, float* v, std::size_t n,

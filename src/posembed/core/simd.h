@@ -77,10 +77,15 @@ void stream_zeros(float* out, std::size_t n);
 void zero_untouched_rows(float* grad, const std::uint64_t* touched, std::size_t r0, std::size_t r1,
                          std::size_t d, bool stream);
 
-// b (cols, rows) = a (rows, cols)^T, in 4 x 4 tiles of 128-bit vectors (a plain
-// loop on a one-lane target). Used for the products that multiply by a
-// transposed weight (model/ops.cpp).
-void transpose(float* b, const float* a, std::size_t rows, std::size_t cols);
+// out[j] = exp(in[j] - max) / sum for j < n, with max and sum over in[0, n);
+// out[j] = 0 for n <= j < width. out may be in. Returns sum and sets *max, so
+// the log-sum-exp of the input is *max + log(sum). 1 <= n <= width.
+float softmax_row(float* out, const float* in, std::size_t n, std::size_t width, float* max);
+
+// b (cols, rows) = a (rows, cols)^T, a's rows lda >= cols apart, in 4 x 4 tiles
+// of 128-bit vectors (a plain loop on a one-lane target). For the products that
+// would otherwise multiply by a transposed operand (model/ops.cpp).
+void transpose(float* b, const float* a, std::size_t rows, std::size_t cols, std::size_t lda);
 
 // One AdamW element update, in the order of optim.cpp's scalar definition:
 //   p *= decay; m = beta1*m + (1-beta1)*g; v = beta2*v + (1-beta2)*g*g;

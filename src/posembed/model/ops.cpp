@@ -81,16 +81,12 @@ template <class Term>
 inline float lane_sum(std::int64_t n, Term&& term) {
   return lane_reduce(n, 0.0f, term, [](float a, float b) { return a + b; });
 }
-template <class Term>
-inline float lane_max(std::int64_t n, Term&& term) {
-  return lane_reduce(n, -INFINITY, term, [](float a, float b) { return a > b ? a : b; });
-}
 
 // exp(x) for float without a library call, so that loops over it vectorise:
 // x = n ln2 + r with |r| <= ln2/2, exp(r) by Cephes' degree-6 polynomial
 // (relative error ~2 ulp), times 2^n built in the exponent bits. Inputs are
 // clamped to [-87, 88]: the results there are tiny or huge but finite, which
-// is all the softmaxes and GELU's sigmoid need.
+// is all GELU's sigmoid needs. (The softmaxes use Highway's Exp, simd.h.)
 inline float exp_poly(float x) {
   x = std::min(88.0f, std::max(-87.0f, x));
   constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
@@ -107,14 +103,38 @@ inline float exp_poly(float x) {
   return p * std::bit_cast<float>(bits);
 }
 
+// Column sums over a strip of rows: row n goes to partial sum n % kRowLanes,
+// and the partials are added up at the end, (0 + 1) + (2 + 3). With one running
+// sum each row's adds waited on the previous row's. The order depends on N alone.
+constexpr std::int64_t kRowLanes = 4;
+template <std::size_t K>
+using StripPartials = float[K][kRowLanes][kColStrip];
+template <std::size_t K>
+inline void add_partials(float* const (&out)[K], const StripPartials<K>& part, std::int64_t width) {
+  for (std::size_t k = 0; k < K; ++k) {
+    for (std::int64_t j = 0; j < width; ++j) {
+      out[k][j] += (part[k][0][j] + part[k][1][j]) + (part[k][2][j] + part[k][3][j]);
+    }
+  }
+}
+
 // acc (j1 - j0) += the column sums of rows [0, N) of m (N, ld) over columns
-// [j0, j1), rows in order; j1 - j0 <= kColStrip.
+// [j0, j1); j1 - j0 <= kColStrip.
 VECTOR_CLONES void column_sums(float* acc, const float* m, std::int64_t N, std::int64_t ld,
                                std::int64_t j0, std::int64_t j1) {
-  for (std::int64_t n = 0; n < N; ++n) {
-    const float* row = m + n * ld;
-    for (std::int64_t j = j0; j < j1; ++j) acc[j - j0] += row[j];
-  }
+  StripPartials<1> part = {};
+  const std::int64_t width = j1 - j0;
+  const auto rows = [&](std::int64_t n0, std::int64_t n1, std::int64_t w) {
+    for (std::int64_t n = n0; n < n1; ++n) {
+      const float* row = m + n * ld + j0;
+      for (std::int64_t j = 0; j < w; ++j) part[0][n % kRowLanes][j] += row[j];
+    }
+  };
+  // Full strips with a compile-time width, so the partials stay in registers.
+  const std::int64_t body = width == kColStrip ? N / kRowLanes * kRowLanes : 0;
+  for (std::int64_t n = 0; n < body; n += kRowLanes) rows(n, n + kRowLanes, kColStrip);
+  rows(body, N, width);
+  add_partials<1>({acc}, part, width);
 }
 
 // dbias (OC) += sum over rows of dout (N, OC), rows in order.
@@ -144,15 +164,17 @@ void accumulate_at_b(float* dx, const float* a, const float* b, std::int64_t N, 
   });
 }
 
-// b (cols, rows) = a (rows, cols)^T, the copy kept by the calling thread (it
-// grows to the largest weight once; no allocation after the first step).
-// dnnl_sgemm multiplies by a transposed operand through a slower path that
-// packs it in every call (at the trainer's shapes in 64-row pieces: 54 against
-// 69 GFLOP/s), so a product with several row pieces transposes the weight once.
-const float* transposed(const float* a, std::int64_t rows, std::int64_t cols) {
-  thread_local std::vector<float> b;
+// b (cols, rows) = a (rows, cols)^T with a's rows lda apart, into a buffer of
+// the calling thread (it grows to the largest operand once; no allocation after
+// the first step). dnnl_sgemm multiplies by a transposed operand through a
+// slower path that packs it in every call (a weight in 64-row pieces: 54 against
+// 69 GFLOP/s; a head's causal scores: 13 against 9 us), so products transpose
+// their operand once and multiply by the copy.
+const float* transposed(std::vector<float>& b, const float* a, std::int64_t rows, std::int64_t cols,
+                        std::int64_t lda) {
   b.resize(static_cast<std::size_t>(rows * cols));
-  simd::transpose(b.data(), a, static_cast<std::size_t>(rows), static_cast<std::size_t>(cols));
+  simd::transpose(b.data(), a, static_cast<std::size_t>(rows), static_cast<std::size_t>(cols),
+                  static_cast<std::size_t>(lda));
   return b.data();
 }
 
@@ -161,7 +183,8 @@ const float* transposed(const float* a, std::int64_t rows, std::int64_t cols) {
 void multiply_by_transpose(float* out, const float* x, const float* w, std::int64_t N,
                            std::int64_t K, std::int64_t M, float beta) {
   const bool copy = pieces(N, kRowPiece) > 1;
-  const float* wt = copy ? transposed(w, M, K) : w;  // (K, M), or w itself
+  thread_local std::vector<float> buffer;
+  const float* wt = copy ? transposed(buffer, w, M, K, K) : w;  // (K, M), or w itself
   parallel_pieces(pieces(N, kRowPiece), double(N) * double(K) * double(M), [&](std::int64_t p) {
     const std::int64_t r0 = p * kRowPiece, rows = std::min(N - r0, kRowPiece);
     gemm(Trans::no, copy ? Trans::no : Trans::yes, rows, M, K, 1.0f, x + r0 * K, K, wt,
@@ -273,14 +296,22 @@ VECTOR_CLONES void layernorm_row_backward(float* dx, const float* g, const float
 VECTOR_CLONES void layernorm_param_grads(float* dw, float* db, const float* dout, const float* inp,
                                          const float* mean, const float* rstd, std::int64_t N,
                                          std::int64_t C, std::int64_t j0, std::int64_t j1) {
-  for (std::int64_t n = 0; n < N; ++n) {
-    const float* x = inp + n * C;
-    const float* g = dout + n * C;
-    for (std::int64_t j = j0; j < j1; ++j) {
-      dw[j - j0] += (x[j] - mean[n]) * rstd[n] * g[j];
-      db[j - j0] += g[j];
+  StripPartials<2> part = {};
+  const std::int64_t width = j1 - j0;
+  const auto rows = [&](std::int64_t n0, std::int64_t n1, std::int64_t w) {
+    for (std::int64_t n = n0; n < n1; ++n) {
+      const float* x = inp + n * C + j0;
+      const float* g = dout + n * C + j0;
+      for (std::int64_t j = 0; j < w; ++j) {
+        part[0][n % kRowLanes][j] += (x[j] - mean[n]) * rstd[n] * g[j];
+        part[1][n % kRowLanes][j] += g[j];
+      }
     }
-  }
+  };
+  const std::int64_t body = width == kColStrip ? N / kRowLanes * kRowLanes : 0;
+  for (std::int64_t n = 0; n < body; n += kRowLanes) rows(n, n + kRowLanes, kColStrip);
+  rows(body, N, width);
+  add_partials<2>({dw, db}, part, width);
 }
 
 }  // namespace
@@ -317,14 +348,10 @@ void layernorm_backward(std::span<float> dinp, std::span<float> dweight, std::sp
 namespace {
 
 // a (T, T): each row t of scores becomes softmax over columns 0..t, zeros after.
-VECTOR_CLONES void causal_softmax(float* a, std::int64_t T) {
+void causal_softmax(float* a, std::int64_t T) {
   for (std::int64_t t = 0; t < T; ++t) {
-    float* row = a + t * T;
-    const float mx = lane_max(t + 1, [&](std::int64_t u) { return row[u]; });
-    for (std::int64_t u = 0; u <= t; ++u) row[u] = exp_poly(row[u] - mx);
-    const float inv = 1.0f / lane_sum(t + 1, [&](std::int64_t u) { return row[u]; });
-    for (std::int64_t u = 0; u <= t; ++u) row[u] *= inv;
-    for (std::int64_t u = t + 1; u < T; ++u) row[u] = 0.0f;
+    float max = 0;
+    simd::softmax_row(a + t * T, a + t * T, static_cast<std::size_t>(t + 1), static_cast<std::size_t>(T), &max);
   }
 }
 
@@ -363,10 +390,12 @@ void attention_forward(std::span<float> out, std::span<float> att, std::span<con
     const float* v = q + 2 * C;
     float* a = att.data() + bh * T * T;  // (T, T)
     float* y = out.data() + b * T * C + h * hd;
+    thread_local std::vector<float> buffer;
+    const float* kt = transposed(buffer, k, T, hd, C3);  // (hd, T)
     // Scores of each query block against the keys up to its last row; the
     // softmax masks the rest of the block and zeroes the whole upper triangle.
     for_causal_blocks(T, [&](std::int64_t r0, std::int64_t rows) {
-      gemm(Trans::no, Trans::yes, rows, r0 + rows, hd, scale, q + r0 * C3, C3, k, C3, 0.0f,
+      gemm(Trans::no, Trans::no, rows, r0 + rows, hd, scale, q + r0 * C3, C3, kt, T, 0.0f,
            a + r0 * T, T);
     });
     causal_softmax(a, T);
@@ -396,10 +425,12 @@ void attention_backward(std::span<float> dqkv, std::span<float> scratch,
     const float* a = att.data() + bh * T * T;
     const float* dy = dout.data() + b * T * C + h * hd;
     float* da = scratch.data() + bh * T * T;
+    thread_local std::vector<float> buffer;
+    const float* vt = transposed(buffer, v, T, hd, C3);  // (hd, T)
     // Blocks of rows: queries for datt and dq, keys for dv and dk.
     for_causal_blocks(T, [&](std::int64_t r0, std::int64_t rows) {
       // datt = dy @ v^T; dv += att^T @ dy
-      gemm(Trans::no, Trans::yes, rows, r0 + rows, hd, 1.0f, dy + r0 * C, C, v, C3, 0.0f,
+      gemm(Trans::no, Trans::no, rows, r0 + rows, hd, 1.0f, dy + r0 * C, C, vt, T, 0.0f,
            da + r0 * T, T);
       gemm(Trans::yes, Trans::no, rows, hd, T - r0, 1.0f, a + r0 * T + r0, T, dy + r0 * C, C, beta,
            dv + r0 * C3, C3);
@@ -546,12 +577,9 @@ void dropout_backward(std::span<float> dinp, std::span<const float> dout,
 namespace {
 
 // One row of the cross-entropy: p (V) = softmax(z); returns -log p[target].
-VECTOR_CLONES float softmax_loss(float* p, const float* z, std::int64_t target, std::int64_t V) {
-  const float mx = lane_max(V, [&](std::int64_t i) { return z[i]; });
-  for (std::int64_t i = 0; i < V; ++i) p[i] = exp_poly(z[i] - mx);
-  const float sum = lane_sum(V, [&](std::int64_t i) { return p[i]; });
-  const float inv = 1.0f / sum;
-  for (std::int64_t i = 0; i < V; ++i) p[i] *= inv;
+float softmax_loss(float* p, const float* z, std::int64_t target, std::int64_t V) {
+  float mx = 0;
+  const float sum = simd::softmax_row(p, z, static_cast<std::size_t>(V), static_cast<std::size_t>(V), &mx);
   return std::log(sum) + mx - z[target];  // log-sum-exp form
 }
 
