@@ -440,6 +440,78 @@ float SoftmaxRow(float* out, const float* in, std::size_t n, std::size_t width, 
   return sum;
 }
 
+// Sum over j < n of term(j, count), a vector of lanes j .. j + count; lanes
+// past count are zeroed before they enter the sum.
+template <class D, class Term>
+HWY_INLINE float SumOver(D df, std::size_t n, Term&& term) {
+  const std::size_t lanes = hn::Lanes(df);
+  auto sum = hn::Zero(df);
+  for (std::size_t j = 0; j < n; j += lanes) {
+    const std::size_t count = std::min(lanes, n - j);
+    sum = hn::Add(sum, hn::IfThenElseZero(hn::FirstN(df, count), term(j, count)));
+  }
+  return hn::GetLane(hn::SumOfLanes(df, sum));
+}
+
+void SoftmaxRowBackward(float* HWY_RESTRICT d, const float* HWY_RESTRICT p, std::size_t n, std::size_t width) {
+  const hn::ScalableTag<float> df;
+  const std::size_t lanes = hn::Lanes(df);
+  const auto dot = hn::Set(df, SumOver(df, n, [&](std::size_t j, std::size_t count) {
+                             return hn::Mul(LoadPart(df, p + j, count), LoadPart(df, d + j, count));
+                           }));
+  for (std::size_t j = 0; j < n; j += lanes) {
+    const std::size_t count = std::min(lanes, n - j);
+    StorePart(hn::Mul(LoadPart(df, p + j, count), hn::Sub(LoadPart(df, d + j, count), dot)), df, d + j, count);
+  }
+  std::fill(d + n, d + width, 0.0f);
+}
+
+void LayerNormRow(float* HWY_RESTRICT out, float* mean, float* rstd, const float* HWY_RESTRICT x,
+                  const float* HWY_RESTRICT weight, const float* HWY_RESTRICT bias, std::size_t n, float eps) {
+  const hn::ScalableTag<float> df;
+  const std::size_t lanes = hn::Lanes(df);
+  const auto inv_n = 1.0f / static_cast<float>(n);
+  const float m = SumOver(df, n, [&](std::size_t j, std::size_t count) { return LoadPart(df, x + j, count); }) * inv_n;
+  const auto vm = hn::Set(df, m);
+  const float var = SumOver(df, n, [&](std::size_t j, std::size_t count) {
+                      const auto c = hn::Sub(LoadPart(df, x + j, count), vm);
+                      return hn::Mul(c, c);
+                    }) * inv_n;
+  const float s = 1.0f / std::sqrt(var + eps);
+  const auto vs = hn::Set(df, s);
+  for (std::size_t j = 0; j < n; j += lanes) {
+    const std::size_t count = std::min(lanes, n - j);
+    const auto xhat = hn::Mul(hn::Sub(LoadPart(df, x + j, count), vm), vs);
+    StorePart(hn::Add(hn::Mul(xhat, LoadPart(df, weight + j, count)), LoadPart(df, bias + j, count)), df, out + j,
+              count);
+  }
+  *mean = m;
+  *rstd = s;
+}
+
+void LayerNormRowBackward(float* HWY_RESTRICT dx, const float* HWY_RESTRICT g, const float* HWY_RESTRICT x,
+                          const float* HWY_RESTRICT weight, float mean, float rstd, std::size_t n, bool write) {
+  const hn::ScalableTag<float> df;
+  const std::size_t lanes = hn::Lanes(df);
+  const auto vm = hn::Set(df, mean), vs = hn::Set(df, rstd);
+  const auto wg = [&](std::size_t j, std::size_t count) {
+    return hn::Mul(LoadPart(df, weight + j, count), LoadPart(df, g + j, count));
+  };
+  const auto xhat = [&](std::size_t j, std::size_t count) {
+    return hn::Mul(hn::Sub(LoadPart(df, x + j, count), vm), vs);
+  };
+  const auto inv_n = 1.0f / static_cast<float>(n);
+  const auto mean_wg = hn::Set(df, SumOver(df, n, wg) * inv_n);
+  const auto mean_wg_xhat = hn::Set(
+      df, SumOver(df, n, [&](std::size_t j, std::size_t count) { return hn::Mul(wg(j, count), xhat(j, count)); }) *
+              inv_n);
+  for (std::size_t j = 0; j < n; j += lanes) {
+    const std::size_t count = std::min(lanes, n - j);
+    const auto v = hn::Mul(hn::Sub(hn::Sub(wg(j, count), mean_wg), hn::Mul(xhat(j, count), mean_wg_xhat)), vs);
+    StorePart(write ? v : hn::Add(LoadPart(df, dx + j, count), v), df, dx + j, count);
+  }
+}
+
 void Transpose(float* HWY_RESTRICT b, const float* HWY_RESTRICT a, std::size_t rows, std::size_t cols,
                std::size_t lda) {
   const auto scalar = [&](std::size_t i0, std::size_t i1, std::size_t j0) {
@@ -510,6 +582,9 @@ HWY_EXPORT(ForwardRows);
 HWY_EXPORT(BackwardStrip);
 HWY_EXPORT(Transpose);
 HWY_EXPORT(SoftmaxRow);
+HWY_EXPORT(SoftmaxRowBackward);
+HWY_EXPORT(LayerNormRow);
+HWY_EXPORT(LayerNormRowBackward);
 
 const char* target_name() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
 
@@ -543,6 +618,20 @@ void zero_untouched_rows(float* grad, const std::uint64_t* touched, std::size_t 
 
 float softmax_row(float* out, const float* in, std::size_t n, std::size_t width, float* max) {
   return HWY_DYNAMIC_DISPATCH(SoftmaxRow)(out, in, n, width, max);
+}
+
+void softmax_row_backward(float* d, const float* p, std::size_t n, std::size_t width) {
+  HWY_DYNAMIC_DISPATCH(SoftmaxRowBackward)(d, p, n, width);
+}
+
+void layernorm_row(float* out, float* mean, float* rstd, const float* x, const float* weight,
+                   const float* bias, std::size_t n, float eps) {
+  HWY_DYNAMIC_DISPATCH(LayerNormRow)(out, mean, rstd, x, weight, bias, n, eps);
+}
+
+void layernorm_row_backward(float* dx, const float* g, const float* x, const float* weight, float mean,
+                            float rstd, std::size_t n, bool write) {
+  HWY_DYNAMIC_DISPATCH(LayerNormRowBackward)(dx, g, x, weight, mean, rstd, n, write);
 }
 
 void transpose(float* b, const float* a, std::size_t rows, std::size_t cols, std::size_t lda) {

@@ -59,29 +59,6 @@ void for_column_strips(std::int64_t C, double work, Body&& body) {
 #define VECTOR_CLONES
 #endif
 
-// Reductions over a row run in kLanes running partials (lane k takes the terms
-// i = k mod kLanes), combined pairwise at the end: they vectorise, and their
-// order depends on the length alone.
-constexpr std::int64_t kLanes = 16;
-template <class Term, class Op>
-inline float lane_reduce(std::int64_t n, float init, Term&& term, Op&& op) {
-  float acc[kLanes];
-  for (float& a : acc) a = init;
-  std::int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes) {
-    for (std::int64_t k = 0; k < kLanes; ++k) acc[k] = op(acc[k], term(i + k));
-  }
-  for (std::int64_t k = 0; i + k < n; ++k) acc[k] = op(acc[k], term(i + k));
-  for (std::int64_t w = kLanes / 2; w > 0; w /= 2) {
-    for (std::int64_t k = 0; k < w; ++k) acc[k] = op(acc[k], acc[k + w]);
-  }
-  return acc[0];
-}
-template <class Term>
-inline float lane_sum(std::int64_t n, Term&& term) {
-  return lane_reduce(n, 0.0f, term, [](float a, float b) { return a + b; });
-}
-
 // exp(x) for float without a library call, so that loops over it vectorise:
 // x = n ln2 + r with |r| <= ln2/2, exp(r) by Cephes' degree-6 polynomial
 // (relative error ~2 ulp), times 2^n built in the exponent bits. Inputs are
@@ -259,38 +236,6 @@ void matmul_tied_backward(std::span<float> dinp, std::span<float> dtable,
 
 namespace {
 
-// One row of layernorm_forward: out (C), *mean, *rstd from x (C).
-VECTOR_CLONES void layernorm_row(float* out, float* mean, float* rstd, const float* x,
-                                 const float* weight, const float* bias, std::int64_t C) {
-  const float m = lane_sum(C, [&](std::int64_t i) { return x[i]; }) / static_cast<float>(C);
-  const float var =
-      lane_sum(C, [&](std::int64_t i) { return (x[i] - m) * (x[i] - m); }) / static_cast<float>(C);
-  const float s = 1.0f / std::sqrt(var + kLayerNormEps);
-  for (std::int64_t i = 0; i < C; ++i) out[i] = (x[i] - m) * s * weight[i] + bias[i];
-  *mean = m;
-  *rstd = s;
-}
-
-// One row of layernorm_backward's dinp: dx (C) += VJP of g (C), or = when `write`.
-VECTOR_CLONES void layernorm_row_backward(float* dx, const float* g, const float* x,
-                                          const float* weight, float m, float s, std::int64_t C,
-                                          bool write) {
-  const float mean_dnorm =
-      lane_sum(C, [&](std::int64_t i) { return weight[i] * g[i]; }) / static_cast<float>(C);
-  const float mean_dnorm_norm =
-      lane_sum(C, [&](std::int64_t i) { return weight[i] * g[i] * ((x[i] - m) * s); }) /
-      static_cast<float>(C);
-  const auto v = [&](std::int64_t i) {
-    const float norm = (x[i] - m) * s;
-    return (weight[i] * g[i] - mean_dnorm - norm * mean_dnorm_norm) * s;
-  };
-  if (write) {
-    for (std::int64_t i = 0; i < C; ++i) dx[i] = v(i);
-  } else {
-    for (std::int64_t i = 0; i < C; ++i) dx[i] += v(i);
-  }
-}
-
 // dw, db (j1 - j0) += layernorm's weight and bias gradients over columns
 // [j0, j1) <= kColStrip, rows in order.
 VECTOR_CLONES void layernorm_param_grads(float* dw, float* db, const float* dout, const float* inp,
@@ -320,8 +265,8 @@ void layernorm_forward(std::span<float> out, std::span<float> mean, std::span<fl
                        std::span<const float> inp, std::span<const float> weight,
                        std::span<const float> bias, std::int64_t N, std::int64_t C) {
   parallel_pieces(N, double(N) * double(C), [&](std::int64_t n) {
-    layernorm_row(out.data() + n * C, mean.data() + n, rstd.data() + n, inp.data() + n * C,
-                  weight.data(), bias.data(), C);
+    simd::layernorm_row(out.data() + n * C, mean.data() + n, rstd.data() + n, inp.data() + n * C,
+                        weight.data(), bias.data(), static_cast<std::size_t>(C), kLayerNormEps);
   });
 }
 
@@ -332,8 +277,9 @@ void layernorm_backward(std::span<float> dinp, std::span<float> dweight, std::sp
                         GradMode dinp_mode) {
   parallel_pieces(N, double(N) * double(C), [&](std::int64_t n) {
     const auto k = static_cast<std::size_t>(n);
-    layernorm_row_backward(dinp.data() + n * C, dout.data() + n * C, inp.data() + n * C,
-                           weight.data(), mean[k], rstd[k], C, writes(dinp_mode));
+    simd::layernorm_row_backward(dinp.data() + n * C, dout.data() + n * C, inp.data() + n * C,
+                                 weight.data(), mean[k], rstd[k], static_cast<std::size_t>(C),
+                                 writes(dinp_mode));
   });
   for_column_strips(C, double(N) * double(C), [&](std::int64_t j0, std::int64_t j1) {
     float dw[kColStrip] = {}, db[kColStrip] = {};
@@ -357,13 +303,9 @@ void causal_softmax(float* a, std::int64_t T) {
 
 // In place, da (T, T) = att * (da - sum(att * da)) per row over columns 0..t,
 // zeros after: the softmax's VJP.
-VECTOR_CLONES void causal_softmax_backward(float* da, const float* att, std::int64_t T) {
+void causal_softmax_backward(float* da, const float* att, std::int64_t T) {
   for (std::int64_t t = 0; t < T; ++t) {
-    const float* arow = att + t * T;
-    float* drow = da + t * T;
-    const float dot = lane_sum(t + 1, [&](std::int64_t u) { return arow[u] * drow[u]; });
-    for (std::int64_t u = 0; u <= t; ++u) drow[u] = arow[u] * (drow[u] - dot);
-    for (std::int64_t u = t + 1; u < T; ++u) drow[u] = 0.0f;
+    simd::softmax_row_backward(da + t * T, att + t * T, static_cast<std::size_t>(t + 1), static_cast<std::size_t>(T));
   }
 }
 
