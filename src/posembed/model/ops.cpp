@@ -39,13 +39,21 @@ void parallel_pieces(std::int64_t n, double work, Body&& body) {
   for (std::int64_t i = 0; i < n; ++i) body(i);
 }
 
-// Calls body(j0, j1) for fixed column strips of [0, C).
+// parallel_tasks(n, work, body): like parallel_pieces, for the tasks of several
+// independent loops of one op put in one parallel region (a region costs a
+// hand-over between the threads, and a few hundred of them made up a visible
+// share of a two-thread step). The tasks differ in size, so threads take them
+// as they finish (dynamic schedule); each task's arithmetic is fixed, so the
+// thread that runs it changes no bits.
 template <class Body>
-void for_column_strips(std::int64_t C, double work, Body&& body) {
-  parallel_pieces(pieces(C, kColStrip), work, [&](std::int64_t s) {
-    body(s * kColStrip, std::min(C, (s + 1) * kColStrip));
-  });
+void parallel_tasks(std::int64_t n, double work, Body&& body) {
+#pragma omp parallel for schedule(dynamic) if (work >= kMinParallelWork)
+  for (std::int64_t i = 0; i < n; ++i) body(i);
 }
+
+// The column range [j0, j1) of fixed strip s of [0, C).
+std::int64_t strip_begin(std::int64_t s) { return s * kColStrip; }
+std::int64_t strip_end(std::int64_t s, std::int64_t C) { return std::min(C, (s + 1) * kColStrip); }
 
 // The row and elementwise loops are plain loops that the compiler vectorises.
 // VECTOR_CLONES builds a function three times, for AVX-512, for AVX2 with FMA
@@ -114,31 +122,11 @@ VECTOR_CLONES void column_sums(float* acc, const float* m, std::int64_t N, std::
   add_partials<1>({acc}, part, width);
 }
 
-// dbias (OC) += sum over rows of dout (N, OC), rows in order.
-void bias_backward(float* dbias, const float* dout, std::int64_t N, std::int64_t OC) {
-  for_column_strips(OC, double(N) * double(OC), [&](std::int64_t j0, std::int64_t j1) {
-    float acc[kColStrip] = {};
-    column_sums(acc, dout, N, OC, j0, j1);
-    for (std::int64_t j = j0; j < j1; ++j) dbias[j] += acc[j - j0];
-  });
-}
-
 // o (rows, OC) += bias (OC) on every row.
 VECTOR_CLONES void add_bias(float* o, const float* bias, std::int64_t rows, std::int64_t OC) {
   for (std::int64_t r = 0; r < rows; ++r) {
     for (std::int64_t j = 0; j < OC; ++j) o[r * OC + j] += bias[j];
   }
-}
-
-// dx (R, K) += a^T @ b for a (N, R), b (N, K): a sum over all N rows, so
-// split the output's rows instead; each piece does the whole sum in one GEMM call.
-void accumulate_at_b(float* dx, const float* a, const float* b, std::int64_t N, std::int64_t R,
-                     std::int64_t K, double work) {
-  constexpr std::int64_t kOutPiece = 32;
-  parallel_pieces(pieces(R, kOutPiece), work, [&](std::int64_t p) {
-    const std::int64_t r0 = p * kOutPiece, rs = std::min(R - r0, kOutPiece);
-    gemm(Trans::yes, Trans::no, rs, K, N, 1.0f, a + r0, R, b, K, 1.0f, dx + r0 * K, K);
-  });
 }
 
 // b (cols, rows) = a (rows, cols)^T with a's rows lda apart, into a buffer of
@@ -173,29 +161,49 @@ void multiply_by_transpose(float* out, const float* x, const float* w, std::int6
 // as the token table that the tied output layer reuses.
 enum class WeightLayout { in_out, out_in };
 
-// The VJP of out (N, OC) = inp (N, C) @ W + bias, W (C, OC) stored in `layout`:
-// dinp (N, C) += dout @ W^T by row pieces; dweight (stored like weight) +=
-// inp^T @ dout, or dout^T @ inp for (out, in); dbias (OC, may be empty) += the
-// column sums of dout. Both public backward functions are this one.
+// The VJP of out (N, OC) = inp (N, C) @ W + bias, W (C, OC) stored in `layout`,
+// in one parallel region: dinp (N, C) += dout @ W^T by row pieces; dweight
+// (stored like weight) += inp^T @ dout, or dout^T @ inp for (out, in), a sum over
+// all N rows, so split by the output's rows, each piece the whole sum in one GEMM
+// call; dbias (OC, may be empty) += the column sums of dout by column strips.
+// Both public backward functions are this one.
 void matmul_backward_any(std::span<float> dinp, std::span<float> dweight, std::span<float> dbias,
                          std::span<const float> dout, std::span<const float> inp,
                          std::span<const float> weight, std::int64_t N, std::int64_t C,
                          std::int64_t OC, WeightLayout layout, GradMode dinp_mode) {
-  const double work = double(N) * double(C) * double(OC);
   const bool in_out = layout == WeightLayout::in_out;
   const float beta = beta_of(dinp_mode);
-  if (in_out) {
-    multiply_by_transpose(dinp.data(), dout.data(), weight.data(), N, OC, C, beta);
-    accumulate_at_b(dweight.data(), inp.data(), dout.data(), N, C, OC, work);  // (C, OC)
-  } else {
-    parallel_pieces(pieces(N, kRowPiece), work, [&](std::int64_t p) {
-      const std::int64_t r0 = p * kRowPiece, rows = std::min(N - r0, kRowPiece);
-      gemm(Trans::no, Trans::no, rows, C, OC, 1.0f, dout.data() + r0 * OC, OC, weight.data(), C,
-           beta, dinp.data() + r0 * C, C);
-    });
-    accumulate_at_b(dweight.data(), dout.data(), inp.data(), N, OC, C, work);  // (OC, C)
-  }
-  if (!dbias.empty()) bias_backward(dbias.data(), dout.data(), N, OC);
+  const std::int64_t dinp_pieces = pieces(N, kRowPiece);
+  // dout @ W^T for (in, out) weights multiplies by a transposed copy (transposed()).
+  const bool copy = in_out && dinp_pieces > 1;
+  thread_local std::vector<float> buffer;
+  const float* w = copy ? transposed(buffer, weight.data(), C, OC, OC) : weight.data();
+  const Trans w_trans = in_out && !copy ? Trans::yes : Trans::no;
+  const std::int64_t ldw = in_out && !copy ? OC : C;
+  // dweight (R, K) += a^T @ b over all N rows.
+  constexpr std::int64_t kOutPiece = 32;
+  const float* a = in_out ? inp.data() : dout.data();
+  const float* b = in_out ? dout.data() : inp.data();
+  const std::int64_t R = in_out ? C : OC, K = in_out ? OC : C;
+  const std::int64_t dweight_pieces = pieces(R, kOutPiece);
+  const std::int64_t bias_strips = dbias.empty() ? 0 : pieces(OC, kColStrip);
+  const double work = 2 * double(N) * double(C) * double(OC);
+  parallel_tasks(dweight_pieces + dinp_pieces + bias_strips, work, [&](std::int64_t t) {
+    if (t < dweight_pieces) {
+      const std::int64_t r0 = t * kOutPiece, rows = std::min(R - r0, kOutPiece);
+      gemm(Trans::yes, Trans::no, rows, K, N, 1.0f, a + r0, R, b, K, 1.0f, dweight.data() + r0 * K, K);
+    } else if ((t -= dweight_pieces) < dinp_pieces) {
+      const std::int64_t r0 = t * kRowPiece, rows = std::min(N - r0, kRowPiece);
+      gemm(Trans::no, w_trans, rows, C, OC, 1.0f, dout.data() + r0 * OC, OC, w, ldw, beta,
+           dinp.data() + r0 * C, C);
+    } else {
+      t -= dinp_pieces;
+      const std::int64_t j0 = strip_begin(t), j1 = strip_end(t, OC);
+      float acc[kColStrip] = {};
+      column_sums(acc, dout.data(), N, OC, j0, j1);
+      for (std::int64_t j = j0; j < j1; ++j) dbias[static_cast<std::size_t>(j)] += acc[j - j0];
+    }
+  });
 }
 
 }  // namespace
@@ -275,13 +283,20 @@ void layernorm_backward(std::span<float> dinp, std::span<float> dweight, std::sp
                         std::span<const float> weight, std::span<const float> mean,
                         std::span<const float> rstd, std::int64_t N, std::int64_t C,
                         GradMode dinp_mode) {
-  parallel_pieces(N, double(N) * double(C), [&](std::int64_t n) {
-    const auto k = static_cast<std::size_t>(n);
-    simd::layernorm_row_backward(dinp.data() + n * C, dout.data() + n * C, inp.data() + n * C,
-                                 weight.data(), mean[k], rstd[k], static_cast<std::size_t>(C),
-                                 writes(dinp_mode));
-  });
-  for_column_strips(C, double(N) * double(C), [&](std::int64_t j0, std::int64_t j1) {
+  // One region: pieces of rows for dinp, then column strips for the parameters.
+  constexpr std::int64_t kRowsPerTask = 32;
+  const std::int64_t row_tasks = pieces(N, kRowsPerTask);
+  parallel_tasks(row_tasks + pieces(C, kColStrip), 2 * double(N) * double(C), [&](std::int64_t t) {
+    if (t < row_tasks) {
+      for (std::int64_t n = t * kRowsPerTask; n < std::min(N, (t + 1) * kRowsPerTask); ++n) {
+        const auto k = static_cast<std::size_t>(n);
+        simd::layernorm_row_backward(dinp.data() + n * C, dout.data() + n * C, inp.data() + n * C,
+                                     weight.data(), mean[k], rstd[k], static_cast<std::size_t>(C),
+                                     writes(dinp_mode));
+      }
+      return;
+    }
+    const std::int64_t j0 = strip_begin(t - row_tasks), j1 = strip_end(t - row_tasks, C);
     float dw[kColStrip] = {}, db[kColStrip] = {};
     layernorm_param_grads(dw, db, dout.data(), inp.data(), mean.data(), rstd.data(), N, C, j0, j1);
     for (std::int64_t j = j0; j < j1; ++j) {
