@@ -55,8 +55,10 @@ void parallel_tasks(std::int64_t n, double work, Body&& body) {
 std::int64_t strip_begin(std::int64_t s) { return s * kColStrip; }
 std::int64_t strip_end(std::int64_t s, std::int64_t C) { return std::min(C, (s + 1) * kColStrip); }
 
-// The row and elementwise loops are plain loops that the compiler vectorises.
-// VECTOR_CLONES builds a function three times, for AVX-512, for AVX2 with FMA
+// Rows with reductions (LayerNorm, softmax) are Highway kernels (core/simd.h);
+// the elementwise and column loops here are plain loops that the compiler
+// vectorises (a Highway GELU with an approximate reciprocal instead of the
+// division measured no faster). VECTOR_CLONES builds a function three times, for AVX-512, for AVX2 with FMA
 // and for baseline x86-64, and the loader picks the one this CPU runs (GCC's
 // target_clones): runtime dispatch without -march, as simd.cpp's Highway
 // kernels. A piece's arithmetic is fixed by the shapes, so the bits never
@@ -245,7 +247,7 @@ void matmul_tied_backward(std::span<float> dinp, std::span<float> dtable,
 namespace {
 
 // dw, db (j1 - j0) += layernorm's weight and bias gradients over columns
-// [j0, j1) <= kColStrip, rows in order.
+// [j0, j1) <= kColStrip, rows summed in kRowLanes partials as column_sums.
 VECTOR_CLONES void layernorm_param_grads(float* dw, float* db, const float* dout, const float* inp,
                                          const float* mean, const float* rstd, std::int64_t N,
                                          std::int64_t C, std::int64_t j0, std::int64_t j1) {
