@@ -195,6 +195,61 @@ TEST(Matmul, SameBitsForAnyThreadCount) {
   set_num_threads(0);
 }
 
+// The other ops, both gradient modes, on 1, 2 and 3 threads: pieces, column
+// strips and the one-region backwards with their dynamic schedule must give the
+// same bits whichever thread runs which task.
+TEST(Ops, SameBitsForAnyThreadCount) {
+  const std::int64_t B = 3, T = 130, C = 48, H = 4, N = B * T, V = 19;
+  const auto n = [](std::int64_t v) { return static_cast<std::size_t>(v); };
+  const auto x = random_floats(n(N * C), 41), g = random_floats(n(N * C), 42),
+             g4 = random_floats(n(N * 4 * C), 43);
+  const auto gain = random_floats(n(C), 44), shift = random_floats(n(C), 45),
+             qkv = random_floats(n(N * 3 * C), 46);
+  const auto w = random_floats(n(C * 4 * C), 47), logits = random_floats(n(N * V), 48),
+             dloss = random_floats(n(N), 49);
+  std::vector<std::int64_t> targets(n(N));
+  for (std::int64_t i = 0; i < N; ++i) targets[n(i)] = (i * 3 + 2) % V;
+  const auto run = [&](int threads) {
+    set_num_threads(threads);
+    std::vector<std::vector<float>> outs;
+    for (const GradMode mode : {GradMode::accumulate, GradMode::write}) {
+      std::vector<float> ln(n(N * C)), mean(n(N)), rstd(n(N)), dx(n(N * C), 0.5f),
+          dgain(n(C), 0.25f), dshift(n(C));
+      layernorm_forward(ln, mean, rstd, x, gain, shift, N, C);
+      layernorm_backward(dx, dgain, dshift, g, x, gain, mean, rstd, N, C, mode);
+      std::vector<float> y(n(N * C)), att(n(B * H * T * T)), scratch(att.size()),
+          dqkv(qkv.size(), 0.5f);
+      attention_forward(y, att, qkv, B, T, C, H);
+      attention_backward(dqkv, scratch, g, qkv, att, B, T, C, H, mode);
+      std::vector<float> dinp(n(N * C), 0.5f), dw(w.size(), 0.25f), db(n(4 * C)),
+          dinp_small(n(100 * C), 0.5f);
+      matmul_backward(dinp, dw, db, g4, x, w, N, C, 4 * C, mode);
+      matmul_backward(dinp_small, dw, db, std::span(g4).first(n(100 * 4 * C)),
+                      std::span(x).first(n(100 * C)), w, 100, C, 4 * C,
+                      mode);  // one row piece: the untransposed weight
+      std::vector<float> dgelu(g4.size(), 0.5f), ddrop(g.size(), 0.5f), probs(logits.size()),
+          losses(n(N)), dlogits(logits.size(), 0.5f);
+      gelu_backward(dgelu, g4, g4, mode);
+      dropout_backward(ddrop, g, DropoutSpec{0.3, 7, 1}, 2, mode);
+      crossentropy_forward(losses, probs, logits, targets, N, V);
+      crossentropy_backward(dlogits, dloss, probs, targets, N, V, mode);
+      for (auto* v : {&ln, &mean, &rstd, &dx, &dgain, &dshift, &y, &att, &dqkv, &dinp, &dw, &db,
+                      &dinp_small, &dgelu, &ddrop, &losses, &probs, &dlogits}) {
+        outs.push_back(*v);
+      }
+    }
+    return outs;
+  };
+  const auto one = run(1);
+  for (const int threads : {2, 3}) {
+    const auto many = run(threads);
+    for (std::size_t k = 0; k < one.size(); ++k) {
+      EXPECT_EQ(one[k], many[k]) << "output " << k << " on " << threads << " threads";
+    }
+  }
+  set_num_threads(0);
+}
+
 // Per-element rounding bounds of layernorm_forward and layernorm_backward (the
 // fp32 loops in ops.cpp), to first order in u, from each row's exact mean m,
 // rstd s and mean |x|; g is dout, dw0 and db0 the gradients' start values.
@@ -490,7 +545,8 @@ void expect_write_matches_accumulate(
     const std::string& what, std::size_t size,
     const std::function<void(std::span<float>, GradMode, std::vector<float>&)>& op) {
   SCOPED_TRACE(what);
-  std::vector<float> accumulated(size, 0.0f), written(size, std::numeric_limits<float>::quiet_NaN());
+  std::vector<float> accumulated(size, 0.0f),
+      written(size, std::numeric_limits<float>::quiet_NaN());
   std::vector<float> params_accumulated, params_written;
   op(accumulated, GradMode::accumulate, params_accumulated);
   op(written, GradMode::write, params_written);
@@ -499,7 +555,8 @@ void expect_write_matches_accumulate(
   }
   ASSERT_EQ(params_written.size(), params_accumulated.size());
   for (std::size_t i = 0; i < params_written.size(); ++i) {
-    ASSERT_EQ(std::bit_cast<std::uint32_t>(params_written[i]), std::bit_cast<std::uint32_t>(params_accumulated[i]))
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(params_written[i]),
+              std::bit_cast<std::uint32_t>(params_accumulated[i]))
         << "parameter gradient " << i;
   }
 }
@@ -509,33 +566,45 @@ TEST(GradModeWrite, EveryBackwardWritesWhatZeroingAndAccumulatingGives) {
   const auto n = [](std::int64_t v) { return static_cast<std::size_t>(v); };
   const auto x = random_floats(n(N * C), 31), w = random_floats(n(C * 4 * C), 32, 0.5);
   const auto dout_c = random_floats(n(N * C), 33), dout_4c = random_floats(n(N * 4 * C), 34);
-  expect_write_matches_accumulate("matmul", n(N * C), [&](std::span<float> dinp, GradMode mode, auto& params) {
-    params.assign(n(C * 4 * C + 4 * C), 0.0f);
-    matmul_backward(dinp, std::span(params).first(n(C * 4 * C)), std::span(params).last(n(4 * C)), dout_4c,
-                    x, w, N, C, 4 * C, mode);
-  });
+  expect_write_matches_accumulate(
+      "matmul", n(N * C), [&](std::span<float> dinp, GradMode mode, auto& params) {
+        params.assign(n(C * 4 * C + 4 * C), 0.0f);
+        matmul_backward(dinp, std::span(params).first(n(C * 4 * C)),
+                        std::span(params).last(n(4 * C)), dout_4c, x, w, N, C, 4 * C, mode);
+      });
+  expect_write_matches_accumulate(
+      "matmul, one row piece", n(100 * C), [&](std::span<float> dinp, GradMode mode, auto& params) {
+        params.assign(n(C * 4 * C + 4 * C), 0.0f);
+        matmul_backward(dinp, std::span(params).first(n(C * 4 * C)),
+                        std::span(params).last(n(4 * C)), std::span(dout_4c).first(n(100 * 4 * C)),
+                        std::span(x).first(n(100 * C)), w, 100, C, 4 * C, mode);
+      });
   const auto table = random_floats(n(V * C), 35), dlogits = random_floats(n(N * V), 36);
-  expect_write_matches_accumulate("matmul_tied", n(N * C), [&](std::span<float> dinp, GradMode mode, auto& params) {
-    params.assign(n(V * C), 0.0f);
-    matmul_tied_backward(dinp, params, dlogits, x, table, N, C, V, mode);
-  });
+  expect_write_matches_accumulate(
+      "matmul_tied", n(N * C), [&](std::span<float> dinp, GradMode mode, auto& params) {
+        params.assign(n(V * C), 0.0f);
+        matmul_tied_backward(dinp, params, dlogits, x, table, N, C, V, mode);
+      });
   const auto gain = random_floats(n(C), 37), shift = random_floats(n(C), 38);
   std::vector<float> ln(n(N * C)), mean(n(N)), rstd(n(N));
   layernorm_forward(ln, mean, rstd, x, gain, shift, N, C);
-  expect_write_matches_accumulate("layernorm", n(N * C), [&](std::span<float> dinp, GradMode mode, auto& params) {
-    params.assign(n(2 * C), 0.0f);
-    layernorm_backward(dinp, std::span(params).first(n(C)), std::span(params).last(n(C)), dout_c, x, gain,
-                       mean, rstd, N, C, mode);
-  });
+  expect_write_matches_accumulate(
+      "layernorm", n(N * C), [&](std::span<float> dinp, GradMode mode, auto& params) {
+        params.assign(n(2 * C), 0.0f);
+        layernorm_backward(dinp, std::span(params).first(n(C)), std::span(params).last(n(C)),
+                           dout_c, x, gain, mean, rstd, N, C, mode);
+      });
   const auto qkv = random_floats(n(N * 3 * C), 39);
   std::vector<float> y(n(N * C)), att(n(B * H * T * T)), scratch(att.size());
   attention_forward(y, att, qkv, B, T, C, H);
-  expect_write_matches_accumulate("attention", n(N * 3 * C), [&](std::span<float> dinp, GradMode mode, auto&) {
-    attention_backward(dinp, scratch, dout_c, qkv, att, B, T, C, H, mode);
-  });
-  expect_write_matches_accumulate("gelu", n(N * 4 * C), [&](std::span<float> dinp, GradMode mode, auto&) {
-    gelu_backward(dinp, dout_4c, dout_4c, mode);
-  });
+  expect_write_matches_accumulate(
+      "attention", n(N * 3 * C), [&](std::span<float> dinp, GradMode mode, auto&) {
+        attention_backward(dinp, scratch, dout_c, qkv, att, B, T, C, H, mode);
+      });
+  expect_write_matches_accumulate("gelu", n(N * 4 * C),
+                                  [&](std::span<float> dinp, GradMode mode, auto&) {
+                                    gelu_backward(dinp, dout_4c, dout_4c, mode);
+                                  });
   for (const double p : {0.0, 0.25}) {
     expect_write_matches_accumulate("dropout p " + std::to_string(p), n(N * C),
                                     [&](std::span<float> dinp, GradMode mode, auto&) {
@@ -547,9 +616,10 @@ TEST(GradModeWrite, EveryBackwardWritesWhatZeroingAndAccumulatingGives) {
   for (std::int64_t i = 0; i < N; ++i) targets[n(i)] = (i * 5 + 1) % V;
   crossentropy_forward(losses, probs, dlogits, targets, N, V);
   const auto dloss = random_floats(n(N), 40);
-  expect_write_matches_accumulate("crossentropy", n(N * V), [&](std::span<float> dinp, GradMode mode, auto&) {
-    crossentropy_backward(dinp, dloss, probs, targets, N, V, mode);
-  });
+  expect_write_matches_accumulate("crossentropy", n(N * V),
+                                  [&](std::span<float> dinp, GradMode mode, auto&) {
+                                    crossentropy_backward(dinp, dloss, probs, targets, N, V, mode);
+                                  });
 }
 
 }  // namespace

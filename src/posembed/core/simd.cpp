@@ -3,14 +3,16 @@
 #include "posembed/core/simd.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "posembed/core/simd.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
+// After foreach_target.h, which includes this file once per target:
 #include <hwy/cache_control.h>
-#include <hwy/highway.h>
 #include <hwy/contrib/math/math-inl.h>
+#include <hwy/highway.h>
 
 HWY_BEFORE_NAMESPACE();
 namespace posembed::simd {
@@ -418,14 +420,16 @@ float SoftmaxRow(float* out, const float* in, std::size_t n, std::size_t width, 
   auto vmax = lowest;
   for (std::size_t j = 0; j < n; j += lanes) {
     const std::size_t count = std::min(lanes, n - j);
-    vmax = hn::Max(vmax, hn::IfThenElse(hn::FirstN(df, count), LoadPart(df, in + j, count), lowest));
+    vmax =
+        hn::Max(vmax, hn::IfThenElse(hn::FirstN(df, count), LoadPart(df, in + j, count), lowest));
   }
   const float mx = hn::GetLane(hn::MaxOfLanes(df, vmax));
   const auto vmx = hn::Set(df, mx);
   auto vsum = hn::Zero(df);
   for (std::size_t j = 0; j < n; j += lanes) {
     const std::size_t count = std::min(lanes, n - j);
-    const auto e = hn::IfThenElseZero(hn::FirstN(df, count), hn::Exp(df, hn::Sub(LoadPart(df, in + j, count), vmx)));
+    const auto e = hn::IfThenElseZero(hn::FirstN(df, count),
+                                      hn::Exp(df, hn::Sub(LoadPart(df, in + j, count), vmx)));
     vsum = hn::Add(vsum, e);
     StorePart(e, df, out + j, count);
   }
@@ -453,7 +457,8 @@ HWY_INLINE float SumOver(D df, std::size_t n, Term&& term) {
   return hn::GetLane(hn::SumOfLanes(df, sum));
 }
 
-void SoftmaxRowBackward(float* HWY_RESTRICT d, const float* HWY_RESTRICT p, std::size_t n, std::size_t width) {
+void SoftmaxRowBackward(float* HWY_RESTRICT d, const float* HWY_RESTRICT p, std::size_t n,
+                        std::size_t width) {
   const hn::ScalableTag<float> df;
   const std::size_t lanes = hn::Lanes(df);
   const auto dot = hn::Set(df, SumOver(df, n, [&](std::size_t j, std::size_t count) {
@@ -461,36 +466,44 @@ void SoftmaxRowBackward(float* HWY_RESTRICT d, const float* HWY_RESTRICT p, std:
                            }));
   for (std::size_t j = 0; j < n; j += lanes) {
     const std::size_t count = std::min(lanes, n - j);
-    StorePart(hn::Mul(LoadPart(df, p + j, count), hn::Sub(LoadPart(df, d + j, count), dot)), df, d + j, count);
+    StorePart(hn::Mul(LoadPart(df, p + j, count), hn::Sub(LoadPart(df, d + j, count), dot)), df,
+              d + j, count);
   }
   std::fill(d + n, d + width, 0.0f);
 }
 
 void LayerNormRow(float* HWY_RESTRICT out, float* mean, float* rstd, const float* HWY_RESTRICT x,
-                  const float* HWY_RESTRICT weight, const float* HWY_RESTRICT bias, std::size_t n, float eps) {
+                  const float* HWY_RESTRICT weight, const float* HWY_RESTRICT bias, std::size_t n,
+                  float eps) {
   const hn::ScalableTag<float> df;
   const std::size_t lanes = hn::Lanes(df);
   const auto inv_n = 1.0f / static_cast<float>(n);
-  const float m = SumOver(df, n, [&](std::size_t j, std::size_t count) { return LoadPart(df, x + j, count); }) * inv_n;
+  const float m =
+      SumOver(df, n, [&](std::size_t j, std::size_t count) { return LoadPart(df, x + j, count); }) *
+      inv_n;
   const auto vm = hn::Set(df, m);
-  const float var = SumOver(df, n, [&](std::size_t j, std::size_t count) {
-                      const auto c = hn::Sub(LoadPart(df, x + j, count), vm);
-                      return hn::Mul(c, c);
-                    }) * inv_n;
+  const float var = SumOver(df, n,
+                            [&](std::size_t j, std::size_t count) {
+                              const auto c = hn::Sub(LoadPart(df, x + j, count), vm);
+                              return hn::Mul(c, c);
+                            }) *
+                    inv_n;
   const float s = 1.0f / std::sqrt(var + eps);
   const auto vs = hn::Set(df, s);
   for (std::size_t j = 0; j < n; j += lanes) {
     const std::size_t count = std::min(lanes, n - j);
     const auto xhat = hn::Mul(hn::Sub(LoadPart(df, x + j, count), vm), vs);
-    StorePart(hn::Add(hn::Mul(xhat, LoadPart(df, weight + j, count)), LoadPart(df, bias + j, count)), df, out + j,
-              count);
+    StorePart(
+        hn::Add(hn::Mul(xhat, LoadPart(df, weight + j, count)), LoadPart(df, bias + j, count)), df,
+        out + j, count);
   }
   *mean = m;
   *rstd = s;
 }
 
-void LayerNormRowBackward(float* HWY_RESTRICT dx, const float* HWY_RESTRICT g, const float* HWY_RESTRICT x,
-                          const float* HWY_RESTRICT weight, float mean, float rstd, std::size_t n, bool write) {
+void LayerNormRowBackward(float* HWY_RESTRICT dx, const float* HWY_RESTRICT g,
+                          const float* HWY_RESTRICT x, const float* HWY_RESTRICT weight, float mean,
+                          float rstd, std::size_t n, bool write) {
   const hn::ScalableTag<float> df;
   const std::size_t lanes = hn::Lanes(df);
   const auto vm = hn::Set(df, mean), vs = hn::Set(df, rstd);
@@ -502,45 +515,54 @@ void LayerNormRowBackward(float* HWY_RESTRICT dx, const float* HWY_RESTRICT g, c
   };
   const auto inv_n = 1.0f / static_cast<float>(n);
   const auto mean_wg = hn::Set(df, SumOver(df, n, wg) * inv_n);
-  const auto mean_wg_xhat = hn::Set(
-      df, SumOver(df, n, [&](std::size_t j, std::size_t count) { return hn::Mul(wg(j, count), xhat(j, count)); }) *
-              inv_n);
+  const auto mean_wg_xhat = hn::Set(df, SumOver(df, n, [&](std::size_t j, std::size_t count) {
+                                          return hn::Mul(wg(j, count), xhat(j, count));
+                                        }) * inv_n);
   for (std::size_t j = 0; j < n; j += lanes) {
     const std::size_t count = std::min(lanes, n - j);
-    const auto v = hn::Mul(hn::Sub(hn::Sub(wg(j, count), mean_wg), hn::Mul(xhat(j, count), mean_wg_xhat)), vs);
+    const auto v =
+        hn::Mul(hn::Sub(hn::Sub(wg(j, count), mean_wg), hn::Mul(xhat(j, count), mean_wg_xhat)), vs);
     StorePart(write ? v : hn::Add(LoadPart(df, dx + j, count), v), df, dx + j, count);
   }
 }
 
-void Transpose(float* HWY_RESTRICT b, const float* HWY_RESTRICT a, std::size_t rows, std::size_t cols,
-               std::size_t lda) {
-  const auto scalar = [&](std::size_t i0, std::size_t i1, std::size_t j0) {
+// Column blocks of kTransposeBlock: within one, the output rows being filled
+// (a line each) stay in L1 while consecutive 4-row stripes complete them.
+constexpr std::size_t kTransposeBlock = 64;
+
+void Transpose(float* HWY_RESTRICT b, const float* HWY_RESTRICT a, std::size_t rows,
+               std::size_t cols, std::size_t lda) {
+  // Elements (i, j), i in [i0, i1), j in [j0, j1), one at a time.
+  const auto scalar = [&](std::size_t i0, std::size_t i1, std::size_t j0, std::size_t j1) {
     for (std::size_t i = i0; i < i1; ++i) {
-      for (std::size_t j = j0; j < cols; ++j) b[j * rows + i] = a[i * lda + j];
+      for (std::size_t j = j0; j < j1; ++j) b[j * rows + i] = a[i * lda + j];
     }
   };
 #if HWY_TARGET == HWY_SCALAR
-  scalar(0, rows, 0);
+  scalar(0, rows, 0, cols);
 #else
   const hn::FixedTag<float, 4> d;
-  std::size_t i = 0;
-  for (; i + 4 <= rows; i += 4) {
-    const float* r = a + i * lda;
-    std::size_t j = 0;
-    for (; j + 4 <= cols; j += 4) {
-      const auto r0 = hn::LoadU(d, r + j), r1 = hn::LoadU(d, r + lda + j),
-                 r2 = hn::LoadU(d, r + 2 * lda + j), r3 = hn::LoadU(d, r + 3 * lda + j);
-      const auto lo01 = hn::InterleaveLower(d, r0, r1), lo23 = hn::InterleaveLower(d, r2, r3);
-      const auto hi01 = hn::InterleaveUpper(d, r0, r1), hi23 = hn::InterleaveUpper(d, r2, r3);
-      float* out = b + j * rows + i;
-      hn::StoreU(hn::ConcatLowerLower(d, lo23, lo01), d, out);
-      hn::StoreU(hn::ConcatUpperUpper(d, lo23, lo01), d, out + rows);
-      hn::StoreU(hn::ConcatLowerLower(d, hi23, hi01), d, out + 2 * rows);
-      hn::StoreU(hn::ConcatUpperUpper(d, hi23, hi01), d, out + 3 * rows);
+  const std::size_t full_rows = rows / 4 * 4;
+  for (std::size_t j0 = 0; j0 < cols; j0 += kTransposeBlock) {
+    const std::size_t j1 = std::min(cols, j0 + kTransposeBlock);
+    for (std::size_t i = 0; i < full_rows; i += 4) {
+      const float* r = a + i * lda;
+      std::size_t j = j0;
+      for (; j + 4 <= j1; j += 4) {
+        const auto r0 = hn::LoadU(d, r + j), r1 = hn::LoadU(d, r + lda + j),
+                   r2 = hn::LoadU(d, r + 2 * lda + j), r3 = hn::LoadU(d, r + 3 * lda + j);
+        const auto lo01 = hn::InterleaveLower(d, r0, r1), lo23 = hn::InterleaveLower(d, r2, r3);
+        const auto hi01 = hn::InterleaveUpper(d, r0, r1), hi23 = hn::InterleaveUpper(d, r2, r3);
+        float* out = b + j * rows + i;
+        hn::StoreU(hn::ConcatLowerLower(d, lo23, lo01), d, out);
+        hn::StoreU(hn::ConcatUpperUpper(d, lo23, lo01), d, out + rows);
+        hn::StoreU(hn::ConcatLowerLower(d, hi23, hi01), d, out + 2 * rows);
+        hn::StoreU(hn::ConcatUpperUpper(d, hi23, hi01), d, out + 3 * rows);
+      }
+      scalar(i, i + 4, j, j1);
     }
-    scalar(i, i + 4, j);
   }
-  scalar(i, rows, 0);
+  scalar(full_rows, rows, 0, cols);
 #endif
 }
 
@@ -629,8 +651,8 @@ void layernorm_row(float* out, float* mean, float* rstd, const float* x, const f
   HWY_DYNAMIC_DISPATCH(LayerNormRow)(out, mean, rstd, x, weight, bias, n, eps);
 }
 
-void layernorm_row_backward(float* dx, const float* g, const float* x, const float* weight, float mean,
-                            float rstd, std::size_t n, bool write) {
+void layernorm_row_backward(float* dx, const float* g, const float* x, const float* weight,
+                            float mean, float rstd, std::size_t n, bool write) {
   HWY_DYNAMIC_DISPATCH(LayerNormRowBackward)(dx, g, x, weight, mean, rstd, n, write);
 }
 

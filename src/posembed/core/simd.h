@@ -77,7 +77,7 @@ void stream_zeros(float* out, std::size_t n);
 void zero_untouched_rows(float* grad, const std::uint64_t* touched, std::size_t r0, std::size_t r1,
                          std::size_t d, bool stream);
 
-// out[j] = exp(in[j] - max) / sum for j < n, with max and sum over in[0, n);
+// out[j] = exp(in[j] - max) * (1 / sum) for j < n, with max and sum over in[0, n);
 // out[j] = 0 for n <= j < width. out may be in. Returns sum and sets *max, so
 // the log-sum-exp of the input is *max + log(sum). 1 <= n <= width.
 float softmax_row(float* out, const float* in, std::size_t n, std::size_t width, float* max);
@@ -92,8 +92,8 @@ void layernorm_row(float* out, float* mean, float* rstd, const float* x, const f
                    const float* bias, std::size_t n, float eps);
 // Its VJP for x: dx (n) += (or = when `write`) (wg - mean(wg) - xhat * mean(wg * xhat)) * rstd,
 // wg = weight * g, xhat = (x - mean) * rstd.
-void layernorm_row_backward(float* dx, const float* g, const float* x, const float* weight, float mean,
-                            float rstd, std::size_t n, bool write);
+void layernorm_row_backward(float* dx, const float* g, const float* x, const float* weight,
+                            float mean, float rstd, std::size_t n, bool write);
 
 // b (cols, rows) = a (rows, cols)^T, a's rows lda >= cols apart, in 4 x 4 tiles
 // of 128-bit vectors (a plain loop on a one-lane target). For the products that

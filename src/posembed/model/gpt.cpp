@@ -356,8 +356,9 @@ void gpt_backward(Gpt& model, Activations& a, std::span<const std::int64_t> inpu
   const DropoutSpec& dropout = a.last_dropout;
   const ParamViews& p = model.p;
   ParamViews& g = model.g;
-  // Every activation gradient but the residual stream's is written fresh by the
-  // op that makes it (GradMode::write), so none is cleared first.
+  // Every activation gradient is written fresh by the op that makes it
+  // (GradMode::write), so none is cleared first; the residual stream's is
+  // written by the final LayerNorm's backward and added to by each block's.
   constexpr GradMode write = GradMode::write;
 
   if (loss_count < 0) throw Error("loss_count = " + std::to_string(loss_count) + " must be >= 0");
@@ -371,7 +372,8 @@ void gpt_backward(Gpt& model, Activations& a, std::span<const std::int64_t> inpu
                      a.ln_f_rstd, N, C, write);
   // A residual branch's gradient is the stream's through its dropout; without
   // dropout it is the stream's gradient itself, read in place.
-  const auto branch_grad = [&](std::span<float> scratch, std::uint64_t site) -> std::span<const float> {
+  const auto branch_grad = [&](std::span<float> scratch,
+                               std::uint64_t site) -> std::span<const float> {
     if (dropout.p == 0.0) return a.d_residual.first(nc);
     dropout_backward(scratch.first(nc), a.d_residual.first(nc), dropout, site, write);
     return scratch.first(nc);
@@ -385,8 +387,8 @@ void gpt_backward(Gpt& model, Activations& a, std::span<const std::int64_t> inpu
     // residual3 = residual2 + dropout(mlp_proj(gelu(fc(ln_2(residual2)))))
     const std::span<const float> d_mlpproj =
         branch_grad(a.d_mlpproj, static_cast<std::uint64_t>(l * kSitesPerLayer + 1));
-    matmul_backward(a.d_fch_gelu, dw.mlp_proj_w, dw.mlp_proj_b, d_mlpproj, L.fch_gelu,
-                    w.mlp_proj_w, N, 4 * C, C, write);
+    matmul_backward(a.d_fch_gelu, dw.mlp_proj_w, dw.mlp_proj_b, d_mlpproj, L.fch_gelu, w.mlp_proj_w,
+                    N, 4 * C, C, write);
     gelu_backward(a.d_fch.first(4 * nc), a.d_fch_gelu.first(4 * nc), L.fch.first(4 * nc), write);
     matmul_backward(a.d_ln, dw.c_fc_w, dw.c_fc_b, a.d_fch, L.ln_2, w.c_fc_w, N, C, 4 * C, write);
     layernorm_backward(a.d_residual, dw.ln_2_w, dw.ln_2_b, a.d_ln, L.residual2, w.ln_2_w,
@@ -394,8 +396,8 @@ void gpt_backward(Gpt& model, Activations& a, std::span<const std::int64_t> inpu
     // residual2 = layer_in + dropout(attn_proj(attention(c_attn(ln_1(layer_in)))))
     const std::span<const float> d_attproj =
         branch_grad(a.d_attproj, static_cast<std::uint64_t>(l * kSitesPerLayer));
-    matmul_backward(a.d_atty, dw.attn_proj_w, dw.attn_proj_b, d_attproj, L.atty, w.attn_proj_w,
-                    N, C, C, write);
+    matmul_backward(a.d_atty, dw.attn_proj_w, dw.attn_proj_b, d_attproj, L.atty, w.attn_proj_w, N,
+                    C, C, write);
     attention_backward(a.d_qkv, a.d_att, a.d_atty, L.qkv, L.att, B, T, C, H, write);
     matmul_backward(a.d_ln, dw.c_attn_w, dw.c_attn_b, a.d_qkv, L.ln_1, w.c_attn_w, N, C, 3 * C,
                     write);

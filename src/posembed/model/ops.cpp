@@ -22,8 +22,12 @@ constexpr std::int64_t kColStrip = 16;    // columns (one cache line) per column
 std::int64_t pieces(std::int64_t n, std::int64_t piece) { return (n + piece - 1) / piece; }
 
 // The GEMM beta and the loops' flag for a gradient written or accumulated.
-float beta_of(GradMode mode) { return mode == GradMode::write ? 0.0f : 1.0f; }
-bool writes(GradMode mode) { return mode == GradMode::write; }
+float beta_of(GradMode mode) {
+  return mode == GradMode::write ? 0.0f : 1.0f;
+}
+bool writes(GradMode mode) {
+  return mode == GradMode::write;
+}
 
 // parallel_pieces(n, work, body): body(i) for i in [0, n), like core's
 // parallel_for(n, body) but with a grain on the total `work` (multiply-adds or
@@ -52,14 +56,18 @@ void parallel_tasks(std::int64_t n, double work, Body&& body) {
 }
 
 // The column range [j0, j1) of fixed strip s of [0, C).
-std::int64_t strip_begin(std::int64_t s) { return s * kColStrip; }
-std::int64_t strip_end(std::int64_t s, std::int64_t C) { return std::min(C, (s + 1) * kColStrip); }
+std::int64_t strip_begin(std::int64_t s) {
+  return s * kColStrip;
+}
+std::int64_t strip_end(std::int64_t s, std::int64_t C) {
+  return std::min(C, (s + 1) * kColStrip);
+}
 
 // Rows with reductions (LayerNorm, softmax) are Highway kernels (core/simd.h);
 // the elementwise and column loops here are plain loops that the compiler
 // vectorises (a Highway GELU with an approximate reciprocal instead of the
-// division measured no faster). VECTOR_CLONES builds a function three times, for AVX-512, for AVX2 with FMA
-// and for baseline x86-64, and the loader picks the one this CPU runs (GCC's
+// division measured no faster). VECTOR_CLONES builds a function three times, for AVX-512, for AVX2
+// with FMA and for baseline x86-64, and the loader picks the one this CPU runs (GCC's
 // target_clones): runtime dispatch without -march, as simd.cpp's Highway
 // kernels. A piece's arithmetic is fixed by the shapes, so the bits never
 // depend on the thread count (they may on the instruction set, as the GEMM's).
@@ -73,7 +81,7 @@ std::int64_t strip_end(std::int64_t s, std::int64_t C) { return std::min(C, (s +
 // x = n ln2 + r with |r| <= ln2/2, exp(r) by Cephes' degree-6 polynomial
 // (relative error ~2 ulp), times 2^n built in the exponent bits. Inputs are
 // clamped to [-87, 88]: the results there are tiny or huge but finite, which
-// is all GELU's sigmoid needs. (The softmaxes use Highway's Exp, simd.h.)
+// is all GELU's sigmoid needs. (The softmaxes use Highway's Exp, in simd.cpp.)
 inline float exp_poly(float x) {
   x = std::min(88.0f, std::max(-87.0f, x));
   constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
@@ -145,18 +153,11 @@ const float* transposed(std::vector<float>& b, const float* a, std::int64_t rows
   return b.data();
 }
 
-// out (N, M) (+)= x (N, K) @ w^T for w (M, K), by row pieces; beta 0 writes,
-// 1 accumulates. Several pieces share one transposed copy of w (transposed).
-void multiply_by_transpose(float* out, const float* x, const float* w, std::int64_t N,
-                           std::int64_t K, std::int64_t M, float beta) {
-  const bool copy = pieces(N, kRowPiece) > 1;
+// The calling thread's buffer for a transposed weight, shared by the products
+// that make one: a product fills it and uses it before another can.
+std::vector<float>& weight_copy() {
   thread_local std::vector<float> buffer;
-  const float* wt = copy ? transposed(buffer, w, M, K, K) : w;  // (K, M), or w itself
-  parallel_pieces(pieces(N, kRowPiece), double(N) * double(K) * double(M), [&](std::int64_t p) {
-    const std::int64_t r0 = p * kRowPiece, rows = std::min(N - r0, kRowPiece);
-    gemm(Trans::no, copy ? Trans::no : Trans::yes, rows, M, K, 1.0f, x + r0 * K, K, wt,
-         copy ? M : K, beta, out + r0 * M, M);
-  });
+  return buffer;
 }
 
 // How a product's weight is stored: (in, out) as GPT-2's Conv1D, or (out, in)
@@ -178,8 +179,7 @@ void matmul_backward_any(std::span<float> dinp, std::span<float> dweight, std::s
   const std::int64_t dinp_pieces = pieces(N, kRowPiece);
   // dout @ W^T for (in, out) weights multiplies by a transposed copy (transposed()).
   const bool copy = in_out && dinp_pieces > 1;
-  thread_local std::vector<float> buffer;
-  const float* w = copy ? transposed(buffer, weight.data(), C, OC, OC) : weight.data();
+  const float* w = copy ? transposed(weight_copy(), weight.data(), C, OC, OC) : weight.data();
   const Trans w_trans = in_out && !copy ? Trans::yes : Trans::no;
   const std::int64_t ldw = in_out && !copy ? OC : C;
   // dweight (R, K) += a^T @ b over all N rows.
@@ -193,7 +193,8 @@ void matmul_backward_any(std::span<float> dinp, std::span<float> dweight, std::s
   parallel_tasks(dweight_pieces + dinp_pieces + bias_strips, work, [&](std::int64_t t) {
     if (t < dweight_pieces) {
       const std::int64_t r0 = t * kOutPiece, rows = std::min(R - r0, kOutPiece);
-      gemm(Trans::yes, Trans::no, rows, K, N, 1.0f, a + r0, R, b, K, 1.0f, dweight.data() + r0 * K, K);
+      gemm(Trans::yes, Trans::no, rows, K, N, 1.0f, a + r0, R, b, K, 1.0f, dweight.data() + r0 * K,
+           K);
     } else if ((t -= dweight_pieces) < dinp_pieces) {
       const std::int64_t r0 = t * kRowPiece, rows = std::min(N - r0, kRowPiece);
       gemm(Trans::no, w_trans, rows, C, OC, 1.0f, dout.data() + r0 * OC, OC, w, ldw, beta,
@@ -225,8 +226,8 @@ void matmul_forward(std::span<float> out, std::span<const float> inp, std::span<
 
 void matmul_backward(std::span<float> dinp, std::span<float> dweight, std::span<float> dbias,
                      std::span<const float> dout, std::span<const float> inp,
-                     std::span<const float> weight, std::int64_t N, std::int64_t C,
-                     std::int64_t OC, GradMode dinp_mode) {
+                     std::span<const float> weight, std::int64_t N, std::int64_t C, std::int64_t OC,
+                     GradMode dinp_mode) {
   matmul_backward_any(dinp, dweight, dbias, dout, inp, weight, N, C, OC, WeightLayout::in_out,
                       dinp_mode);
 }
@@ -234,7 +235,15 @@ void matmul_backward(std::span<float> dinp, std::span<float> dweight, std::span<
 void matmul_tied_forward(std::span<float> out, std::span<const float> inp,
                          std::span<const float> table, std::int64_t N, std::int64_t C,
                          std::int64_t V) {
-  multiply_by_transpose(out.data(), inp.data(), table.data(), N, C, V, 0.0f);
+  // Several row pieces share one transposed copy of the table (transposed()).
+  const bool copy = pieces(N, kRowPiece) > 1;
+  const float* table_t =
+      copy ? transposed(weight_copy(), table.data(), V, C, C) : table.data();  // (C, V)
+  parallel_pieces(pieces(N, kRowPiece), double(N) * double(C) * double(V), [&](std::int64_t p) {
+    const std::int64_t r0 = p * kRowPiece, rows = std::min(N - r0, kRowPiece);
+    gemm(Trans::no, copy ? Trans::no : Trans::yes, rows, V, C, 1.0f, inp.data() + r0 * C, C,
+         table_t, copy ? V : C, 0.0f, out.data() + r0 * V, V);
+  });
 }
 
 void matmul_tied_backward(std::span<float> dinp, std::span<float> dtable,
@@ -314,7 +323,8 @@ namespace {
 void causal_softmax(float* a, std::int64_t T) {
   for (std::int64_t t = 0; t < T; ++t) {
     float max = 0;
-    simd::softmax_row(a + t * T, a + t * T, static_cast<std::size_t>(t + 1), static_cast<std::size_t>(T), &max);
+    simd::softmax_row(a + t * T, a + t * T, static_cast<std::size_t>(t + 1),
+                      static_cast<std::size_t>(T), &max);
   }
 }
 
@@ -322,7 +332,8 @@ void causal_softmax(float* a, std::int64_t T) {
 // zeros after: the softmax's VJP.
 void causal_softmax_backward(float* da, const float* att, std::int64_t T) {
   for (std::int64_t t = 0; t < T; ++t) {
-    simd::softmax_row_backward(da + t * T, att + t * T, static_cast<std::size_t>(t + 1), static_cast<std::size_t>(T));
+    simd::softmax_row_backward(da + t * T, att + t * T, static_cast<std::size_t>(t + 1),
+                               static_cast<std::size_t>(T));
   }
 }
 
@@ -367,8 +378,8 @@ void attention_forward(std::span<float> out, std::span<float> att, std::span<con
 
 void attention_backward(std::span<float> dqkv, std::span<float> scratch,
                         std::span<const float> dout, std::span<const float> qkv,
-                        std::span<const float> att, std::int64_t B, std::int64_t T,
-                        std::int64_t C, std::int64_t H, GradMode dinp_mode) {
+                        std::span<const float> att, std::int64_t B, std::int64_t T, std::int64_t C,
+                        std::int64_t H, GradMode dinp_mode) {
   const std::int64_t hd = C / H, C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   // Each block of rows of dq, dk and dv is one product, so writing needs no zeroing.
@@ -388,7 +399,7 @@ void attention_backward(std::span<float> dqkv, std::span<float> scratch,
     const float* vt = transposed(buffer, v, T, hd, C3);  // (hd, T)
     // Blocks of rows: queries for datt and dq, keys for dv and dk.
     for_causal_blocks(T, [&](std::int64_t r0, std::int64_t rows) {
-      // datt = dy @ v^T; dv += att^T @ dy
+      // datt = dy @ v^T; dv (+)= att^T @ dy (written or added, by dinp_mode)
       gemm(Trans::no, Trans::no, rows, r0 + rows, hd, 1.0f, dy + r0 * C, C, vt, T, 0.0f,
            da + r0 * T, T);
       gemm(Trans::yes, Trans::no, rows, hd, T - r0, 1.0f, a + r0 * T + r0, T, dy + r0 * C, C, beta,
@@ -396,7 +407,7 @@ void attention_backward(std::span<float> dqkv, std::span<float> scratch,
     });
     causal_softmax_backward(da, a, T);
     for_causal_blocks(T, [&](std::int64_t r0, std::int64_t rows) {
-      // dq += scale * dscore @ k; dk += scale * dscore^T @ q
+      // dq (+)= scale * dscore @ k; dk (+)= scale * dscore^T @ q
       gemm(Trans::no, Trans::no, rows, hd, r0 + rows, scale, da + r0 * T, T, k, C3, beta,
            dq + r0 * C3, C3);
       gemm(Trans::yes, Trans::no, rows, hd, T - r0, scale, da + r0 * T + r0, T, q + r0 * C3, C3,
@@ -538,7 +549,8 @@ namespace {
 // One row of the cross-entropy: p (V) = softmax(z); returns -log p[target].
 float softmax_loss(float* p, const float* z, std::int64_t target, std::int64_t V) {
   float mx = 0;
-  const float sum = simd::softmax_row(p, z, static_cast<std::size_t>(V), static_cast<std::size_t>(V), &mx);
+  const float sum =
+      simd::softmax_row(p, z, static_cast<std::size_t>(V), static_cast<std::size_t>(V), &mx);
   return std::log(sum) + mx - z[target];  // log-sum-exp form
 }
 

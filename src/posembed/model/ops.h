@@ -4,7 +4,9 @@
 // gradient it writes; zeroing is the caller's job. The gradient of an op's
 // input (dinp) may instead be written, as a fresh buffer (GradMode::write): the
 // same values as zeroing it and accumulating, with no pass to clear it.
-// Parameter gradients always accumulate: they sum over micro-batches.
+// Parameter gradients always accumulate: they sum over micro-batches. A
+// backward's dinp must not alias its dout or inp: other tasks of the same op
+// read those while dinp is written.
 //
 // Threads: every op splits its work into pieces fixed by the shapes alone
 // (never by the thread count), and each output element is reduced in a fixed
@@ -27,8 +29,8 @@ void matmul_forward(std::span<float> out, std::span<const float> inp, std::span<
 // dinp (N, C), dweight (C, OC), dbias (OC, may be empty) += VJP of dout (N, OC).
 void matmul_backward(std::span<float> dinp, std::span<float> dweight, std::span<float> dbias,
                      std::span<const float> dout, std::span<const float> inp,
-                     std::span<const float> weight, std::int64_t N, std::int64_t C,
-                     std::int64_t OC, GradMode dinp_mode = GradMode::accumulate);
+                     std::span<const float> weight, std::int64_t N, std::int64_t C, std::int64_t OC,
+                     GradMode dinp_mode = GradMode::accumulate);
 
 // The tied output layer: out (N, V) = inp (N, C) @ table (V, C)^T, no bias.
 void matmul_tied_forward(std::span<float> out, std::span<const float> inp,
@@ -62,8 +64,8 @@ void attention_forward(std::span<float> out, std::span<float> att, std::span<con
 // dqkv (B, T, 3C) += VJP of dout (B, T, C); scratch (B, H, T, T) is overwritten.
 void attention_backward(std::span<float> dqkv, std::span<float> scratch,
                         std::span<const float> dout, std::span<const float> qkv,
-                        std::span<const float> att, std::int64_t B, std::int64_t T,
-                        std::int64_t C, std::int64_t H, GradMode dinp_mode = GradMode::accumulate);
+                        std::span<const float> att, std::int64_t B, std::int64_t T, std::int64_t C,
+                        std::int64_t H, GradMode dinp_mode = GradMode::accumulate);
 
 // GELU, tanh approximation (GPT-2's gelu_new). out, inp: (N)
 void gelu_forward(std::span<float> out, std::span<const float> inp);
@@ -92,6 +94,7 @@ void crossentropy_forward(std::span<float> losses, std::span<float> probs,
 // dlogits (N, V) += dloss[n] * (probs - onehot(target)); dloss (N).
 void crossentropy_backward(std::span<float> dlogits, std::span<const float> dloss,
                            std::span<const float> probs, std::span<const std::int64_t> targets,
-                           std::int64_t N, std::int64_t V, GradMode dinp_mode = GradMode::accumulate);
+                           std::int64_t N, std::int64_t V,
+                           GradMode dinp_mode = GradMode::accumulate);
 
 }  // namespace posembed::model

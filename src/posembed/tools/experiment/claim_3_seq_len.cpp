@@ -52,12 +52,12 @@ Findings claim_seq_len(Context& ctx) {
     // The attention core alone (scores, softmax, weighted sum; forward and
     // backward) on the step's own qkv, for every layer: what plan counts as
     // attention_scores. The projections around it count as the rest.
-    const std::size_t nc3 = sz(B * T * 3 * C);
-    std::fill(a.d_qkv.begin(), a.d_qkv.begin() + static_cast<std::ptrdiff_t>(nc3), 0.0f);
+    // The backward writes d_qkv fresh, as the trainer's does.
     const auto t1 = clock::now();
     for (auto& L : a.layers) {
       model::attention_forward(L.atty, L.att, L.qkv, B, T, C, H);
-      model::attention_backward(a.d_qkv, a.d_att, a.d_atty, L.qkv, L.att, B, T, C, H);
+      model::attention_backward(a.d_qkv, a.d_att, a.d_atty, L.qkv, L.att, B, T, C, H,
+                                GradMode::write);
     }
     const double ta = seconds_since(t1);
     if (record) {
