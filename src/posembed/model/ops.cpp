@@ -43,16 +43,24 @@ void parallel_pieces(std::int64_t n, double work, Body&& body) {
   for (std::int64_t i = 0; i < n; ++i) body(i);
 }
 
-// parallel_tasks(n, work, body): like parallel_pieces, for the tasks of several
-// independent loops of one op put in one parallel region (a region costs a
-// hand-over between the threads, and a few hundred of them made up a visible
-// share of a two-thread step). The tasks differ in size, so threads take them
-// as they finish (dynamic schedule); each task's arithmetic is fixed, so the
-// thread that runs it changes no bits.
-template <class Body>
-void parallel_tasks(std::int64_t n, double work, Body&& body) {
-#pragma omp parallel for schedule(dynamic) if (work >= kMinParallelWork)
-  for (std::int64_t i = 0; i < n; ++i) body(i);
+// parallel_rows_then_tasks(rows, tasks, work, row_body, task_body): the two
+// independent loops of an op's backward in one parallel region (a region costs
+// a hand-over between the threads, and a few hundred of them made up a visible
+// share of a two-thread step). Row pieces go out statically, as in every other
+// op, so a thread works on the rows that it wrote in the op before and reads in
+// the next; then the tasks (sums over all rows, of different sizes) are taken as
+// threads come free. Each task's arithmetic is fixed, so the thread that runs it
+// changes no bits.
+template <class RowBody, class TaskBody>
+void parallel_rows_then_tasks(std::int64_t rows, std::int64_t tasks, double work,
+                              RowBody&& row_body, TaskBody&& task_body) {
+#pragma omp parallel if (work >= kMinParallelWork)
+  {
+#pragma omp for schedule(static) nowait
+    for (std::int64_t i = 0; i < rows; ++i) row_body(i);
+#pragma omp for schedule(dynamic)
+    for (std::int64_t i = 0; i < tasks; ++i) task_body(i);
+  }
 }
 
 // The column range [j0, j1) of fixed strip s of [0, C).
@@ -190,23 +198,25 @@ void matmul_backward_any(std::span<float> dinp, std::span<float> dweight, std::s
   const std::int64_t dweight_pieces = pieces(R, kOutPiece);
   const std::int64_t bias_strips = dbias.empty() ? 0 : pieces(OC, kColStrip);
   const double work = 2 * double(N) * double(C) * double(OC);
-  parallel_tasks(dweight_pieces + dinp_pieces + bias_strips, work, [&](std::int64_t t) {
-    if (t < dweight_pieces) {
-      const std::int64_t r0 = t * kOutPiece, rows = std::min(R - r0, kOutPiece);
-      gemm(Trans::yes, Trans::no, rows, K, N, 1.0f, a + r0, R, b, K, 1.0f, dweight.data() + r0 * K,
-           K);
-    } else if ((t -= dweight_pieces) < dinp_pieces) {
-      const std::int64_t r0 = t * kRowPiece, rows = std::min(N - r0, kRowPiece);
-      gemm(Trans::no, w_trans, rows, C, OC, 1.0f, dout.data() + r0 * OC, OC, w, ldw, beta,
-           dinp.data() + r0 * C, C);
-    } else {
-      t -= dinp_pieces;
-      const std::int64_t j0 = strip_begin(t), j1 = strip_end(t, OC);
-      float acc[kColStrip] = {};
-      column_sums(acc, dout.data(), N, OC, j0, j1);
-      for (std::int64_t j = j0; j < j1; ++j) dbias[static_cast<std::size_t>(j)] += acc[j - j0];
-    }
-  });
+  const auto dinp_piece = [&](std::int64_t p) {
+    const std::int64_t r0 = p * kRowPiece, rows = std::min(N - r0, kRowPiece);
+    gemm(Trans::no, w_trans, rows, C, OC, 1.0f, dout.data() + r0 * OC, OC, w, ldw, beta,
+         dinp.data() + r0 * C, C);
+  };
+  parallel_rows_then_tasks(
+      dinp_pieces, dweight_pieces + bias_strips, work, dinp_piece, [&](std::int64_t t) {
+        if (t < dweight_pieces) {
+          const std::int64_t r0 = t * kOutPiece, rows = std::min(R - r0, kOutPiece);
+          gemm(Trans::yes, Trans::no, rows, K, N, 1.0f, a + r0, R, b, K, 1.0f,
+               dweight.data() + r0 * K, K);
+          return;
+        }
+        const std::int64_t j0 = strip_begin(t - dweight_pieces),
+                           j1 = strip_end(t - dweight_pieces, OC);
+        float acc[kColStrip] = {};
+        column_sums(acc, dout.data(), N, OC, j0, j1);
+        for (std::int64_t j = j0; j < j1; ++j) dbias[static_cast<std::size_t>(j)] += acc[j - j0];
+      });
 }
 
 }  // namespace
@@ -295,26 +305,26 @@ void layernorm_backward(std::span<float> dinp, std::span<float> dweight, std::sp
                         std::span<const float> rstd, std::int64_t N, std::int64_t C,
                         GradMode dinp_mode) {
   // One region: pieces of rows for dinp, then column strips for the parameters.
-  constexpr std::int64_t kRowsPerTask = 32;
-  const std::int64_t row_tasks = pieces(N, kRowsPerTask);
-  parallel_tasks(row_tasks + pieces(C, kColStrip), 2 * double(N) * double(C), [&](std::int64_t t) {
-    if (t < row_tasks) {
-      for (std::int64_t n = t * kRowsPerTask; n < std::min(N, (t + 1) * kRowsPerTask); ++n) {
-        const auto k = static_cast<std::size_t>(n);
-        simd::layernorm_row_backward(dinp.data() + n * C, dout.data() + n * C, inp.data() + n * C,
-                                     weight.data(), mean[k], rstd[k], static_cast<std::size_t>(C),
-                                     writes(dinp_mode));
-      }
-      return;
+  constexpr std::int64_t kRowsPerPiece = 32;
+  const auto dinp_piece = [&](std::int64_t p) {
+    for (std::int64_t n = p * kRowsPerPiece; n < std::min(N, (p + 1) * kRowsPerPiece); ++n) {
+      const auto k = static_cast<std::size_t>(n);
+      simd::layernorm_row_backward(dinp.data() + n * C, dout.data() + n * C, inp.data() + n * C,
+                                   weight.data(), mean[k], rstd[k], static_cast<std::size_t>(C),
+                                   writes(dinp_mode));
     }
-    const std::int64_t j0 = strip_begin(t - row_tasks), j1 = strip_end(t - row_tasks, C);
-    float dw[kColStrip] = {}, db[kColStrip] = {};
-    layernorm_param_grads(dw, db, dout.data(), inp.data(), mean.data(), rstd.data(), N, C, j0, j1);
-    for (std::int64_t j = j0; j < j1; ++j) {
-      dweight[static_cast<std::size_t>(j)] += dw[j - j0];
-      dbias[static_cast<std::size_t>(j)] += db[j - j0];
-    }
-  });
+  };
+  parallel_rows_then_tasks(pieces(N, kRowsPerPiece), pieces(C, kColStrip),
+                           2 * double(N) * double(C), dinp_piece, [&](std::int64_t t) {
+                             const std::int64_t j0 = strip_begin(t), j1 = strip_end(t, C);
+                             float dw[kColStrip] = {}, db[kColStrip] = {};
+                             layernorm_param_grads(dw, db, dout.data(), inp.data(), mean.data(),
+                                                   rstd.data(), N, C, j0, j1);
+                             for (std::int64_t j = j0; j < j1; ++j) {
+                               dweight[static_cast<std::size_t>(j)] += dw[j - j0];
+                               dbias[static_cast<std::size_t>(j)] += db[j - j0];
+                             }
+                           });
 }
 
 namespace {
