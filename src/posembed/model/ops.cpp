@@ -74,11 +74,12 @@ std::int64_t strip_end(std::int64_t s, std::int64_t C) {
 // Rows with reductions (LayerNorm, softmax) are Highway kernels (core/simd.h);
 // the elementwise and column loops here are plain loops that the compiler
 // vectorises (a Highway GELU with an approximate reciprocal instead of the
-// division measured no faster). VECTOR_CLONES builds a function three times, for AVX-512, for AVX2
-// with FMA and for baseline x86-64, and the loader picks the one this CPU runs (GCC's
-// target_clones): runtime dispatch without -march, as simd.cpp's Highway
-// kernels. A piece's arithmetic is fixed by the shapes, so the bits never
-// depend on the thread count (they may on the instruction set, as the GEMM's).
+// division measured no faster). VECTOR_CLONES builds a function three times,
+// for AVX-512, for AVX2 with FMA and for baseline x86-64, and the loader picks
+// the one this CPU runs (GCC's target_clones): runtime dispatch without
+// -march, as simd.cpp's Highway kernels. A piece's arithmetic is fixed by the
+// shapes, so the bits never depend on the thread count (they may on the
+// instruction set, as the GEMM's).
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
@@ -147,25 +148,33 @@ VECTOR_CLONES void add_bias(float* o, const float* bias, std::int64_t rows, std:
   }
 }
 
-// b (cols, rows) = a (rows, cols)^T with a's rows lda apart, into a buffer of
-// the calling thread (it grows to the largest operand once; no allocation after
-// the first step). dnnl_sgemm multiplies by a transposed operand through a
+// (cols, rows) = a (rows, cols)^T with a's rows lda apart, into a buffer of the
+// calling thread (it grows to the largest operand once; no allocation after the
+// first step) that every product shares: each fills it and is done with it
+// before another can. dnnl_sgemm multiplies by a transposed operand through a
 // slower path that packs it in every call (a weight in 64-row pieces: 54 against
 // 69 GFLOP/s; a head's causal scores: 13 against 9 us), so products transpose
 // their operand once and multiply by the copy.
-const float* transposed(std::vector<float>& b, const float* a, std::int64_t rows, std::int64_t cols,
-                        std::int64_t lda) {
+const float* transposed(const float* a, std::int64_t rows, std::int64_t cols, std::int64_t lda) {
+  thread_local std::vector<float> b;
   b.resize(static_cast<std::size_t>(rows * cols));
   simd::transpose(b.data(), a, static_cast<std::size_t>(rows), static_cast<std::size_t>(cols),
                   static_cast<std::size_t>(lda));
   return b.data();
 }
 
-// The calling thread's buffer for a transposed weight, shared by the products
-// that make one: a product fills it and uses it before another can.
-std::vector<float>& weight_copy() {
-  thread_local std::vector<float> buffer;
-  return buffer;
+// w^T as the second GEMM operand of `row_pieces` row-piece products, w (rows,
+// cols): with several pieces a transposed copy (transposed()), taken as it is;
+// with one, w itself, which the GEMM transposes.
+struct Operand {
+  const float* data;
+  Trans trans;
+  std::int64_t ld;
+};
+Operand transposed_operand(const float* w, std::int64_t rows, std::int64_t cols,
+                           std::int64_t row_pieces) {
+  if (row_pieces > 1) return {transposed(w, rows, cols, cols), Trans::no, rows};
+  return {w, Trans::yes, cols};
 }
 
 // How a product's weight is stored: (in, out) as GPT-2's Conv1D, or (out, in)
@@ -185,11 +194,9 @@ void matmul_backward_any(std::span<float> dinp, std::span<float> dweight, std::s
   const bool in_out = layout == WeightLayout::in_out;
   const float beta = beta_of(dinp_mode);
   const std::int64_t dinp_pieces = pieces(N, kRowPiece);
-  // dout @ W^T for (in, out) weights multiplies by a transposed copy (transposed()).
-  const bool copy = in_out && dinp_pieces > 1;
-  const float* w = copy ? transposed(weight_copy(), weight.data(), C, OC, OC) : weight.data();
-  const Trans w_trans = in_out && !copy ? Trans::yes : Trans::no;
-  const std::int64_t ldw = in_out && !copy ? OC : C;
+  // dout @ W^T: (in, out) weights are transposed; (out, in) ones already are W^T.
+  const Operand w = in_out ? transposed_operand(weight.data(), C, OC, dinp_pieces)
+                           : Operand{weight.data(), Trans::no, C};
   // dweight (R, K) += a^T @ b over all N rows.
   constexpr std::int64_t kOutPiece = 32;
   const float* a = in_out ? inp.data() : dout.data();
@@ -200,7 +207,7 @@ void matmul_backward_any(std::span<float> dinp, std::span<float> dweight, std::s
   const double work = 2 * double(N) * double(C) * double(OC);
   const auto dinp_piece = [&](std::int64_t p) {
     const std::int64_t r0 = p * kRowPiece, rows = std::min(N - r0, kRowPiece);
-    gemm(Trans::no, w_trans, rows, C, OC, 1.0f, dout.data() + r0 * OC, OC, w, ldw, beta,
+    gemm(Trans::no, w.trans, rows, C, OC, 1.0f, dout.data() + r0 * OC, OC, w.data, w.ld, beta,
          dinp.data() + r0 * C, C);
   };
   parallel_rows_then_tasks(
@@ -245,14 +252,11 @@ void matmul_backward(std::span<float> dinp, std::span<float> dweight, std::span<
 void matmul_tied_forward(std::span<float> out, std::span<const float> inp,
                          std::span<const float> table, std::int64_t N, std::int64_t C,
                          std::int64_t V) {
-  // Several row pieces share one transposed copy of the table (transposed()).
-  const bool copy = pieces(N, kRowPiece) > 1;
-  const float* table_t =
-      copy ? transposed(weight_copy(), table.data(), V, C, C) : table.data();  // (C, V)
+  const Operand table_t = transposed_operand(table.data(), V, C, pieces(N, kRowPiece));  // (C, V)
   parallel_pieces(pieces(N, kRowPiece), double(N) * double(C) * double(V), [&](std::int64_t p) {
     const std::int64_t r0 = p * kRowPiece, rows = std::min(N - r0, kRowPiece);
-    gemm(Trans::no, copy ? Trans::no : Trans::yes, rows, V, C, 1.0f, inp.data() + r0 * C, C,
-         table_t, copy ? V : C, 0.0f, out.data() + r0 * V, V);
+    gemm(Trans::no, table_t.trans, rows, V, C, 1.0f, inp.data() + r0 * C, C, table_t.data,
+         table_t.ld, 0.0f, out.data() + r0 * V, V);
   });
 }
 
@@ -370,8 +374,7 @@ void attention_forward(std::span<float> out, std::span<float> att, std::span<con
     const float* v = q + 2 * C;
     float* a = att.data() + bh * T * T;  // (T, T)
     float* y = out.data() + b * T * C + h * hd;
-    thread_local std::vector<float> buffer;
-    const float* kt = transposed(buffer, k, T, hd, C3);  // (hd, T)
+    const float* kt = transposed(k, T, hd, C3);  // (hd, T)
     // Scores of each query block against the keys up to its last row; the
     // softmax masks the rest of the block and zeroes the whole upper triangle.
     for_causal_blocks(T, [&](std::int64_t r0, std::int64_t rows) {
@@ -405,8 +408,7 @@ void attention_backward(std::span<float> dqkv, std::span<float> scratch,
     const float* a = att.data() + bh * T * T;
     const float* dy = dout.data() + b * T * C + h * hd;
     float* da = scratch.data() + bh * T * T;
-    thread_local std::vector<float> buffer;
-    const float* vt = transposed(buffer, v, T, hd, C3);  // (hd, T)
+    const float* vt = transposed(v, T, hd, C3);  // (hd, T)
     // Blocks of rows: queries for datt and dq, keys for dv and dk.
     for_causal_blocks(T, [&](std::int64_t r0, std::int64_t rows) {
       // datt = dy @ v^T; dv (+)= att^T @ dy (written or added, by dinp_mode)
