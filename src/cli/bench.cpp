@@ -151,8 +151,9 @@ Probe bandwidth_probe(std::size_t floats_per_array, int reps) {
   }
   const double bytes = static_cast<double>(floats_per_array * sizeof(float));
   // The best run: other processes can only slow a probe down.
-  return {3 * bytes / triad.min_ms / 1e6, 2 * bytes / copy.min_ms / 1e6, 3 * bytes / stream_add.min_ms / 1e6,
-          7 * bytes / update.min_ms / 1e6, 3 * floats_per_array * sizeof(float)};
+  return {3 * bytes / triad.min_ms / 1e6, 2 * bytes / copy.min_ms / 1e6,
+          3 * bytes / stream_add.min_ms / 1e6, 7 * bytes / update.min_ms / 1e6,
+          3 * floats_per_array * sizeof(float)};
 }
 
 template <class To, class From>
@@ -424,17 +425,24 @@ Json targets(const Json& shape, const Probe& probe, bool quiet) {
   };
   const std::vector<Target> list = {
       {"eval forward, PyTorch / ours", torch("forward_eval") / ours("forward_eval"), 1, true},
-      {"eval forward, fraction of the probe", kernel("forward_eval")["gbps"].get<double>() / probe.gbps(), 0.9, true},
-      {"training forward (p 0.1), PyTorch / ours", torch("forward_train") / ours("forward_train"), 20, true},
-      {"fwd+bwd: PyTorch default (dense) / ours, row-sparse", torch("fwd_bwd_dense") / ours("fwd_bwd_sparse"), 25, true},
-      {"fwd+bwd: PyTorch default (dense) / ours, dense", torch("fwd_bwd_dense") / ours("fwd_bwd_dense"), 15, true},
-      {"fwd+bwd: PyTorch sparse=True / ours, row-sparse", torch("fwd_bwd_sparse") / ours("fwd_bwd_sparse"), NAN, true},
+      {"eval forward, fraction of the probe",
+       kernel("forward_eval")["gbps"].get<double>() / probe.gbps(), 0.9, true},
+      {"training forward (p 0.1), PyTorch / ours", torch("forward_train") / ours("forward_train"),
+       20, true},
+      {"fwd+bwd: PyTorch default (dense) / ours, row-sparse",
+       torch("fwd_bwd_dense") / ours("fwd_bwd_sparse"), 25, true},
+      {"fwd+bwd: PyTorch default (dense) / ours, dense",
+       torch("fwd_bwd_dense") / ours("fwd_bwd_dense"), 15, true},
+      {"fwd+bwd: PyTorch sparse=True / ours, row-sparse",
+       torch("fwd_bwd_sparse") / ours("fwd_bwd_sparse"), NAN, true},
       {"AdamW, PyTorch / ours", torch("adamw") / ours("adamw"), 10, true},
       // What the machine's memory allows: PyTorch's time over the update probe's
       // for AdamW's traffic. A goal above it cannot be met on this machine.
-      {"AdamW, ceiling: PyTorch / the update probe's time", torch("adamw") * probe.update_gbps * 1e6 /
-           kernel("adamw")["min_bytes"].get<double>(), NAN, true},
-      {"AdamW, fraction of the update probe", kernel("adamw")["gbps"].get<double>() / probe.update_gbps, NAN, true},
+      {"AdamW, ceiling: PyTorch / the update probe's time",
+       torch("adamw") * probe.update_gbps * 1e6 / kernel("adamw")["min_bytes"].get<double>(), NAN,
+       true},
+      {"AdamW, fraction of the update probe",
+       kernel("adamw")["gbps"].get<double>() / probe.update_gbps, NAN, true},
   };
   Json out = Json::array();
   if (!quiet) {
@@ -511,10 +519,9 @@ void run_bench(const BenchOptions& o) {
   Json report;
   report["machine"] = {{"cpu", tools::cpu_model()}, {"simd_target", simd::target_name()},
                        {"gemm", model::gemm_library()}, {"threads", o.threads}};
-  report["probe"] = {{"triad_gbps", probe.triad_gbps}, {"copy_gbps", probe.copy_gbps},
+  report["probe"] = {{"triad_gbps", probe.triad_gbps},           {"copy_gbps", probe.copy_gbps},
                      {"stream_add_gbps", probe.stream_add_gbps}, {"gbps", probe.gbps()},
-                     {"update_gbps", probe.update_gbps},
-                     {"triad_bytes", probe.bytes}};
+                     {"update_gbps", probe.update_gbps},         {"triad_bytes", probe.bytes}};
   report["rounds"] = o.rounds;
   if (o.torch) report["torch"] = torch_info;
   if (!o.json) {
@@ -525,11 +532,14 @@ void run_bench(const BenchOptions& o) {
       std::printf("PyTorch column %zu: torch %s (%s), eager%s\n", c + 1,
                   t["version"].get<std::string>().c_str(), t["python"].get<std::string>().c_str(),
                   t["compile"].get<bool>() ? " or torch.compile, whichever is faster (c)" : "");
-      std::printf("  AdamW: its fastest of for-loop, foreach and fused (f), where it has them\n");
     }
-    std::printf("bandwidth probe (best run): triad %.1f GB/s, memcpy %.1f GB/s, streaming add %.1f GB/s -> "
-                "probe %.1f GB/s; in-place update of 4 arrays (AdamW's traffic) %.1f GB/s\n",
-                probe.triad_gbps, probe.copy_gbps, probe.stream_add_gbps, probe.gbps(), probe.update_gbps);
+    if (columns > 0)
+      std::printf(
+          "PyTorch's AdamW: its fastest of for-loop, foreach and fused (f), where it has them\n");
+    std::printf(
+        "bandwidth probe (best run): triad %.1f GB/s, memcpy %.1f GB/s, streaming add %.1f GB/s -> "
+        "probe %.1f GB/s; in-place update of 4 arrays (AdamW's traffic) %.1f GB/s\n",
+        probe.triad_gbps, probe.copy_gbps, probe.stream_add_gbps, probe.gbps(), probe.update_gbps);
     std::printf("times: median over rounds of each round's median; min: fastest run; spread: slowest / "
                 "fastest round median; ratio: PyTorch's median time / ours\n");
   }
