@@ -347,10 +347,14 @@ void BackwardStrip(const StripTable& token, const StripTable& position, const fl
       lo == 0 && hi == sd ? std::max<std::int64_t>(1, static_cast<std::int64_t>(RowsPerDraw(d, mask))) : 1;
   for (std::int64_t r = 0; r < steps; r += group) {
     // The tokens two steps ahead, only this thread's columns of their token rows:
-    // prefetching the other thread's would pull lines it writes.
+    // prefetching the other thread's would pull lines it writes. A row its token
+    // writes fresh (first use) is never read: fetching it would read lines that
+    // are then overwritten, and hold the core's few line-fill buffers that the
+    // streaming stores and grad_out need (Xeon with AVX-512, GPT-2 shape, p 0: the
+    // row-sparse backward 6.7 -> 4.7 ms on one thread, 3.7 -> 3.3 ms on two).
     for (std::int64_t t = r + 2 * group; t < std::min(r + 3 * group, static_cast<std::int64_t>(n)); ++t) {
       const auto ahead = static_cast<std::size_t>(t);
-      if (token.grad) {
+      if (token.grad && !(token.first && token.first[ahead])) {
         const auto from = static_cast<std::size_t>(std::max<std::int64_t>(token.cols[0], 0));
         PrefetchRow</*kForWrite=*/true>(token.grad + static_cast<std::size_t>(token.rows[ahead]) * d + from,
                                         static_cast<std::size_t>(token.cols[1]) - from);
