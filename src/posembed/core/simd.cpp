@@ -348,13 +348,15 @@ void BackwardStrip(const StripTable& token, const StripTable& position, const fl
   for (std::int64_t r = 0; r < steps; r += group) {
     // The tokens two steps ahead, only this thread's columns of their token rows:
     // prefetching the other thread's would pull lines it writes. A row its token
-    // writes fresh (first use) is never read: fetching it would read lines that
-    // are then overwritten, and hold the core's few line-fill buffers that the
-    // streaming stores and grad_out need (Xeon with AVX-512, GPT-2 shape, p 0: the
-    // row-sparse backward 6.7 -> 4.7 ms on one thread, 3.7 -> 3.3 ms on two).
+    // writes fresh past the cache (a streamed first use) is never read: fetching
+    // it would read lines that the streaming stores then overwrite, and hold the
+    // core's few line-fill buffers that they and grad_out need (Xeon with AVX-512,
+    // GPT-2 shape, p 0: the row-sparse backward 6.7 -> 4.7 ms on one thread, 3.7
+    // -> 3.3 ms on two). A fresh row written through the cache is still fetched:
+    // its plain stores read each line first.
     for (std::int64_t t = r + 2 * group; t < std::min(r + 3 * group, static_cast<std::int64_t>(n)); ++t) {
       const auto ahead = static_cast<std::size_t>(t);
-      if (token.grad && !(token.first && token.first[ahead])) {
+      if (token.grad && !(token.stream && token.first && token.first[ahead])) {
         const auto from = static_cast<std::size_t>(std::max<std::int64_t>(token.cols[0], 0));
         PrefetchRow</*kForWrite=*/true>(token.grad + static_cast<std::size_t>(token.rows[ahead]) * d + from,
                                         static_cast<std::size_t>(token.cols[1]) - from);
