@@ -46,20 +46,19 @@ def main():
     for oc in (128, 256, 384, 512):
         x, w = torch.randn(rows, width), torch.randn(width, oc)
         dout = torch.randn(rows, oc)
+        # (label, M, K, N, call) for an (M, K) by (K, N) product
         products += [
-            (f"fwd  {rows}x{width} by {width}x{oc}", lambda x=x, w=w: x @ w),
-            (f"dinp {rows}x{oc} by {oc}x{width}", lambda dout=dout, w=w: dout @ w.t()),
-            (f"dw   {width}x{rows} by {rows}x{oc}", lambda x=x, dout=dout: x.t() @ dout),
+            ("fwd ", rows, width, oc, lambda x=x, w=w: x @ w),
+            ("dinp", rows, oc, width, lambda dout=dout, w=w: dout @ w.t()),
+            ("dw  ", width, rows, oc, lambda x=x, dout=dout: x.t() @ dout),
         ]
     print(f"torch {torch.__version__}, MKL {'yes' if torch.backends.mkl.is_available() else 'no'}, "
           f"1 thread, {args.rounds} round(s) of {args.reps} calls")
-    gflops = {name: [] for name, _ in products}
+    gflops = {f"{label} {m}x{k} by {k}x{n}": [] for label, m, k, n, _ in products}
     for _ in range(args.rounds):
-        for name, f in products:
+        for (label, m, k, n, f), values in zip(products, gflops.values()):
             f()  # warm: first-call allocation and packing
-            m, k = (int(v) for v in name.split()[1].split("x"))  # "M x K by K x N"
-            n = int(name.split()[3].split("x")[1])
-            gflops[name].append(2.0 * m * k * n / median_call_s(f, args.reps) / 1e9)
+            values.append(2.0 * m * k * n / median_call_s(f, args.reps) / 1e9)
     for name, values in gflops.items():
         print(f"{name:32s} {statistics.median(values):7.1f} GFLOP/s")
     mean = math.exp(statistics.fmean(math.log(statistics.median(v)) for v in gflops.values()))
