@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "posembed/core/error.h"
+#include "posembed/core/parallel.h"
 #include "posembed/core/philox.h"
 #include "posembed/model/distributed.h"
 
@@ -126,6 +127,82 @@ TEST(DataParallel, OneMicroBatchIsTrainStep) {
   const StepStats split = data_parallel_step(m, dm, rows, 0, t);
   EXPECT_NEAR(split.loss, whole.loss, 1e-6 * whole.loss);
   EXPECT_NEAR(split.grad_norm, whole.grad_norm, 1e-5 * whole.grad_norm);
+}
+
+// Micro-batches run side by side, one per thread (DataParallel::slots): waves
+// of 1 to 4 slots, a last wave shorter than the rest (5 micro-batches on 2 or
+// 3 threads), and slots sharing threads with the ops inside them (5 threads:
+// 5 slots; 2 micro-batches on 5 threads: 2 threads each). Every step gives
+// the bits of one thread.
+TEST(DataParallel, MicroBatchesSideBySideGiveTheBitsOfOneThread) {
+  const GptConfig c = tiny_config();
+  const std::int64_t T = 16;
+  std::vector<std::uint8_t> text(5000);
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    text[i] = static_cast<std::uint8_t>('a' + philox_bits(6, 0, RandomStream::data_sampling, i) % 26);
+  }
+  for (const std::int64_t micro_batches : {2, 5}) {
+    TrainConfig t;
+    t.micro_batch = 2;
+    t.batch_size = 2 * micro_batches;
+    t.warmup_steps = 2;
+    const auto run = [&](int threads) {
+      set_num_threads(threads);
+      Gpt m = make_gpt(c);
+      DataParallel dp = make_data_parallel(World{}, m, t, T, false);
+      EXPECT_EQ(static_cast<int>(dp.slots.size()), std::min<int>(threads, int(micro_batches)));
+      std::vector<double> stats;
+      for (std::int64_t step = 0; step < 3; ++step) {
+        const auto rows = [&](std::span<std::int64_t> ins, std::span<std::int64_t> tgs,
+                              std::int64_t first) {
+          fill_train_batch(ins, tgs, text, t.micro_batch, T, c.seed,
+                           static_cast<std::uint64_t>(step), first);
+        };
+        const StepStats s = data_parallel_step(m, dp, rows, step, t);
+        stats.push_back(s.loss);
+        stats.push_back(s.grad_norm);
+      }
+      return std::pair{stats, m.memory};
+    };
+    const auto one = run(1);
+    for (const int threads : {2, 3, 4, 5}) {
+      const auto many = run(threads);
+      EXPECT_EQ(one.first, many.first) << micro_batches << " micro-batches, " << threads << " threads";
+      EXPECT_TRUE(one.second == many.second)
+          << micro_batches << " micro-batches, " << threads << " threads: parameters, "
+          << "gradients or moments differ";
+    }
+  }
+  set_num_threads(0);
+}
+
+// A micro-batch that throws on its thread ends the step with its error, after
+// the other slots finish, and the parameters are not updated.
+TEST(DataParallel, AnErrorInOneSlotEndsTheStepUnchanged) {
+  const GptConfig c = tiny_config();
+  TrainConfig t;
+  t.batch_size = 6;
+  t.micro_batch = 2;
+  set_num_threads(2);
+  Gpt m = make_gpt(c);
+  DataParallel dp = make_data_parallel(World{}, m, t, 16, false);
+  ASSERT_EQ(dp.slots.size(), 2u);
+  const std::vector<float> before(m.params.begin(), m.params.end());
+  const auto rows = [&](std::span<std::int64_t> ins, std::span<std::int64_t> tgs,
+                        std::int64_t first) {
+    if (first == 2) throw Error("no windows for row 2");
+    std::fill(ins.begin(), ins.end(), 1);
+    std::fill(tgs.begin(), tgs.end(), 2);
+  };
+  try {
+    data_parallel_step(m, dp, rows, 0, t);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "no windows for row 2");
+  }
+  EXPECT_TRUE(std::equal(before.begin(), before.end(), m.params.begin()));
+  for (const MicroBatchSlot& slot : dp.slots) EXPECT_FALSE(slot.error);
+  set_num_threads(0);
 }
 
 TEST(DataParallel, RanksNeedAMicroBatchEach) {

@@ -431,7 +431,10 @@ AttentionBounds attention_bounds(const Vd& qkv, const Vd& dout, double dqkv0, st
 
 TEST(Attention, MatchesReferenceAndFiniteDifferences) {
   struct Case { std::int64_t B, T, C, H; };
-  for (const Case c : {Case{1, 1, 4, 1}, Case{2, 5, 12, 3}, Case{1, 9, 8, 2}, Case{3, 33, 16, 4}}) {
+  // Head widths 4, 32 (the trainer's: whole AVX-512 vectors) and 20 (a vector
+  // and a rest); T across the 8-row blocks and 16-column score vectors.
+  for (const Case c : {Case{1, 1, 4, 1}, Case{2, 5, 12, 3}, Case{1, 9, 8, 2}, Case{3, 33, 16, 4},
+                       Case{1, 40, 64, 2}, Case{2, 19, 40, 2}}) {
     const auto n = [](std::int64_t v) { return static_cast<std::size_t>(v); };
     auto qkv = random_floats(n(c.B * c.T * 3 * c.C), 12, 1.0);
     auto dout = random_floats(n(c.B * c.T * c.C), 13);

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <map>
 #include <type_traits>
+#include <utility>
 
 #ifndef POSEMBED_HAVE_MPI
 #define POSEMBED_HAVE_MPI 0
@@ -194,30 +195,56 @@ void for_blocks(std::size_t n, F&& body) {
   });
 }
 
-// One process: the left fold G = ((g_0 + g_1) + ...) + g_{M-1} as the
-// micro-batches come; the last one adds the sum so far into model.grads.
-void accumulate(Gpt& model, DataParallel& dp, std::int64_t k) {
-  const std::int64_t M = dp.micro_batches;
-  if (M == 1) return;
-  float* sum = dp.sum.data();
+// One process: the left fold G = ((g_0 + g_1) + ...) + g_{M-1} into
+// model.grads, the micro-batches of a wave (slots [0, wave), micro-batches k0,
+// k0 + 1, ...) added in order as they come.
+void fold(Gpt& model, DataParallel& dp, std::int64_t k0, std::int64_t wave) {
   float* g = model.grads.data();
   for_blocks(model.num_params, [&](std::size_t i0, std::size_t i1) {
-    if (k == 0) {
-      std::copy(g + i0, g + i1, sum + i0);
-    } else if (k < M - 1) {
-      for (std::size_t i = i0; i < i1; ++i) sum[i] += g[i];
-    } else {
-      for (std::size_t i = i0; i < i1; ++i) g[i] = sum[i] + g[i];
+    for (std::int64_t s = 0; s < wave; ++s) {
+      const float* slot = dp.slots[sz(s)].grads.data();
+      if (k0 + s == 0) {
+        std::copy(slot + i0, slot + i1, g + i0);
+      } else {
+        for (std::size_t i = i0; i < i1; ++i) g[i] += slot[i];
+      }
     }
   });
 }
 
-// Several ranks: micro-batch j of this rank's goes to every destination's block
-// of `sent`, restricted to that destination's shard.
-void stage(const Gpt& model, DataParallel& dp, std::int64_t j) {
+// body(s) for slots s in [0, wave), side by side on `wave` threads, each with
+// num_threads() / wave (at least 1) for the ops inside it. A slot's exception
+// is kept until all are done, then the first rethrown.
+template <class Body>
+void side_by_side(DataParallel& dp, std::int64_t wave, Body&& body) {
+  if (wave == 1) return body(0);
+  const int threads = num_threads(), levels = omp_get_max_active_levels();
+  const int inner = std::max(1, threads / static_cast<int>(wave));
+  if (inner > 1) omp_set_max_active_levels(std::max(levels, 2));
+#pragma omp parallel for schedule(static, 1) num_threads(static_cast<int>(wave))
+  for (std::int64_t s = 0; s < wave; ++s) {
+    omp_set_num_threads(inner);  // this thread's own setting, for the regions nested in it
+    try {
+      body(s);
+    } catch (...) {
+      dp.slots[sz(s)].error = std::current_exception();
+    }
+  }
+  if (inner > 1) omp_set_max_active_levels(levels);
+  for (std::int64_t s = 0; s < wave; ++s) {
+    if (std::exception_ptr e = std::exchange(dp.slots[sz(s)].error, nullptr)) {
+      for (MicroBatchSlot& slot : dp.slots) slot.error = nullptr;
+      std::rethrow_exception(e);
+    }
+  }
+}
+
+// Several ranks: micro-batch j of this rank's (its gradient in `grads`) goes to
+// every destination's block of `sent`, restricted to that destination's shard.
+void stage(std::span<const float> grads, DataParallel& dp, std::int64_t j) {
   const auto mine = sz(dp.mine.size());
   for (const ParamRange& s : dp.shards) {
-    std::copy_n(model.grads.begin() + static_cast<std::ptrdiff_t>(s.begin), s.size(),
+    std::copy_n(grads.begin() + static_cast<std::ptrdiff_t>(s.begin), s.size(),
                 dp.sent.begin() + static_cast<std::ptrdiff_t>(mine * s.begin + sz(j) * s.size()));
   }
 }
@@ -367,9 +394,14 @@ DataParallel make_data_parallel(const World& w, const Gpt& model, const TrainCon
                 ") but this rank updates [" + std::to_string(sharded ? own.begin : 0) + ", " +
                 std::to_string(sharded ? own.end : P) + "); make it with the matching MomentShard");
   }
-  dp.acts = make_activations(model.config, dp.micro_batch, seq_len);
-  dp.inputs.assign(sz(dp.micro_batch * seq_len), 0);
-  dp.targets.assign(dp.inputs.size(), 0);
+  dp.slots.resize(sz(std::clamp<std::int64_t>(num_threads(), 1, dp.mine.size())));
+  for (MicroBatchSlot& slot : dp.slots) {
+    slot.acts = make_activations(model.config, dp.micro_batch, seq_len);
+    slot.inputs.assign(sz(dp.micro_batch * seq_len), 0);
+    slot.targets.assign(slot.inputs.size(), 0);
+    slot.grads.assign(P, 0.0f);
+    slot.grad_views = param_views(model, slot.grads);
+  }
   dp.loss_sums.assign(sz(M), 0.0);
   dp.piece_squares.assign((P + kParamPiece - 1) / kParamPiece, 0.0);
   set_counts(
@@ -379,10 +411,7 @@ DataParallel make_data_parallel(const World& w, const Gpt& model, const TrainCon
         return std::pair{sz(m.size()), sz(m.begin)};
       },
       "the loss sums");
-  if (w.size == 1) {
-    if (M > 1) dp.sum.assign(P, 0.0f);
-    return dp;
-  }
+  if (w.size == 1) return dp;
   const auto mine = sz(dp.mine.size());
   const std::string what = "the gradient exchange";
   set_counts(
@@ -421,14 +450,21 @@ StepStats data_parallel_step(Gpt& model, DataParallel& dp, const BatchSource& ba
                              std::int64_t step, const TrainConfig& c) {
   const std::int64_t M = dp.micro_batches, T = dp.seq_len, tokens = c.batch_size * T;
   const bool several = dp.world.size > 1;
-  for (std::int64_t k = dp.mine.begin; k < dp.mine.end; ++k) {
-    batch(dp.inputs, dp.targets, k * dp.micro_batch);
-    dp.loss_sums[sz(k)] = micro_batch_gradient(model, dp.acts, dp.inputs, dp.targets, T,
-                                               static_cast<std::uint64_t>(step * M + k), tokens);
+  const auto slots = static_cast<std::int64_t>(dp.slots.size());
+  for (std::int64_t k0 = dp.mine.begin; k0 < dp.mine.end; k0 += slots) {
+    const std::int64_t wave = std::min(slots, dp.mine.end - k0);
+    side_by_side(dp, wave, [&](std::int64_t s) {
+      MicroBatchSlot& slot = dp.slots[sz(s)];
+      const std::int64_t k = k0 + s;
+      batch(slot.inputs, slot.targets, k * dp.micro_batch);
+      dp.loss_sums[sz(k)] =
+          micro_batch_gradient(model, slot.grads, slot.grad_views, slot.acts, slot.inputs,
+                               slot.targets, T, static_cast<std::uint64_t>(step * M + k), tokens);
+    });
     if (several) {
-      stage(model, dp, k - dp.mine.begin);
+      for (std::int64_t s = 0; s < wave; ++s) stage(dp.slots[sz(s)].grads, dp, k0 + s - dp.mine.begin);
     } else {
-      accumulate(model, dp, k);
+      fold(model, dp, k0, wave);
     }
   }
   StepStats stats;
@@ -483,7 +519,8 @@ double data_parallel_evaluate(const Gpt& model, DataParallel& dp,
   const std::int64_t chunks = (W + dp.micro_batch - 1) / dp.micro_batch;
   dp.chunk_sums.resize(sz(chunks));
   const IndexRange mine = split_range(chunks, dp.world.rank, dp.world.size);
-  evaluate_chunks(model, dp.acts, text, starts, dp.seq_len, dp.inputs, dp.targets, mine.begin,
+  MicroBatchSlot& slot = dp.slots.front();
+  evaluate_chunks(model, slot.acts, text, starts, dp.seq_len, slot.inputs, slot.targets, mine.begin,
                   std::span<double>(dp.chunk_sums).subspan(sz(mine.begin), sz(mine.size())));
   if (dp.world.size > 1) {
     DataParallel::Counts counts;

@@ -15,7 +15,9 @@
 //     all-to-all (MPI_Alltoallv) sends every rank's g_k restricted to shard s to
 //     rank s, which receives them in micro-batch order k = 0 .. M-1 and sums
 //     them left to right in fp32: G = (((g_0 + g_1) + g_2) + ...). A single
-//     process runs the same left fold as it goes. (MPI_Allreduce would add in
+//     process runs the same left fold as it goes. Within a rank, micro-batches
+//     run side by side on the threads (DataParallel::slots), each in a buffer
+//     of its own, and are folded in micro-batch order after each wave. (MPI_Allreduce would add in
 //     an order chosen by the library and the rank count.) So this reduce-scatter
 //     moves each rank's micro-batch gradients whole: M/N gradient shards per
 //     destination instead of one pre-summed one; with one micro-batch per rank
@@ -38,6 +40,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <filesystem>
 #include <functional>
 #include <span>
@@ -102,6 +105,15 @@ int flags_of_all_ranks(const World& world, int flags);
 int default_threads(const World& world);
 
 // Buffers and layout of one rank, sized once for the whole run.
+// One micro-batch in flight: its windows, activations and gradient.
+struct MicroBatchSlot {
+  Activations acts;                           // one micro-batch
+  std::vector<std::int64_t> inputs, targets;  // (micro_batch, T)
+  std::vector<float> grads;                   // (P), laid out as model.grads
+  ParamViews grad_views;                      // param_views of grads
+  std::exception_ptr error;                   // what its thread threw, rethrown after the wave
+};
+
 struct DataParallel {
   World world;
   bool shard_optimizer = false;
@@ -109,11 +121,14 @@ struct DataParallel {
   std::int64_t micro_batches = 0;             // M per step
   IndexRange mine;                            // this rank's micro-batches
   std::vector<ParamRange> shards;             // every rank's parameters (whole pieces)
-  Activations acts;                           // one micro-batch
-  std::vector<std::int64_t> inputs, targets;  // (micro_batch, T)
+  // A rank's micro-batches run in waves of slots.size() side by side, one slot
+  // (and num_threads() / slots.size() threads for its ops) each: one slot per
+  // thread, up to the rank's micro-batch count. A micro-batch on one thread
+  // needs no hand-over between threads inside it, where the ops' own threading
+  // takes hundreds a step.
+  std::vector<MicroBatchSlot> slots;
   std::vector<float> sent;                    // N > 1: (mine.size, P), grouped by destination shard
   std::vector<float> received;                // N > 1: (M, own shard) in micro-batch order
-  std::vector<float> sum;             // N = 1, M > 1: running sum of the micro-batch gradients (P)
   std::vector<double> loss_sums;      // (M)
   std::vector<double> piece_squares;  // one per kParamPiece piece of the parameters
   std::vector<double> chunk_sums;     // evaluation, one per chunk

@@ -75,6 +75,34 @@ ParamRange param_shard(std::size_t num_params, int rank, int ranks) {
   return {edge(rank), edge(rank + 1)};
 }
 
+ParamViews param_views(const Gpt& model, std::span<float> buffer) {
+  if (buffer.size() != model.num_params) {
+    throw Error("a parameter buffer holds " + std::to_string(buffer.size()) + " floats; the model has " +
+                std::to_string(model.num_params) + " parameters");
+  }
+  const auto view = [&](const std::string& name) {
+    const ParamTensor* t = find_tensor(model, name);
+    return buffer.subspan(t->offset, t->numel);
+  };
+  ParamViews views;
+  views.wte = view("wte.weight");
+  views.wpe = view("wpe.weight");
+  views.h.resize(sz(model.config.n_layer));
+  for (std::int64_t l = 0; l < model.config.n_layer; ++l) {
+    BlockViews& b = views.h[sz(l)];
+    const std::string h = "h." + std::to_string(l) + ".";
+    b.ln_1_w = view(h + "ln_1.weight"); b.ln_1_b = view(h + "ln_1.bias");
+    b.c_attn_w = view(h + "attn.c_attn.weight"); b.c_attn_b = view(h + "attn.c_attn.bias");
+    b.attn_proj_w = view(h + "attn.c_proj.weight"); b.attn_proj_b = view(h + "attn.c_proj.bias");
+    b.ln_2_w = view(h + "ln_2.weight"); b.ln_2_b = view(h + "ln_2.bias");
+    b.c_fc_w = view(h + "mlp.c_fc.weight"); b.c_fc_b = view(h + "mlp.c_fc.bias");
+    b.mlp_proj_w = view(h + "mlp.c_proj.weight"); b.mlp_proj_b = view(h + "mlp.c_proj.bias");
+  }
+  views.ln_f_w = view("ln_f.weight");
+  views.ln_f_b = view("ln_f.bias");
+  return views;
+}
+
 Gpt make_gpt(const GptConfig& config, MomentShard shard) {
   validate(config);
   Gpt model;
@@ -134,28 +162,8 @@ Gpt make_gpt(const GptConfig& config, MomentShard shard) {
   model.m = {base + 2 * offset, held};
   model.v = {base + 2 * offset + held, held};
 
-  for (auto* views : {&model.p, &model.g}) {
-    const std::span<float> buf = views == &model.p ? model.params : model.grads;
-    const auto view = [&](const std::string& name) {
-      const ParamTensor* t = find_tensor(model, name);
-      return buf.subspan(t->offset, t->numel);
-    };
-    views->wte = view("wte.weight");
-    views->wpe = view("wpe.weight");
-    views->h.resize(sz(config.n_layer));
-    for (std::int64_t l = 0; l < config.n_layer; ++l) {
-      BlockViews& b = views->h[sz(l)];
-      const std::string h = "h." + std::to_string(l) + ".";
-      b.ln_1_w = view(h + "ln_1.weight"); b.ln_1_b = view(h + "ln_1.bias");
-      b.c_attn_w = view(h + "attn.c_attn.weight"); b.c_attn_b = view(h + "attn.c_attn.bias");
-      b.attn_proj_w = view(h + "attn.c_proj.weight"); b.attn_proj_b = view(h + "attn.c_proj.bias");
-      b.ln_2_w = view(h + "ln_2.weight"); b.ln_2_b = view(h + "ln_2.bias");
-      b.c_fc_w = view(h + "mlp.c_fc.weight"); b.c_fc_b = view(h + "mlp.c_fc.bias");
-      b.mlp_proj_w = view(h + "mlp.c_proj.weight"); b.mlp_proj_b = view(h + "mlp.c_proj.bias");
-    }
-    views->ln_f_w = view("ln_f.weight");
-    views->ln_f_b = view("ln_f.bias");
-  }
+  model.p = param_views(model, model.params);
+  model.g = param_views(model, model.grads);
 
   // Initialisation. Every tensor draws from its own range of Philox indices.
   init_table(model.p.wte, config.token_init, C, config.seed, RandomStream::token_init);
@@ -348,6 +356,12 @@ void gpt_zero_grad(Gpt& model) { zero_grad(model.grads); }
 
 void gpt_backward(Gpt& model, Activations& a, std::span<const std::int64_t> inputs,
                   std::span<const std::int64_t> targets, std::int64_t loss_count) {
+  gpt_backward(model, model.g, a, inputs, targets, loss_count);
+}
+
+void gpt_backward(const Gpt& model, ParamViews& g, Activations& a,
+                  std::span<const std::int64_t> inputs, std::span<const std::int64_t> targets,
+                  std::int64_t loss_count) {
   const GptConfig& c = model.config;
   const std::int64_t T = a.last_seq_len;
   validate_batch(c, a, inputs, targets, T);
@@ -355,7 +369,6 @@ void gpt_backward(Gpt& model, Activations& a, std::span<const std::int64_t> inpu
   const auto nc = sz(N * C);
   const DropoutSpec& dropout = a.last_dropout;
   const ParamViews& p = model.p;
-  ParamViews& g = model.g;
   // Every activation gradient is written fresh by the op that makes it
   // (GradMode::write), so none is cleared first; the residual stream's is
   // written by the final LayerNorm's backward and added to by each block's.

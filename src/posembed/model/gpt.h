@@ -121,6 +121,9 @@ struct MomentShard {
 // biases 0, LayerNorm gains 1; the tables from the core layer's init).
 Gpt make_gpt(const GptConfig& config, MomentShard shard = {});
 const ParamTensor* find_tensor(const Gpt& model, std::string_view name);
+// Views by tensor of `buffer`, num_params floats laid out as model.params (how
+// model.p and model.g are made).
+ParamViews param_views(const Gpt& model, std::span<float> buffer);
 std::span<float> tensor_view(const Gpt& model, std::span<float> buffer, const ParamTensor& t);
 
 struct Activations {
@@ -175,6 +178,11 @@ double gpt_loss_sum(const Activations& acts, std::int64_t tokens);
 // this one is a micro-batch of it.
 void gpt_backward(Gpt& model, Activations& acts, std::span<const std::int64_t> inputs,
                   std::span<const std::int64_t> targets, std::int64_t loss_count = 0);
+// The same into another buffer than model.grads (grads: its param_views), so
+// that several micro-batches can run side by side on one model.
+void gpt_backward(const Gpt& model, ParamViews& grads, Activations& acts,
+                  std::span<const std::int64_t> inputs, std::span<const std::int64_t> targets,
+                  std::int64_t loss_count = 0);
 void gpt_zero_grad(Gpt& model);
 
 // Throws unless buffers made for `made` (Activations, KvCache) fit a model of

@@ -10,6 +10,7 @@
 #include "posembed/core/philox.h"
 #include "posembed/core/simd.h"
 #include "posembed/model/gemm.h"
+#include "posembed/model/small_gemm.h"
 
 namespace posembed::model {
 namespace {
@@ -333,32 +334,28 @@ void layernorm_backward(std::span<float> dinp, std::span<float> dweight, std::sp
 
 namespace {
 
-// a (T, T): each row t of scores becomes softmax over columns 0..t, zeros after.
-void causal_softmax(float* a, std::int64_t T) {
-  for (std::int64_t t = 0; t < T; ++t) {
-    float max = 0;
-    simd::softmax_row(a + t * T, a + t * T, static_cast<std::size_t>(t + 1),
-                      static_cast<std::size_t>(T), &max);
-  }
+// Causal attention runs one head at a time in blocks of kQueryBlock rows, all
+// of a block's work while its rows are in L1: block [i0, i0 + rows) of queries
+// meets keys [0, i0 + rows) only, block [j0, j0 + rows) of keys meets queries
+// [j0, T) only, so the products cover a little over half the square (53-56% at T = 128).
+// Their operands are a head's slices of qkv and its T x T scores: small_gemm's
+// register tiles, not library calls (those spent as long per call on getting
+// ready as on multiplying: 128 calls a head).
+constexpr std::int64_t kQueryBlock = 8;
+
+// Scores are computed up to a multiple of kScoreColumns columns where the
+// row has them (whole vectors up to AVX-512's 16 lanes): the extra ones lie above
+// the diagonal, where the softmax writes zeros over them.
+constexpr std::int64_t kScoreColumns = 16;
+std::int64_t score_columns(std::int64_t keys, std::int64_t T) {
+  return std::min(T, (keys + kScoreColumns - 1) / kScoreColumns * kScoreColumns);
 }
 
-// In place, da (T, T) = att * (da - sum(att * da)) per row over columns 0..t,
-// zeros after: the softmax's VJP.
-void causal_softmax_backward(float* da, const float* att, std::int64_t T) {
-  for (std::int64_t t = 0; t < T; ++t) {
-    simd::softmax_row_backward(da + t * T, att + t * T, static_cast<std::size_t>(t + 1),
-                               static_cast<std::size_t>(T));
-  }
-}
+std::size_t z(std::int64_t v) { return static_cast<std::size_t>(v); }
 
-// The products of causal attention skip the masked upper triangle in blocks of
-// kCausalBlock rows: block [r0, r0 + rows) of queries meets keys [0, r0 + rows)
-// only, and block [r0, r0 + rows) of keys meets queries [r0, T) only. At T = 128
-// that is 5/8 of the square's multiply-adds, in 4 calls per product instead of 1.
-constexpr std::int64_t kCausalBlock = 32;
 template <class Body>
-void for_causal_blocks(std::int64_t T, Body&& body) {
-  for (std::int64_t r0 = 0; r0 < T; r0 += kCausalBlock) body(r0, std::min(kCausalBlock, T - r0));
+void for_query_blocks(std::int64_t T, Body&& body) {
+  for (std::int64_t i0 = 0; i0 < T; i0 += kQueryBlock) body(i0, std::min(kQueryBlock, T - i0));
 }
 
 }  // namespace
@@ -375,16 +372,16 @@ void attention_forward(std::span<float> out, std::span<float> att, std::span<con
     float* a = att.data() + bh * T * T;  // (T, T)
     float* y = out.data() + b * T * C + h * hd;
     const float* kt = transposed(k, T, hd, C3);  // (hd, T)
-    // Scores of each query block against the keys up to its last row; the
-    // softmax masks the rest of the block and zeroes the whole upper triangle.
-    for_causal_blocks(T, [&](std::int64_t r0, std::int64_t rows) {
-      gemm(Trans::no, Trans::no, rows, r0 + rows, hd, scale, q + r0 * C3, C3, kt, T, 0.0f,
-           a + r0 * T, T);
-    });
-    causal_softmax(a, T);
-    for_causal_blocks(T, [&](std::int64_t r0, std::int64_t rows) {
-      gemm(Trans::no, Trans::no, rows, hd, r0 + rows, 1.0f, a + r0 * T, T, v, C3, 0.0f, y + r0 * C,
-           C);
+    for_query_blocks(T, [&](std::int64_t i0, std::int64_t rows) {
+      // scores = scale * q k^T, softmax over keys [0, t], then y = att @ v.
+      const std::int64_t keys = i0 + rows;
+      small_gemm(a + i0 * T, T, q + i0 * C3, C3, 1, kt, T, rows, score_columns(keys, T), hd, scale,
+                 false);
+      for (std::int64_t t = i0; t < keys; ++t) {
+        float max = 0;
+        simd::softmax_row(a + t * T, a + t * T, z(t + 1), z(T), &max);
+      }
+      small_gemm(y + i0 * C, C, a + i0 * T, T, 1, v, C3, rows, hd, keys, 1.0f, false);
     });
   });
 }
@@ -395,8 +392,8 @@ void attention_backward(std::span<float> dqkv, std::span<float> scratch,
                         std::int64_t H, GradMode dinp_mode) {
   const std::int64_t hd = C / H, C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  // Each block of rows of dq, dk and dv is one product, so writing needs no zeroing.
-  const float beta = beta_of(dinp_mode);
+  // Each row of dq, dk and dv is one product, so writing needs no zeroing.
+  const bool accumulate = !writes(dinp_mode);
   parallel_pieces(B * H, double(B * H) * double(T * T) * double(C / H), [&](std::int64_t bh) {
     const std::int64_t b = bh / H, h = bh % H;
     const float* q = qkv.data() + b * T * C3 + h * hd;
@@ -407,23 +404,25 @@ void attention_backward(std::span<float> dqkv, std::span<float> scratch,
     float* dv = dq + 2 * C;
     const float* a = att.data() + bh * T * T;
     const float* dy = dout.data() + b * T * C + h * hd;
-    float* da = scratch.data() + bh * T * T;
+    float* ds = scratch.data() + bh * T * T;
     const float* vt = transposed(v, T, hd, C3);  // (hd, T)
-    // Blocks of rows: queries for datt and dq, keys for dv and dk.
-    for_causal_blocks(T, [&](std::int64_t r0, std::int64_t rows) {
-      // datt = dy @ v^T; dv (+)= att^T @ dy (written or added, by dinp_mode)
-      gemm(Trans::no, Trans::no, rows, r0 + rows, hd, 1.0f, dy + r0 * C, C, vt, T, 0.0f,
-           da + r0 * T, T);
-      gemm(Trans::yes, Trans::no, rows, hd, T - r0, 1.0f, a + r0 * T + r0, T, dy + r0 * C, C, beta,
-           dv + r0 * C3, C3);
+    // Query blocks: datt = dy v^T, dscore = the softmax's VJP of datt (in
+    // place), dq (+)= scale * dscore @ k.
+    for_query_blocks(T, [&](std::int64_t i0, std::int64_t rows) {
+      const std::int64_t keys = i0 + rows;
+      small_gemm(ds + i0 * T, T, dy + i0 * C, C, 1, vt, T, rows, score_columns(keys, T), hd, 1.0f,
+                 false);
+      for (std::int64_t t = i0; t < keys; ++t) simd::softmax_row_backward(ds + t * T, a + t * T, z(t + 1), z(T));
+      small_gemm(dq + i0 * C3, C3, ds + i0 * T, T, 1, k, C3, rows, hd, keys, scale, accumulate);
     });
-    causal_softmax_backward(da, a, T);
-    for_causal_blocks(T, [&](std::int64_t r0, std::int64_t rows) {
-      // dq (+)= scale * dscore @ k; dk (+)= scale * dscore^T @ q
-      gemm(Trans::no, Trans::no, rows, hd, r0 + rows, scale, da + r0 * T, T, k, C3, beta,
-           dq + r0 * C3, C3);
-      gemm(Trans::yes, Trans::no, rows, hd, T - r0, scale, da + r0 * T + r0, T, q + r0 * C3, C3,
-           beta, dk + r0 * C3, C3);
+    // Key blocks, once every dscore row is done: dv (+)= att^T @ dy and
+    // dk (+)= scale * dscore^T @ q over queries [j0, T), the transposes as strides.
+    for_query_blocks(T, [&](std::int64_t j0, std::int64_t rows) {
+      const std::int64_t queries = T - j0;
+      small_gemm(dv + j0 * C3, C3, a + j0 * T + j0, 1, T, dy + j0 * C, C, rows, hd, queries, 1.0f,
+                 accumulate);
+      small_gemm(dk + j0 * C3, C3, ds + j0 * T + j0, 1, T, q + j0 * C3, C3, rows, hd, queries,
+                 scale, accumulate);
     });
   });
 }
