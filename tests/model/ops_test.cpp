@@ -438,7 +438,11 @@ TEST(Attention, MatchesReferenceAndFiniteDifferences) {
     const auto n = [](std::int64_t v) { return static_cast<std::size_t>(v); };
     auto qkv = random_floats(n(c.B * c.T * 3 * c.C), 12, 1.0);
     auto dout = random_floats(n(c.B * c.T * c.C), 13);
-    std::vector<float> out(n(c.B * c.T * c.C)), att(n(c.B * c.H * c.T * c.T)), scratch(att.size());
+    // NaNs where the kernels neither write nor read (right of each row's 8-row
+    // block): a read of one would spread into the outputs.
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    std::vector<float> out(n(c.B * c.T * c.C)), att(n(c.B * c.H * c.T * c.T), nan),
+        scratch(att.size(), nan);
     attention_forward(out, att, qkv, c.B, c.T, c.C, c.H);
     Vd out_ref(out.size());
     ref::attention_forward(out_ref, to_double(qkv), c.B, c.T, c.C, c.H);

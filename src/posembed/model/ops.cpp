@@ -345,7 +345,10 @@ constexpr std::int64_t kQueryBlock = 8;
 
 // Scores are computed up to a multiple of kScoreColumns columns where the
 // row has them (whole vectors up to AVX-512's 16 lanes): the extra ones lie above
-// the diagonal, where the softmax writes zeros over them.
+// the diagonal. The softmax writes zeros over those up to the end of the block
+// (the products read them, as multiples of zero); nothing reads further right,
+// so the rest of the upper triangle is neither cleared nor read (at T = 128 it
+// was half of the attention matrix's and its gradient's writes).
 constexpr std::int64_t kScoreColumns = 16;
 std::int64_t score_columns(std::int64_t keys, std::int64_t T) {
   return std::min(T, (keys + kScoreColumns - 1) / kScoreColumns * kScoreColumns);
@@ -379,7 +382,7 @@ void attention_forward(std::span<float> out, std::span<float> att, std::span<con
                  false);
       for (std::int64_t t = i0; t < keys; ++t) {
         float max = 0;
-        simd::softmax_row(a + t * T, a + t * T, z(t + 1), z(T), &max);
+        simd::softmax_row(a + t * T, a + t * T, z(t + 1), z(keys), &max);
       }
       small_gemm(y + i0 * C, C, a + i0 * T, T, 1, v, C3, rows, hd, keys, 1.0f, false);
     });
@@ -412,7 +415,9 @@ void attention_backward(std::span<float> dqkv, std::span<float> scratch,
       const std::int64_t keys = i0 + rows;
       small_gemm(ds + i0 * T, T, dy + i0 * C, C, 1, vt, T, rows, score_columns(keys, T), hd, 1.0f,
                  false);
-      for (std::int64_t t = i0; t < keys; ++t) simd::softmax_row_backward(ds + t * T, a + t * T, z(t + 1), z(T));
+      for (std::int64_t t = i0; t < keys; ++t) {
+        simd::softmax_row_backward(ds + t * T, a + t * T, z(t + 1), z(keys));
+      }
       small_gemm(dq + i0 * C3, C3, ds + i0 * T, T, 1, k, C3, rows, hd, keys, scale, accumulate);
     });
     // Key blocks, once every dscore row is done: dv (+)= att^T @ dy and

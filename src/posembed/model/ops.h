@@ -56,12 +56,15 @@ void layernorm_backward(std::span<float> dinp, std::span<float> dweight, std::sp
                         GradMode dinp_mode = GradMode::accumulate);
 
 // Causal multi-head self-attention, softmax(q k^T / sqrt(hd)) v per head.
-// out (B, T, C); att (B, H, T, T): the softmax, zero above the diagonal, saved
-// for backward; qkv (B, T, 3C): q, k, v side by side, head h in columns
-// [h*hd, (h+1)*hd) of each third.
+// out (B, T, C); att (B, H, T, T): the softmax, saved for backward: row t
+// holds its weights over keys 0..t, then zeros to the end of its block of 8
+// rows (column min(t | 7, T - 1)); entries further right are neither written
+// nor read. qkv
+// (B, T, 3C): q, k, v side by side, head h in columns [h*hd, (h+1)*hd) of each third.
 void attention_forward(std::span<float> out, std::span<float> att, std::span<const float> qkv,
                        std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t H);
-// dqkv (B, T, 3C) += VJP of dout (B, T, C); scratch (B, H, T, T) is overwritten.
+// dqkv (B, T, 3C) += VJP of dout (B, T, C); scratch (B, H, T, T) is overwritten
+// where att is written.
 void attention_backward(std::span<float> dqkv, std::span<float> scratch,
                         std::span<const float> dout, std::span<const float> qkv,
                         std::span<const float> att, std::int64_t B, std::int64_t T, std::int64_t C,
