@@ -519,9 +519,16 @@ double data_parallel_evaluate(const Gpt& model, DataParallel& dp,
   const std::int64_t chunks = (W + dp.micro_batch - 1) / dp.micro_batch;
   dp.chunk_sums.resize(sz(chunks));
   const IndexRange mine = split_range(chunks, dp.world.rank, dp.world.size);
-  MicroBatchSlot& slot = dp.slots.front();
-  evaluate_chunks(model, slot.acts, text, starts, dp.seq_len, slot.inputs, slot.targets, mine.begin,
-                  std::span<double>(dp.chunk_sums).subspan(sz(mine.begin), sz(mine.size())));
+  // Chunks side by side as the step's micro-batches, one per slot; each sum is
+  // its own, so the thread count changes no bit.
+  const auto slots = static_cast<std::int64_t>(dp.slots.size());
+  for (std::int64_t c0 = mine.begin; c0 < mine.end; c0 += slots) {
+    side_by_side(dp, std::min(slots, mine.end - c0), [&](std::int64_t s) {
+      MicroBatchSlot& slot = dp.slots[sz(s)];
+      evaluate_chunks(model, slot.acts, text, starts, dp.seq_len, slot.inputs, slot.targets,
+                      c0 + s, std::span<double>(dp.chunk_sums).subspan(sz(c0 + s), 1));
+    });
+  }
   if (dp.world.size > 1) {
     DataParallel::Counts counts;
     set_counts(

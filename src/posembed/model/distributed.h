@@ -158,7 +158,8 @@ using BatchSource = std::function<void(std::span<std::int64_t> inputs,
 StepStats data_parallel_step(Gpt& model, DataParallel& dp, const BatchSource& batch,
                              std::int64_t step, const TrainConfig& config);
 
-// Mean eval-mode loss over the windows, the chunks split over the ranks.
+// Mean eval-mode loss over the windows, the chunks split over the ranks and
+// run side by side on the threads (a slot each).
 double data_parallel_evaluate(const Gpt& model, DataParallel& dp,
                               std::span<const std::uint8_t> text,
                               std::span<const std::int64_t> starts);
