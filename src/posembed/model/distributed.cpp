@@ -20,6 +20,7 @@
 #endif
 
 #include "posembed/core/error.h"
+#include "posembed/core/layer.h"
 #include "posembed/core/parallel_for.h"
 
 namespace posembed::model {
@@ -394,13 +395,22 @@ DataParallel make_data_parallel(const World& w, const Gpt& model, const TrainCon
                 ") but this rank updates [" + std::to_string(sharded ? own.begin : 0) + ", " +
                 std::to_string(sharded ? own.end : P) + "); make it with the matching MomentShard");
   }
-  dp.slots.resize(sz(std::clamp<std::int64_t>(num_threads(), 1, dp.mine.size())));
-  for (MicroBatchSlot& slot : dp.slots) {
+  // A slot per thread, up to this rank's micro-batch count; the slots past the
+  // first only while they take at most half of the memory left after it (they
+  // only speed the step up: fewer give the same bits).
+  const auto wanted = std::clamp<std::int64_t>(num_threads(), 1, dp.mine.size());
+  std::uint64_t slot_bytes = 0, spare = 0;
+  for (std::int64_t s = 0; s < wanted; ++s) {
+    if (s == 1) spare = available_memory_bytes() / 2;  // 0: unknown, then no limit
+    if (s >= 1 && spare != 0 && slot_bytes * static_cast<std::uint64_t>(s) > spare) break;
+    MicroBatchSlot& slot = dp.slots.emplace_back();
     slot.acts = make_activations(model.config, dp.micro_batch, seq_len);
     slot.inputs.assign(sz(dp.micro_batch * seq_len), 0);
     slot.targets.assign(slot.inputs.size(), 0);
     slot.grads.assign(P, 0.0f);
     slot.grad_views = param_views(model, slot.grads);
+    slot_bytes = sizeof(float) * (slot.acts.memory.size() + slot.grads.size()) +
+                 sizeof(std::int64_t) * (2 * slot.inputs.size() + slot.acts.positions.size());
   }
   dp.loss_sums.assign(sz(M), 0.0);
   dp.piece_squares.assign((P + kParamPiece - 1) / kParamPiece, 0.0);

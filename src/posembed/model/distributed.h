@@ -123,7 +123,8 @@ struct DataParallel {
   std::vector<ParamRange> shards;             // every rank's parameters (whole pieces)
   // A rank's micro-batches run in waves of slots.size() side by side, one slot
   // (and num_threads() / slots.size() threads for its ops) each: one slot per
-  // thread, up to the rank's micro-batch count. A micro-batch on one thread
+  // thread, up to the rank's micro-batch count, the ones past the first while
+  // they take at most half of the memory left. A micro-batch on one thread
   // needs no hand-over between threads inside it, where the ops' own threading
   // takes hundreds a step.
   std::vector<MicroBatchSlot> slots;
