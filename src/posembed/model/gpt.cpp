@@ -238,7 +238,7 @@ Activations make_activations(const GptConfig& c, std::int64_t B, std::int64_t T)
     a.logits = k.take(N * V); a.probs = k.take(N * V); a.losses = k.take(N);
     a.d_residual = k.take(N * C); a.d_ln = k.take(N * C); a.d_atty = k.take(N * C);
     a.d_attproj = k.take(N * C); a.d_qkv = k.take(N * 3 * C); a.d_att = k.take(B * H * T * T);
-    a.d_fch = k.take(N * 4 * C); a.d_fch_gelu = k.take(N * 4 * C); a.d_mlpproj = k.take(N * C);
+    a.d_fch = k.take(N * 4 * C); a.d_mlpproj = k.take(N * C);
     a.d_logits = k.take(N * V); a.d_losses = k.take(N);
     if (pass == 0) {
       // Also the batch's input and target ids (int64) that callers hold beside them.
@@ -328,8 +328,7 @@ double gpt_forward(const Gpt& model, Activations& a, std::span<const std::int64_
                     static_cast<std::uint64_t>(l * kSitesPerLayer));
     residual_forward(L.residual2.first(nc), residual, L.attproj.first(nc));
     layernorm_forward(L.ln_2, L.ln_2_mean, L.ln_2_rstd, L.residual2, w.ln_2_w, w.ln_2_b, N, C);
-    matmul_forward(L.fch, L.ln_2, w.c_fc_w, w.c_fc_b, N, C, 4 * C);
-    gelu_forward(L.fch_gelu.first(4 * nc), L.fch.first(4 * nc));
+    matmul_gelu_forward(L.fch_gelu, L.fch, L.ln_2, w.c_fc_w, w.c_fc_b, N, C, 4 * C);
     matmul_forward(L.mlpproj, L.fch_gelu, w.mlp_proj_w, w.mlp_proj_b, N, 4 * C, C);
     dropout_forward(L.mlpproj.first(nc), L.mlpproj.first(nc), dropout,
                     static_cast<std::uint64_t>(l * kSitesPerLayer + 1));
@@ -400,9 +399,8 @@ void gpt_backward(const Gpt& model, ParamViews& g, Activations& a,
     // residual3 = residual2 + dropout(mlp_proj(gelu(fc(ln_2(residual2)))))
     const std::span<const float> d_mlpproj =
         branch_grad(a.d_mlpproj, static_cast<std::uint64_t>(l * kSitesPerLayer + 1));
-    matmul_backward(a.d_fch_gelu, dw.mlp_proj_w, dw.mlp_proj_b, d_mlpproj, L.fch_gelu, w.mlp_proj_w,
-                    N, 4 * C, C, write);
-    gelu_backward(a.d_fch.first(4 * nc), a.d_fch_gelu.first(4 * nc), L.fch.first(4 * nc), write);
+    matmul_gelu_backward(a.d_fch, dw.mlp_proj_w, dw.mlp_proj_b, d_mlpproj, L.fch_gelu,
+                         w.mlp_proj_w, L.fch, N, 4 * C, C);
     matmul_backward(a.d_ln, dw.c_fc_w, dw.c_fc_b, a.d_fch, L.ln_2, w.c_fc_w, N, C, 4 * C, write);
     layernorm_backward(a.d_residual, dw.ln_2_w, dw.ln_2_b, a.d_ln, L.residual2, w.ln_2_w,
                        L.ln_2_mean, L.ln_2_rstd, N, C);

@@ -150,7 +150,7 @@ struct Activations {
   std::span<float> logits, probs;                  // (B,T,V)
   std::span<float> losses;                         // (B,T)
   // Backward scratch, shared by all layers.
-  std::span<float> d_residual, d_ln, d_atty, d_attproj, d_qkv, d_att, d_fch, d_fch_gelu,
+  std::span<float> d_residual, d_ln, d_atty, d_attproj, d_qkv, d_att, d_fch,
       d_mlpproj, d_logits, d_losses;
   DropoutSpec last_dropout;  // what the last forward applied
   std::int64_t last_seq_len = 0;

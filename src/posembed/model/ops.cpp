@@ -178,6 +178,37 @@ Operand transposed_operand(const float* w, std::int64_t rows, std::int64_t cols,
   return {w, Trans::yes, cols};
 }
 
+constexpr float kGeluA = 0.044715f;
+const float kGeluS = static_cast<float>(std::sqrt(2.0 / std::numbers::pi));
+
+// 0.5 x (1 + tanh(u)) = x * sigmoid(2u): one exp instead of tanhf, which is
+// several times slower in glibc and dominated the step's profile.
+inline float sigmoid_2u(float x) {
+  const float u = kGeluS * (x + kGeluA * x * x * x);
+  return 1.0f / (1.0f + exp_poly(-2.0f * u));
+}
+
+VECTOR_CLONES void gelu_piece(float* y, const float* x, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) y[i] = x[i] * sigmoid_2u(x[i]);
+}
+
+inline float gelu_grad(float x) {
+  const float th = 2.0f * sigmoid_2u(x) - 1.0f;  // tanh(u)
+  const float sech2 = 1.0f - th * th;
+  return 0.5f * (1.0f + th) + 0.5f * x * sech2 * kGeluS * (1.0f + 3.0f * kGeluA * x * x);
+}
+
+// Written and accumulated in separate loops: a select inside one loop stops it
+// from vectorising (measured: 10% of a training step).
+VECTOR_CLONES void gelu_backward_piece(float* dx, const float* g, const float* xs, std::int64_t n,
+                                       bool write) {
+  if (write) {
+    for (std::int64_t i = 0; i < n; ++i) dx[i] = gelu_grad(xs[i]) * g[i];
+  } else {
+    for (std::int64_t i = 0; i < n; ++i) dx[i] += gelu_grad(xs[i]) * g[i];
+  }
+}
+
 // How a product's weight is stored: (in, out) as GPT-2's Conv1D, or (out, in)
 // as the token table that the tied output layer reuses.
 enum class WeightLayout { in_out, out_in };
@@ -187,11 +218,14 @@ enum class WeightLayout { in_out, out_in };
 // (stored like weight) += inp^T @ dout, or dout^T @ inp for (out, in), a sum over
 // all N rows, so split by the output's rows, each piece the whole sum in one GEMM
 // call; dbias (OC, may be empty) += the column sums of dout by column strips.
-// Both public backward functions are this one.
+// With gelu_pre (N, C), the product's input was gelu(gelu_pre) and each dinp
+// piece, written fresh, goes on through the GELU's VJP while it is in cache.
+// Every public backward function of a product is this one.
 void matmul_backward_any(std::span<float> dinp, std::span<float> dweight, std::span<float> dbias,
                          std::span<const float> dout, std::span<const float> inp,
                          std::span<const float> weight, std::int64_t N, std::int64_t C,
-                         std::int64_t OC, WeightLayout layout, GradMode dinp_mode) {
+                         std::int64_t OC, WeightLayout layout, GradMode dinp_mode,
+                         std::span<const float> gelu_pre = {}) {
   const bool in_out = layout == WeightLayout::in_out;
   const float beta = beta_of(dinp_mode);
   const std::int64_t dinp_pieces = pieces(N, kRowPiece);
@@ -208,8 +242,9 @@ void matmul_backward_any(std::span<float> dinp, std::span<float> dweight, std::s
   const double work = 2 * double(N) * double(C) * double(OC);
   const auto dinp_piece = [&](std::int64_t p) {
     const std::int64_t r0 = p * kRowPiece, rows = std::min(N - r0, kRowPiece);
-    gemm(Trans::no, w.trans, rows, C, OC, 1.0f, dout.data() + r0 * OC, OC, w.data, w.ld, beta,
-         dinp.data() + r0 * C, C);
+    float* d = dinp.data() + r0 * C;
+    gemm(Trans::no, w.trans, rows, C, OC, 1.0f, dout.data() + r0 * OC, OC, w.data, w.ld, beta, d, C);
+    if (!gelu_pre.empty()) gelu_backward_piece(d, d, gelu_pre.data() + r0 * C, rows * C, true);
   };
   parallel_rows_then_tasks(
       dinp_pieces, dweight_pieces + bias_strips, work, dinp_piece, [&](std::int64_t t) {
@@ -231,6 +266,12 @@ void matmul_backward_any(std::span<float> dinp, std::span<float> dweight, std::s
 
 void matmul_forward(std::span<float> out, std::span<const float> inp, std::span<const float> weight,
                     std::span<const float> bias, std::int64_t N, std::int64_t C, std::int64_t OC) {
+  matmul_gelu_forward({}, out, inp, weight, bias, N, C, OC);
+}
+
+void matmul_gelu_forward(std::span<float> act, std::span<float> out, std::span<const float> inp,
+                         std::span<const float> weight, std::span<const float> bias, std::int64_t N,
+                         std::int64_t C, std::int64_t OC) {
   assert(out.size() >= static_cast<std::size_t>(N * OC) && inp.size() >= static_cast<std::size_t>(N * C));
   assert(weight.size() == static_cast<std::size_t>(C * OC));
   parallel_pieces(pieces(N, kRowPiece), double(N) * double(C) * double(OC), [&](std::int64_t p) {
@@ -239,6 +280,7 @@ void matmul_forward(std::span<float> out, std::span<const float> inp, std::span<
     gemm(Trans::no, Trans::no, rows, OC, C, 1.0f, inp.data() + r0 * C, C, weight.data(), OC, 0.0f,
          o, OC);
     if (!bias.empty()) add_bias(o, bias.data(), rows, OC);
+    if (!act.empty()) gelu_piece(act.data() + r0 * OC, o, rows * OC);
   });
 }
 
@@ -248,6 +290,14 @@ void matmul_backward(std::span<float> dinp, std::span<float> dweight, std::span<
                      GradMode dinp_mode) {
   matmul_backward_any(dinp, dweight, dbias, dout, inp, weight, N, C, OC, WeightLayout::in_out,
                       dinp_mode);
+}
+
+void matmul_gelu_backward(std::span<float> dpre, std::span<float> dweight, std::span<float> dbias,
+                          std::span<const float> dout, std::span<const float> inp,
+                          std::span<const float> weight, std::span<const float> pre, std::int64_t N,
+                          std::int64_t C, std::int64_t OC) {
+  matmul_backward_any(dpre, dweight, dbias, dout, inp, weight, N, C, OC, WeightLayout::in_out,
+                      GradMode::write, pre.first(static_cast<std::size_t>(N * C)));
 }
 
 void matmul_tied_forward(std::span<float> out, std::span<const float> inp,
@@ -433,37 +483,6 @@ void attention_backward(std::span<float> dqkv, std::span<float> scratch,
 }
 
 namespace {
-constexpr float kGeluA = 0.044715f;
-const float kGeluS = static_cast<float>(std::sqrt(2.0 / std::numbers::pi));
-
-// 0.5 x (1 + tanh(u)) = x * sigmoid(2u): one exp instead of tanhf, which is
-// several times slower in glibc and dominated the step's profile.
-inline float sigmoid_2u(float x) {
-  const float u = kGeluS * (x + kGeluA * x * x * x);
-  return 1.0f / (1.0f + exp_poly(-2.0f * u));
-}
-
-VECTOR_CLONES void gelu_piece(float* y, const float* x, std::int64_t n) {
-  for (std::int64_t i = 0; i < n; ++i) y[i] = x[i] * sigmoid_2u(x[i]);
-}
-
-inline float gelu_grad(float x) {
-  const float th = 2.0f * sigmoid_2u(x) - 1.0f;  // tanh(u)
-  const float sech2 = 1.0f - th * th;
-  return 0.5f * (1.0f + th) + 0.5f * x * sech2 * kGeluS * (1.0f + 3.0f * kGeluA * x * x);
-}
-
-// Written and accumulated in separate loops: a select inside one loop stops it
-// from vectorising (measured: 10% of a training step).
-VECTOR_CLONES void gelu_backward_piece(float* dx, const float* g, const float* xs, std::int64_t n,
-                                       bool write) {
-  if (write) {
-    for (std::int64_t i = 0; i < n; ++i) dx[i] = gelu_grad(xs[i]) * g[i];
-  } else {
-    for (std::int64_t i = 0; i < n; ++i) dx[i] += gelu_grad(xs[i]) * g[i];
-  }
-}
-
 VECTOR_CLONES void add_piece(float* out, const float* a, const float* b, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
