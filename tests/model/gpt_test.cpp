@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <limits>
 
 #include "posembed/core/error.h"
 #include "posembed/core/reference.h"
@@ -132,6 +133,33 @@ TEST(Gpt, GradientsMatchFiniteDifferencesOfDoubleReference) {
     }
   }
   RecordProperty("worst_gradient_error", std::to_string(worst) + " in " + worst_name);
+}
+
+// A gradient written fresh (GradMode::write, the trainer's micro-batches) into
+// a buffer of NaNs holds the values of zero_grad and accumulating, with and
+// without dropout and with the position table frozen: every element is
+// written and none is read first.
+TEST(Gpt, WrittenGradientEqualsZeroedAndAccumulated) {
+  for (const bool frozen : {false, true}) {
+    for (const double p : {0.0, 0.1}) {
+      GptConfig c = tiny_config();
+      c.dropout = p;
+      Gpt model = make_gpt(c);
+      model.freeze_positions = frozen;
+      const Batch batch = tiny_batch(2, 5);
+      Activations acts = make_activations(model.config, 2, 5);
+      gpt_zero_grad(model);
+      gpt_forward(model, acts, batch.in, batch.tg, 5, true, 1);
+      gpt_backward(model, acts, batch.in, batch.tg);
+      std::vector<float> written(model.num_params, std::numeric_limits<float>::quiet_NaN());
+      ParamViews views = param_views(model, written);
+      gpt_backward(model, views, acts, batch.in, batch.tg, 0, GradMode::write);
+      for (std::size_t i = 0; i < model.num_params; ++i) {
+        ASSERT_EQ(written[i], model.grads[i]) << "parameter " << i << ", dropout " << p
+                                              << (frozen ? ", positions frozen" : "");
+      }
+    }
+  }
 }
 
 TEST(Gpt, FrozenPositionsGetNoGradient) {

@@ -468,8 +468,8 @@ StepStats data_parallel_step(Gpt& model, DataParallel& dp, const BatchSource& ba
       const std::int64_t k = k0 + s;
       batch(slot.inputs, slot.targets, k * dp.micro_batch);
       dp.loss_sums[sz(k)] =
-          micro_batch_gradient(model, slot.grads, slot.grad_views, slot.acts, slot.inputs,
-                               slot.targets, T, static_cast<std::uint64_t>(step * M + k), tokens);
+          micro_batch_gradient(model, slot.grad_views, slot.acts, slot.inputs, slot.targets, T,
+                               static_cast<std::uint64_t>(step * M + k), tokens);
     });
     if (several) {
       for (std::int64_t s = 0; s < wave; ++s) stage(dp.slots[sz(s)].grads, dp, k0 + s - dp.mine.begin);

@@ -360,7 +360,7 @@ void gpt_backward(Gpt& model, Activations& a, std::span<const std::int64_t> inpu
 
 void gpt_backward(const Gpt& model, ParamViews& g, Activations& a,
                   std::span<const std::int64_t> inputs, std::span<const std::int64_t> targets,
-                  std::int64_t loss_count) {
+                  std::int64_t loss_count, GradMode param_mode) {
   const GptConfig& c = model.config;
   const std::int64_t T = a.last_seq_len;
   validate_batch(c, a, inputs, targets, T);
@@ -377,11 +377,13 @@ void gpt_backward(const Gpt& model, ParamViews& g, Activations& a,
   const std::int64_t count = loss_count == 0 ? N : loss_count;
   std::fill(a.d_losses.begin(), a.d_losses.begin() + N, 1.0f / static_cast<float>(count));
   crossentropy_backward(a.d_logits, a.d_losses, a.probs, targets, N, V, write);
-  matmul_tied_backward(a.d_ln, g.wte, a.d_logits, a.ln_f, p.wte, N, C, V, write);
+  // The tied output layer writes or adds the token table's gradient first; the
+  // embedding's backward adds to it last.
+  matmul_tied_backward(a.d_ln, g.wte, a.d_logits, a.ln_f, p.wte, N, C, V, write, param_mode);
   const std::span<const float> last =
       c.n_layer > 0 ? a.layers.back().residual3.first(nc) : a.encoded.first(nc);
   layernorm_backward(a.d_residual, g.ln_f_w, g.ln_f_b, a.d_ln, last, p.ln_f_w, a.ln_f_mean,
-                     a.ln_f_rstd, N, C, write);
+                     a.ln_f_rstd, N, C, write, param_mode);
   // A residual branch's gradient is the stream's through its dropout; without
   // dropout it is the stream's gradient itself, read in place.
   const auto branch_grad = [&](std::span<float> scratch,
@@ -400,23 +402,27 @@ void gpt_backward(const Gpt& model, ParamViews& g, Activations& a,
     const std::span<const float> d_mlpproj =
         branch_grad(a.d_mlpproj, static_cast<std::uint64_t>(l * kSitesPerLayer + 1));
     matmul_gelu_backward(a.d_fch, dw.mlp_proj_w, dw.mlp_proj_b, d_mlpproj, L.fch_gelu,
-                         w.mlp_proj_w, L.fch, N, 4 * C, C);
-    matmul_backward(a.d_ln, dw.c_fc_w, dw.c_fc_b, a.d_fch, L.ln_2, w.c_fc_w, N, C, 4 * C, write);
+                         w.mlp_proj_w, L.fch, N, 4 * C, C, param_mode);
+    matmul_backward(a.d_ln, dw.c_fc_w, dw.c_fc_b, a.d_fch, L.ln_2, w.c_fc_w, N, C, 4 * C, write,
+                    param_mode);
     layernorm_backward(a.d_residual, dw.ln_2_w, dw.ln_2_b, a.d_ln, L.residual2, w.ln_2_w,
-                       L.ln_2_mean, L.ln_2_rstd, N, C);
+                       L.ln_2_mean, L.ln_2_rstd, N, C, GradMode::accumulate, param_mode);
     // residual2 = layer_in + dropout(attn_proj(attention(c_attn(ln_1(layer_in)))))
     const std::span<const float> d_attproj =
         branch_grad(a.d_attproj, static_cast<std::uint64_t>(l * kSitesPerLayer));
     matmul_backward(a.d_atty, dw.attn_proj_w, dw.attn_proj_b, d_attproj, L.atty, w.attn_proj_w, N,
-                    C, C, write);
+                    C, C, write, param_mode);
     attention_backward(a.d_qkv, a.d_att, a.d_atty, L.qkv, L.att, B, T, C, H, write);
     matmul_backward(a.d_ln, dw.c_attn_w, dw.c_attn_b, a.d_qkv, L.ln_1, w.c_attn_w, N, C, 3 * C,
-                    write);
+                    write, param_mode);
     layernorm_backward(a.d_residual, dw.ln_1_w, dw.ln_1_b, a.d_ln, layer_in, w.ln_1_w,
-                       L.ln_1_mean, L.ln_1_rstd, N, C);
+                       L.ln_1_mean, L.ln_1_rstd, N, C, GradMode::accumulate, param_mode);
   }
   // The core layer's backward, dense token gradient shared with the tied output
-  // layer; an empty position span freezes the table.
+  // layer (added to what it wrote); an empty position span freezes the table.
+  // A written gradient clears the position table's first (it is small), so
+  // that one call adds into both, a frozen one included.
+  if (param_mode == GradMode::write) std::fill(g.wpe.begin(), g.wpe.end(), 0.0f);
   const std::span<const std::int64_t> pos(a.positions.data(), sz(N));
   embedding_backward(g.wte, model.freeze_positions ? std::span<float>() : g.wpe,
                      a.d_residual.first(nc), inputs, pos, {B, T, c.vocab_size, c.max_seq_len, C},

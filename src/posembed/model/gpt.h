@@ -179,10 +179,13 @@ double gpt_loss_sum(const Activations& acts, std::int64_t tokens);
 void gpt_backward(Gpt& model, Activations& acts, std::span<const std::int64_t> inputs,
                   std::span<const std::int64_t> targets, std::int64_t loss_count = 0);
 // The same into another buffer than model.grads (grads: its param_views), so
-// that several micro-batches can run side by side on one model.
+// that several micro-batches can run side by side on one model. With
+// param_mode == GradMode::write the gradient is written fresh, with no
+// zero_grad before: every element is written, none read (the same values as
+// zero_grad and accumulating).
 void gpt_backward(const Gpt& model, ParamViews& grads, Activations& acts,
                   std::span<const std::int64_t> inputs, std::span<const std::int64_t> targets,
-                  std::int64_t loss_count = 0);
+                  std::int64_t loss_count = 0, GradMode param_mode = GradMode::accumulate);
 void gpt_zero_grad(Gpt& model);
 
 // Throws unless buffers made for `made` (Activations, KvCache) fit a model of

@@ -30,6 +30,12 @@ bool writes(GradMode mode) {
   return mode == GradMode::write;
 }
 
+// out[j] = (or +=, by mode) sums[j - j0] for j in [j0, j1): a column strip's
+// sums into a parameter gradient.
+void store_sums(float* out, const float* sums, std::int64_t j0, std::int64_t j1, GradMode mode) {
+  for (std::int64_t j = j0; j < j1; ++j) out[j] = writes(mode) ? sums[j - j0] : out[j] + sums[j - j0];
+}
+
 // parallel_pieces(n, work, body): body(i) for i in [0, n), like core's
 // parallel_for(n, body) but with a grain on the total `work` (multiply-adds or
 // elements) of all n tasks: below kMinParallelWork everything runs on the
@@ -225,7 +231,7 @@ void matmul_backward_any(std::span<float> dinp, std::span<float> dweight, std::s
                          std::span<const float> dout, std::span<const float> inp,
                          std::span<const float> weight, std::int64_t N, std::int64_t C,
                          std::int64_t OC, WeightLayout layout, GradMode dinp_mode,
-                         std::span<const float> gelu_pre = {}) {
+                         GradMode param_mode, std::span<const float> gelu_pre = {}) {
   const bool in_out = layout == WeightLayout::in_out;
   const float beta = beta_of(dinp_mode);
   const std::int64_t dinp_pieces = pieces(N, kRowPiece);
@@ -250,7 +256,7 @@ void matmul_backward_any(std::span<float> dinp, std::span<float> dweight, std::s
       dinp_pieces, dweight_pieces + bias_strips, work, dinp_piece, [&](std::int64_t t) {
         if (t < dweight_pieces) {
           const std::int64_t r0 = t * kOutPiece, rows = std::min(R - r0, kOutPiece);
-          gemm(Trans::yes, Trans::no, rows, K, N, 1.0f, a + r0, R, b, K, 1.0f,
+          gemm(Trans::yes, Trans::no, rows, K, N, 1.0f, a + r0, R, b, K, beta_of(param_mode),
                dweight.data() + r0 * K, K);
           return;
         }
@@ -258,7 +264,7 @@ void matmul_backward_any(std::span<float> dinp, std::span<float> dweight, std::s
                            j1 = strip_end(t - dweight_pieces, OC);
         float acc[kColStrip] = {};
         column_sums(acc, dout.data(), N, OC, j0, j1);
-        for (std::int64_t j = j0; j < j1; ++j) dbias[static_cast<std::size_t>(j)] += acc[j - j0];
+        store_sums(dbias.data(), acc, j0, j1, param_mode);
       });
 }
 
@@ -287,17 +293,17 @@ void matmul_gelu_forward(std::span<float> act, std::span<float> out, std::span<c
 void matmul_backward(std::span<float> dinp, std::span<float> dweight, std::span<float> dbias,
                      std::span<const float> dout, std::span<const float> inp,
                      std::span<const float> weight, std::int64_t N, std::int64_t C, std::int64_t OC,
-                     GradMode dinp_mode) {
+                     GradMode dinp_mode, GradMode param_mode) {
   matmul_backward_any(dinp, dweight, dbias, dout, inp, weight, N, C, OC, WeightLayout::in_out,
-                      dinp_mode);
+                      dinp_mode, param_mode);
 }
 
 void matmul_gelu_backward(std::span<float> dpre, std::span<float> dweight, std::span<float> dbias,
                           std::span<const float> dout, std::span<const float> inp,
                           std::span<const float> weight, std::span<const float> pre, std::int64_t N,
-                          std::int64_t C, std::int64_t OC) {
+                          std::int64_t C, std::int64_t OC, GradMode param_mode) {
   matmul_backward_any(dpre, dweight, dbias, dout, inp, weight, N, C, OC, WeightLayout::in_out,
-                      GradMode::write, pre.first(static_cast<std::size_t>(N * C)));
+                      GradMode::write, param_mode, pre.first(static_cast<std::size_t>(N * C)));
 }
 
 void matmul_tied_forward(std::span<float> out, std::span<const float> inp,
@@ -314,8 +320,9 @@ void matmul_tied_forward(std::span<float> out, std::span<const float> inp,
 void matmul_tied_backward(std::span<float> dinp, std::span<float> dtable,
                           std::span<const float> dout, std::span<const float> inp,
                           std::span<const float> table, std::int64_t N, std::int64_t C,
-                          std::int64_t V, GradMode dinp_mode) {
-  matmul_backward_any(dinp, dtable, {}, dout, inp, table, N, C, V, WeightLayout::out_in, dinp_mode);
+                          std::int64_t V, GradMode dinp_mode, GradMode param_mode) {
+  matmul_backward_any(dinp, dtable, {}, dout, inp, table, N, C, V, WeightLayout::out_in, dinp_mode,
+                      param_mode);
 }
 
 namespace {
@@ -358,7 +365,7 @@ void layernorm_backward(std::span<float> dinp, std::span<float> dweight, std::sp
                         std::span<const float> dout, std::span<const float> inp,
                         std::span<const float> weight, std::span<const float> mean,
                         std::span<const float> rstd, std::int64_t N, std::int64_t C,
-                        GradMode dinp_mode) {
+                        GradMode dinp_mode, GradMode param_mode) {
   // One region: pieces of rows for dinp, then column strips for the parameters.
   constexpr std::int64_t kRowsPerPiece = 32;
   const auto dinp_piece = [&](std::int64_t p) {
@@ -375,10 +382,8 @@ void layernorm_backward(std::span<float> dinp, std::span<float> dweight, std::sp
                              float dw[kColStrip] = {}, db[kColStrip] = {};
                              layernorm_param_grads(dw, db, dout.data(), inp.data(), mean.data(),
                                                    rstd.data(), N, C, j0, j1);
-                             for (std::int64_t j = j0; j < j1; ++j) {
-                               dweight[static_cast<std::size_t>(j)] += dw[j - j0];
-                               dbias[static_cast<std::size_t>(j)] += db[j - j0];
-                             }
+                             store_sums(dweight.data(), dw, j0, j1, param_mode);
+                             store_sums(dbias.data(), db, j0, j1, param_mode);
                            });
 }
 

@@ -4,9 +4,10 @@
 // gradient it writes; zeroing is the caller's job. The gradient of an op's
 // input (dinp) may instead be written, as a fresh buffer (GradMode::write): the
 // same values as zeroing it and accumulating, with no pass to clear it.
-// Parameter gradients always accumulate: they sum over micro-batches. A
-// backward's dinp must not alias its dout or inp: other tasks of the same op
-// read those while dinp is written.
+// Parameter gradients accumulate by default (they sum over micro-batches) or
+// are written too (param_mode), for a micro-batch's gradient in a buffer of
+// its own. A backward's dinp must not alias its dout or inp: other tasks of
+// the same op read those while dinp is written.
 //
 // Threads: every op splits its work into pieces fixed by the shapes alone
 // (never by the thread count), and each output element is reduced in a fixed
@@ -30,7 +31,8 @@ void matmul_forward(std::span<float> out, std::span<const float> inp, std::span<
 void matmul_backward(std::span<float> dinp, std::span<float> dweight, std::span<float> dbias,
                      std::span<const float> dout, std::span<const float> inp,
                      std::span<const float> weight, std::int64_t N, std::int64_t C, std::int64_t OC,
-                     GradMode dinp_mode = GradMode::accumulate);
+                     GradMode dinp_mode = GradMode::accumulate,
+                     GradMode param_mode = GradMode::accumulate);
 
 // The MLP's first product with its activation: out (N, OC) as matmul_forward
 // (kept for the backward) and act (N, OC) = gelu(out), each row piece taken
@@ -46,7 +48,7 @@ void matmul_gelu_forward(std::span<float> act, std::span<float> out, std::span<c
 void matmul_gelu_backward(std::span<float> dpre, std::span<float> dweight, std::span<float> dbias,
                           std::span<const float> dout, std::span<const float> inp,
                           std::span<const float> weight, std::span<const float> pre, std::int64_t N,
-                          std::int64_t C, std::int64_t OC);
+                          std::int64_t C, std::int64_t OC, GradMode param_mode = GradMode::accumulate);
 
 // The tied output layer: out (N, V) = inp (N, C) @ table (V, C)^T, no bias.
 void matmul_tied_forward(std::span<float> out, std::span<const float> inp,
@@ -56,7 +58,8 @@ void matmul_tied_forward(std::span<float> out, std::span<const float> inp,
 void matmul_tied_backward(std::span<float> dinp, std::span<float> dtable,
                           std::span<const float> dout, std::span<const float> inp,
                           std::span<const float> table, std::int64_t N, std::int64_t C,
-                          std::int64_t V, GradMode dinp_mode = GradMode::accumulate);
+                          std::int64_t V, GradMode dinp_mode = GradMode::accumulate,
+                          GradMode param_mode = GradMode::accumulate);
 
 inline constexpr float kLayerNormEps = 1e-5f;  // GPT-2's layer_norm_epsilon
 
@@ -69,7 +72,8 @@ void layernorm_backward(std::span<float> dinp, std::span<float> dweight, std::sp
                         std::span<const float> dout, std::span<const float> inp,
                         std::span<const float> weight, std::span<const float> mean,
                         std::span<const float> rstd, std::int64_t N, std::int64_t C,
-                        GradMode dinp_mode = GradMode::accumulate);
+                        GradMode dinp_mode = GradMode::accumulate,
+                        GradMode param_mode = GradMode::accumulate);
 
 // Causal multi-head self-attention, softmax(q k^T / sqrt(hd)) v per head.
 // out (B, T, C); att (B, H, T, T): the softmax, saved for backward: row t

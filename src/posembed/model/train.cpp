@@ -223,13 +223,12 @@ double grad_norm(const Gpt& model) {
   return std::sqrt(total);
 }
 
-double micro_batch_gradient(const Gpt& model, std::span<float> grads, ParamViews& grad_views,
-                            Activations& acts, std::span<const std::int64_t> inputs,
+double micro_batch_gradient(const Gpt& model, ParamViews& grads, Activations& acts,
+                            std::span<const std::int64_t> inputs,
                             std::span<const std::int64_t> targets, std::int64_t T,
                             std::uint64_t dropout_step, std::int64_t loss_count) {
-  zero_grad(grads);
   gpt_forward(model, acts, inputs, targets, T, true, dropout_step);
-  gpt_backward(model, grad_views, acts, inputs, targets, loss_count);
+  gpt_backward(model, grads, acts, inputs, targets, loss_count, GradMode::write);
   return gpt_loss_sum(acts, static_cast<std::int64_t>(inputs.size()));
 }
 
@@ -280,7 +279,7 @@ StepStats train_step(Gpt& model, Activations& acts, std::span<const std::int64_t
                      std::span<const std::int64_t> targets, std::int64_t T, std::int64_t step,
                      const TrainConfig& c) {
   StepStats stats;
-  stats.loss = micro_batch_gradient(model, model.grads, model.g, acts, inputs, targets, T,
+  stats.loss = micro_batch_gradient(model, model.g, acts, inputs, targets, T,
                                     static_cast<std::uint64_t>(step), 0) /
                static_cast<double>(inputs.size());
   stats.grad_norm = grad_norm(model);

@@ -80,14 +80,14 @@ void grad_piece_squares(std::span<const float> grads, std::span<double> out);
 // Global L2 norm of the gradients: the piece sums added in piece order.
 double grad_norm(const Gpt& model);
 
-// The gradient of one micro-batch into grads (num_params floats, zeroed first;
-// grad_views: param_views of it): training forward with dropout keyed by
-// dropout_step, backward of the loss summed over the micro-batch and divided
+// The gradient of one micro-batch written into `grads` (param_views of a
+// buffer laid out as model.grads, any contents before): training forward with
+// dropout keyed by dropout_step, backward of the loss summed over the micro-batch and divided
 // by loss_count (the whole batch's token count). Returns the micro-batch's
 // loss sum, added in token order in double. Reads the model only, so several
 // run side by side with buffers of their own.
-double micro_batch_gradient(const Gpt& model, std::span<float> grads, ParamViews& grad_views,
-                            Activations& acts, std::span<const std::int64_t> inputs,
+double micro_batch_gradient(const Gpt& model, ParamViews& grads, Activations& acts,
+                            std::span<const std::int64_t> inputs,
                             std::span<const std::int64_t> targets, std::int64_t T,
                             std::uint64_t dropout_step, std::int64_t loss_count);
 
