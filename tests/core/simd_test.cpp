@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "core/hwy_targets.h"
 #include "core/test_util.h"
 #include "posembed/core/embedding.h"
 #include "posembed/core/optim.h"
@@ -33,15 +34,10 @@ constexpr double kEps = std::numeric_limits<float>::epsilon();
 // Runs body() once per instruction set, the dispatcher forced to each in turn.
 template <class Body>
 void for_each_target(Body&& body) {
-  const std::vector<std::int64_t> targets = hwy::SupportedAndGeneratedTargets();
-  ASSERT_FALSE(targets.empty());
-  for (const std::int64_t target : targets) {
-    hwy::SetSupportedTargetsForTest(target);
-    SCOPED_TRACE(std::string("target ") + hwy::TargetName(target));
+  test::for_each_hwy_target([&](std::int64_t target) {
     ASSERT_EQ(std::string(simd::target_name()), hwy::TargetName(target));
     body();
-  }
-  hwy::SetSupportedTargetsForTest(0);  // back to what the CPU has
+  });
 }
 
 simd::DropoutMask mask_of(const DropoutSpec& s) {

@@ -12,26 +12,13 @@
 #include <string>
 #include <vector>
 
-#include <hwy/targets.h>
-
+#include "core/hwy_targets.h"
 #include "test_util.h"
 
 namespace posembed::model {
 namespace {
 
 using namespace testing;
-
-template <class Body>
-void for_each_target(Body&& body) {
-  const std::vector<std::int64_t> targets = hwy::SupportedAndGeneratedTargets();
-  ASSERT_FALSE(targets.empty());
-  for (const std::int64_t target : targets) {
-    hwy::SetSupportedTargetsForTest(target);
-    SCOPED_TRACE(std::string("target ") + hwy::TargetName(target));
-    body();
-  }
-  hwy::SetSupportedTargetsForTest(0);  // back to what the CPU has
-}
 
 constexpr float kSentinel = 12345.0f;
 
@@ -58,7 +45,7 @@ Product make_product(std::int64_t M, std::int64_t N, std::int64_t K, bool transp
 }
 
 TEST(SmallGemm, MatchesDoubleReferenceOnEveryTarget) {
-  for_each_target([&] {
+  test::for_each_hwy_target([&](std::int64_t) {
     for (const std::int64_t M : {1, 2, 5, 6, 7, 8, 9, 14, 17}) {
       for (const std::int64_t N : {1, 3, 8, 16, 17, 32, 35, 64}) {
         for (const std::int64_t K : {1, 9, 32, 70}) {
@@ -106,7 +93,7 @@ TEST(SmallGemm, MatchesDoubleReferenceOnEveryTarget) {
 // when only that block is computed: tiles, vector pairs, single vectors and
 // one-lane columns all run the same sum per element.
 TEST(SmallGemm, AnElementsBitsDoNotDependOnTheShape) {
-  for_each_target([&] {
+  test::for_each_hwy_target([&](std::int64_t) {
     for (const bool transposed : {false, true}) {
       const std::int64_t M = 19, N = 53, K = 37;
       const Product p = make_product(M, N, K, transposed);
