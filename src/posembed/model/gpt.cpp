@@ -77,8 +77,9 @@ ParamRange param_shard(std::size_t num_params, int rank, int ranks) {
 
 ParamViews param_views(const Gpt& model, std::span<float> buffer) {
   if (buffer.size() != model.num_params) {
-    throw Error("a parameter buffer holds " + std::to_string(buffer.size()) + " floats; the model has " +
-                std::to_string(model.num_params) + " parameters");
+    throw Error("a parameter buffer holds " + std::to_string(buffer.size()) +
+                " floats but the model has " + std::to_string(model.num_params) +
+                " parameters; give it a buffer of model.num_params floats");
   }
   const auto view = [&](const std::string& name) {
     const ParamTensor* t = find_tensor(model, name);

@@ -78,8 +78,8 @@ void layernorm_backward(std::span<float> dinp, std::span<float> dweight, std::sp
 // Causal multi-head self-attention, softmax(q k^T / sqrt(hd)) v per head.
 // out (B, T, C); att (B, H, T, T): the softmax, saved for backward: row t
 // holds its weights over keys 0..t, then zeros to the end of its block of 8
-// rows (column min(t | 7, T - 1)); entries further right are neither written
-// nor read. qkv
+// rows (column min(t | 7, T - 1)); entries further right are never read (some
+// hold scores, the rest whatever the buffer held). qkv
 // (B, T, 3C): q, k, v side by side, head h in columns [h*hd, (h+1)*hd) of each third.
 void attention_forward(std::span<float> out, std::span<float> att, std::span<const float> qkv,
                        std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t H);
