@@ -1,5 +1,10 @@
 #include "posembed/core/layer.h"
 
+#if defined(__linux__)
+#include <sys/mman.h>  // madvise
+#endif
+
+#include <cstdint>
 #include <fstream>
 #include <string>
 
@@ -25,6 +30,20 @@ void check_fits_in_memory(std::uint64_t bytes, std::string_view needs, std::stri
     throw Error(std::string(needs) + " but only " + std::to_string(available) +
                 " bytes of memory are available; " + std::string(fix));
   }
+}
+
+void assign_zeros_huge(std::vector<float>& buffer, std::size_t n) {
+  buffer.clear();
+  buffer.reserve(n);  // allocated, not yet touched
+#ifdef MADV_HUGEPAGE
+  constexpr std::uintptr_t kHuge = std::uintptr_t{2} << 20;
+  const auto begin = reinterpret_cast<std::uintptr_t>(buffer.data());
+  const std::uintptr_t first = (begin + kHuge - 1) / kHuge * kHuge;
+  const std::uintptr_t last = (begin + n * sizeof(float)) / kHuge * kHuge;
+  // Only whole 2 MiB pages inside the buffer; a refusal leaves plain pages.
+  if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
+#endif
+  buffer.assign(n, 0.0f);
 }
 
 void check_tables_fit_in_memory(const EmbeddingConfig& config) {

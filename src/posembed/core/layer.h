@@ -35,6 +35,12 @@ std::uint64_t available_memory_bytes();
 void check_fits_in_memory(std::uint64_t bytes, std::string_view needs, std::string_view fix);
 // The same for the layer's two tables; config must be valid.
 void check_tables_fit_in_memory(const EmbeddingConfig& config);
+// buffer = n zeros, asking Linux for transparent huge pages (madvise) before
+// the pages are first touched, where the system leaves that to the program
+// (THP "madvise" mode, Debian's default). A training step walks tens of MB
+// of parameters and activations; with 4 KiB pages that is thousands of
+// pages, more than the TLB holds. Elsewhere, or when refused, plain pages.
+void assign_zeros_huge(std::vector<float>& buffer, std::size_t n);
 
 EmbeddingShape layer_shape(const EmbeddingLayer& layer, std::int64_t batch, std::int64_t seq_len);
 

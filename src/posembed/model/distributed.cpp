@@ -407,7 +407,7 @@ DataParallel make_data_parallel(const World& w, const Gpt& model, const TrainCon
     slot.acts = make_activations(model.config, dp.micro_batch, seq_len);
     slot.inputs.assign(sz(dp.micro_batch * seq_len), 0);
     slot.targets.assign(slot.inputs.size(), 0);
-    slot.grads.assign(P, 0.0f);
+    assign_zeros_huge(slot.grads, P);
     slot.grad_views = param_views(model, slot.grads);
     slot_bytes = sizeof(float) * (slot.acts.memory.size() + slot.grads.size()) +
                  sizeof(std::int64_t) * (2 * slot.inputs.size() + slot.acts.positions.size());
@@ -472,7 +472,9 @@ StepStats data_parallel_step(Gpt& model, DataParallel& dp, const BatchSource& ba
                                static_cast<std::uint64_t>(step * M + k), tokens);
     });
     if (several) {
-      for (std::int64_t s = 0; s < wave; ++s) stage(dp.slots[sz(s)].grads, dp, k0 + s - dp.mine.begin);
+      for (std::int64_t s = 0; s < wave; ++s) {
+        stage(dp.slots[sz(s)].grads, dp, k0 + s - dp.mine.begin);
+      }
     } else {
       fold(model, dp, k0, wave);
     }

@@ -156,7 +156,7 @@ Gpt make_gpt(const GptConfig& config, MomentShard shard) {
                            "and v of " + std::to_string(held) + " of them, fp32)",
                        shard.ranks > 1 ? "use more ranks, or reduce n_layer, embed_dim or max_seq_len"
                                        : "reduce n_layer, embed_dim or max_seq_len");
-  model.memory.assign(2 * offset + 2 * held, 0.0f);
+  assign_zeros_huge(model.memory, 2 * offset + 2 * held);
   float* base = model.memory.data();
   model.params = {base, offset};
   model.grads = {base + offset, offset};
@@ -248,7 +248,7 @@ Activations make_activations(const GptConfig& c, std::int64_t B, std::int64_t T)
       std::snprintf(gib, sizeof gib, "%.1f GiB", static_cast<double>(bytes) / 0x1p30);
       check_fits_in_memory(bytes, what + " need " + std::to_string(bytes) + " bytes (" + gib + ")",
                            fix);
-      a.memory.assign(k.used, 0.0f);
+      assign_zeros_huge(a.memory, k.used);
     }
   }
   a.positions.resize(sz(N));

@@ -409,7 +409,7 @@ std::int64_t score_columns(std::int64_t keys, std::int64_t T) {
   return std::min(T, (keys + kScoreColumns - 1) / kScoreColumns * kScoreColumns);
 }
 
-std::size_t z(std::int64_t v) { return static_cast<std::size_t>(v); }
+std::size_t sz(std::int64_t v) { return static_cast<std::size_t>(v); }
 
 template <class Body>
 void for_query_blocks(std::int64_t T, Body&& body) {
@@ -437,7 +437,7 @@ void attention_forward(std::span<float> out, std::span<float> att, std::span<con
                  false);
       for (std::int64_t t = i0; t < keys; ++t) {
         float max = 0;
-        simd::softmax_row(a + t * T, a + t * T, z(t + 1), z(keys), &max);
+        simd::softmax_row(a + t * T, a + t * T, sz(t + 1), sz(keys), &max);
       }
       small_gemm(y + i0 * C, C, a + i0 * T, T, 1, v, C3, rows, hd, keys, 1.0f, false);
     });
@@ -471,7 +471,7 @@ void attention_backward(std::span<float> dqkv, std::span<float> scratch,
       small_gemm(ds + i0 * T, T, dy + i0 * C, C, 1, vt, T, rows, score_columns(keys, T), hd, 1.0f,
                  false);
       for (std::int64_t t = i0; t < keys; ++t) {
-        simd::softmax_row_backward(ds + t * T, a + t * T, z(t + 1), z(keys));
+        simd::softmax_row_backward(ds + t * T, a + t * T, sz(t + 1), sz(keys));
       }
       small_gemm(dq + i0 * C3, C3, ds + i0 * T, T, 1, k, C3, rows, hd, keys, scale, accumulate);
     });
