@@ -17,11 +17,12 @@
 //     them left to right in fp32: G = (((g_0 + g_1) + g_2) + ...). A single
 //     process runs the same left fold as it goes. Within a rank, micro-batches
 //     run side by side on the threads (DataParallel::slots), each in a buffer
-//     of its own, and are folded in micro-batch order after each wave. (MPI_Allreduce would add in
-//     an order chosen by the library and the rank count.) So this reduce-scatter
-//     moves each rank's micro-batch gradients whole: M/N gradient shards per
-//     destination instead of one pre-summed one; with one micro-batch per rank
-//     (M = N) the volume is a ring reduce-scatter's.
+//     of its own, and are folded in micro-batch order after each wave.
+//     (MPI_Allreduce would add in an order chosen by the library and the rank
+//     count.) So this reduce-scatter moves each rank's micro-batch gradients
+//     whole: M/N gradient shards per destination instead of one pre-summed
+//     one; with one micro-batch per rank (M = N) the volume is a ring
+//     reduce-scatter's.
 //   * The gradient norm is the square root of the sum, in piece order, of each
 //     piece's sum of squares in double; shards are whole pieces, so each rank
 //     sums its own pieces and an all-gather hands every rank all of them.
@@ -104,7 +105,6 @@ int flags_of_all_ranks(const World& world, int flags);
 // among the ranks that share this machine.
 int default_threads(const World& world);
 
-// Buffers and layout of one rank, sized once for the whole run.
 // One micro-batch in flight: its windows, activations and gradient.
 struct MicroBatchSlot {
   Activations acts;                           // one micro-batch
@@ -114,6 +114,7 @@ struct MicroBatchSlot {
   std::exception_ptr error;                   // what its thread threw, rethrown after the wave
 };
 
+// Buffers and layout of one rank, sized once for the whole run.
 struct DataParallel {
   World world;
   bool shard_optimizer = false;

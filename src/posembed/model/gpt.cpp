@@ -82,8 +82,7 @@ ParamViews param_views(const Gpt& model, std::span<float> buffer) {
                 " parameters; give it a buffer of model.num_params floats");
   }
   const auto view = [&](const std::string& name) {
-    const ParamTensor* t = find_tensor(model, name);
-    return buffer.subspan(t->offset, t->numel);
+    return tensor_view(model, buffer, *find_tensor(model, name));
   };
   ParamViews views;
   views.wte = view("wte.weight");

@@ -82,10 +82,10 @@ double grad_norm(const Gpt& model);
 
 // The gradient of one micro-batch written into `grads` (param_views of a
 // buffer laid out as model.grads, any contents before): training forward with
-// dropout keyed by dropout_step, backward of the loss summed over the micro-batch and divided
-// by loss_count (the whole batch's token count). Returns the micro-batch's
-// loss sum, added in token order in double. Reads the model only, so several
-// run side by side with buffers of their own.
+// dropout keyed by dropout_step, backward of the loss summed over the
+// micro-batch and divided by loss_count (the whole batch's token count).
+// Returns the micro-batch's loss sum, added in token order in double. Reads
+// the model only, so several run side by side with buffers of their own.
 double micro_batch_gradient(const Gpt& model, ParamViews& grads, Activations& acts,
                             std::span<const std::int64_t> inputs,
                             std::span<const std::int64_t> targets, std::int64_t T,
