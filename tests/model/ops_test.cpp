@@ -495,7 +495,7 @@ TEST(Gelu, MatchesReferenceAndFiniteDifferences) {
 }
 
 // The MLP's products with their GELU fused into each row piece give the bits
-// of the product and the GELU one after the other (N spans several pieces and
+// of the product and the GELU (and its derivative) one after the other (N spans several pieces and
 // a short last one; 1 and 2 threads), and the backward writes its gradient
 // fresh over NaNs.
 TEST(Gelu, FusedIntoTheProductsGivesTheSameBits) {
@@ -506,19 +506,21 @@ TEST(Gelu, FusedIntoTheProductsGivesTheSameBits) {
              dout = random_floats(n(N * C), 55);
   for (const int threads : {1, 2}) {
     set_num_threads(threads);
-    std::vector<float> pre(n(N * OC)), act(pre.size()), pre2(pre.size()), act2(pre.size());
+    std::vector<float> pre(n(N * OC)), act(pre.size()), dact2(pre.size()), act2(pre.size());
     matmul_forward(pre, x, w, b, N, C, OC);
     gelu_forward(act, pre);
-    matmul_gelu_forward(act2, pre2, x, w, b, N, C, OC);
-    EXPECT_EQ(pre, pre2) << threads << " threads";
+    matmul_gelu_forward(act2, dact2, x, w, b, N, C, OC);
     EXPECT_EQ(act, act2) << threads << " threads";
+    std::vector<float> gelu_grad(pre.size());  // gelu'(pre), as gelu_backward of ones
+    gelu_backward(gelu_grad, std::vector<float>(pre.size(), 1.0f), pre, GradMode::write);
+    EXPECT_EQ(gelu_grad, dact2) << threads << " threads";
     // act (N, OC) -> act @ w2 (N, C): its backward through the GELU into pre.
     std::vector<float> dact(pre.size()), dpre(pre.size()), dw(w2.size(), 0.5f), db(n(C), 0.25f);
     matmul_backward(dact, dw, db, dout, act, w2, N, OC, C, GradMode::write);
     gelu_backward(dpre, dact, pre, GradMode::write);
     std::vector<float> dpre2(pre.size(), std::numeric_limits<float>::quiet_NaN()),
         dw2(w2.size(), 0.5f), db2(n(C), 0.25f);
-    matmul_gelu_backward(dpre2, dw2, db2, dout, act, w2, pre, N, OC, C);
+    matmul_gelu_backward(dpre2, dw2, db2, dout, act, w2, dact2, N, OC, C);
     EXPECT_EQ(dpre, dpre2) << threads << " threads";
     EXPECT_EQ(dw, dw2) << threads << " threads";
     EXPECT_EQ(db, db2) << threads << " threads";

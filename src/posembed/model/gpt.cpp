@@ -231,7 +231,7 @@ Activations make_activations(const GptConfig& c, std::int64_t B, std::int64_t T)
       l.qkv = k.take(N * 3 * C); l.atty = k.take(N * C); l.att = k.take(B * H * T * T);
       l.attproj = k.take(N * C); l.residual2 = k.take(N * C);
       l.ln_2 = k.take(N * C); l.ln_2_mean = k.take(N); l.ln_2_rstd = k.take(N);
-      l.fch = k.take(N * 4 * C); l.fch_gelu = k.take(N * 4 * C);
+      l.fch_dgelu = k.take(N * 4 * C); l.fch_gelu = k.take(N * 4 * C);
       l.mlpproj = k.take(N * C); l.residual3 = k.take(N * C);
     }
     a.ln_f = k.take(N * C); a.ln_f_mean = k.take(N); a.ln_f_rstd = k.take(N);
@@ -328,7 +328,7 @@ double gpt_forward(const Gpt& model, Activations& a, std::span<const std::int64_
                     static_cast<std::uint64_t>(l * kSitesPerLayer));
     residual_forward(L.residual2.first(nc), residual, L.attproj.first(nc));
     layernorm_forward(L.ln_2, L.ln_2_mean, L.ln_2_rstd, L.residual2, w.ln_2_w, w.ln_2_b, N, C);
-    matmul_gelu_forward(L.fch_gelu, L.fch, L.ln_2, w.c_fc_w, w.c_fc_b, N, C, 4 * C);
+    matmul_gelu_forward(L.fch_gelu, L.fch_dgelu, L.ln_2, w.c_fc_w, w.c_fc_b, N, C, 4 * C);
     matmul_forward(L.mlpproj, L.fch_gelu, w.mlp_proj_w, w.mlp_proj_b, N, 4 * C, C);
     dropout_forward(L.mlpproj.first(nc), L.mlpproj.first(nc), dropout,
                     static_cast<std::uint64_t>(l * kSitesPerLayer + 1));
@@ -402,7 +402,7 @@ void gpt_backward(const Gpt& model, ParamViews& g, Activations& a,
     const std::span<const float> d_mlpproj =
         branch_grad(a.d_mlpproj, static_cast<std::uint64_t>(l * kSitesPerLayer + 1));
     matmul_gelu_backward(a.d_fch, dw.mlp_proj_w, dw.mlp_proj_b, d_mlpproj, L.fch_gelu,
-                         w.mlp_proj_w, L.fch, N, 4 * C, C, param_mode);
+                         w.mlp_proj_w, L.fch_dgelu, N, 4 * C, C, param_mode);
     matmul_backward(a.d_ln, dw.c_fc_w, dw.c_fc_b, a.d_fch, L.ln_2, w.c_fc_w, N, C, 4 * C, write,
                     param_mode);
     layernorm_backward(a.d_residual, dw.ln_2_w, dw.ln_2_b, a.d_ln, L.residual2, w.ln_2_w,

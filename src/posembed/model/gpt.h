@@ -141,7 +141,7 @@ struct Activations {
     std::span<float> attproj;                      // after dropout
     std::span<float> residual2;
     std::span<float> ln_2, ln_2_mean, ln_2_rstd;
-    std::span<float> fch, fch_gelu;                // (B,T,4C)
+    std::span<float> fch_dgelu, fch_gelu;          // (B,T,4C): gelu'(fch), gelu(fch)
     std::span<float> mlpproj;                      // after dropout
     std::span<float> residual3;
   };

@@ -34,21 +34,25 @@ void matmul_backward(std::span<float> dinp, std::span<float> dweight, std::span<
                      GradMode dinp_mode = GradMode::accumulate,
                      GradMode param_mode = GradMode::accumulate);
 
-// The MLP's first product with its activation: out (N, OC) as matmul_forward
-// (kept for the backward) and act (N, OC) = gelu(out), each row piece taken
-// through the GELU while it is in cache. The same bits as matmul_forward, then
-// gelu_forward.
-void matmul_gelu_forward(std::span<float> act, std::span<float> out, std::span<const float> inp,
+// The MLP's first product with its activation: act (N, OC) = gelu(pre) and
+// dact (N, OC) = gelu'(pre), pre = inp (N, C) @ weight (C, OC) + bias (OC, not
+// empty), each row piece taken through the GELU while it is in cache. dact is
+// what the backward needs in place of pre: it then multiplies, without the
+// GELU's exponential and division. The same bits as matmul_forward, then
+// gelu_forward (and gelu_backward of ones for dact).
+void matmul_gelu_forward(std::span<float> act, std::span<float> dact, std::span<const float> inp,
                          std::span<const float> weight, std::span<const float> bias, std::int64_t N,
                          std::int64_t C, std::int64_t OC);
-// The backward of a product whose input was inp = gelu(pre), pre (N, C): dpre
-// (N, C) = gelu'(pre) * (dout @ weight^T), written fresh (GradMode::write), each
-// row piece while it is in cache; dweight, dbias += as matmul_backward's. The
-// same bits as matmul_backward writing into a buffer, then gelu_backward.
+// The backward of a product whose input was inp = gelu(pre), pre (N, C), with
+// dact = gelu'(pre) from matmul_gelu_forward: dpre (N, C) = dact * (dout @
+// weight^T), written fresh (GradMode::write), each row piece while it is in
+// cache; dweight, dbias += as matmul_backward's. The same bits as
+// matmul_backward writing into a buffer, then gelu_backward.
 void matmul_gelu_backward(std::span<float> dpre, std::span<float> dweight, std::span<float> dbias,
                           std::span<const float> dout, std::span<const float> inp,
-                          std::span<const float> weight, std::span<const float> pre, std::int64_t N,
-                          std::int64_t C, std::int64_t OC, GradMode param_mode = GradMode::accumulate);
+                          std::span<const float> weight, std::span<const float> dact,
+                          std::int64_t N, std::int64_t C, std::int64_t OC,
+                          GradMode param_mode = GradMode::accumulate);
 
 // The tied output layer: out (N, V) = inp (N, C) @ table (V, C)^T, no bias.
 void matmul_tied_forward(std::span<float> out, std::span<const float> inp,
