@@ -263,6 +263,26 @@ TEST(SimdTranspose, MatchesThePlainLoopOnAwkwardShapes) {
   });
 }
 
+// The softmax's exponential over the float range below the max: exp(-87) (a
+// normal float) within a few ulp, values whose exponential lies below 2^-126.5
+// (-90, -200, a -inf mask) exactly 0, never a NaN; on every target.
+TEST(SimdRows, SoftmaxFarBelowTheMaxGivesZerosNotNaNs) {
+  for_each_target([] {
+    const std::vector<float> in = {3.0f, 3.0f - 87.0f, 3.0f - 90.0f, 3.0f - 200.0f, -INFINITY, 3.0f};
+    std::vector<float> p(in.size());
+    float max = 0;
+    const float sum = simd::softmax_row(p.data(), in.data(), in.size(), in.size(), &max);
+    EXPECT_EQ(max, 3.0f);
+    EXPECT_NEAR(sum, 2.0, 2 * kEps);
+    EXPECT_NEAR(p[0], 0.5, kEps);
+    EXPECT_NEAR(p[5], 0.5, kEps);
+    EXPECT_NEAR(p[1], std::exp(-87.0) / 2, 8 * kEps * std::exp(-87.0) / 2);
+    EXPECT_EQ(p[2], 0.0f);
+    EXPECT_EQ(p[3], 0.0f);
+    EXPECT_EQ(p[4], 0.0f);
+  });
+}
+
 // The row kernels of the GPT's ops (softmax, LayerNorm, their backwards)
 // against double definitions, on every target and lengths around each vector
 // width; a sentinel after `width` must survive, [n, width) must be zeros, and
