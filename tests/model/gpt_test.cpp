@@ -169,6 +169,42 @@ TEST(Gpt, WrittenGradientEqualsZeroedAndAccumulated) {
   }
 }
 
+// The weights transposed once (as a training step shares them among its
+// micro-batches) give the bits of the ops transposing them themselves: the
+// batch spans two row pieces of the products, where the copies are used. A
+// set made for another model is refused.
+TEST(Gpt, SharedTransposedWeightsGiveTheSameBits) {
+  GptConfig c = tiny_config();
+  c.max_seq_len = 80;
+  Gpt model = make_gpt(c);
+  const std::int64_t B = 3, T = 70;  // 210 rows: two pieces of 128
+  const Batch batch = tiny_batch(B, T);
+  Activations acts = make_activations(c, B, T);
+  const double loss = gpt_forward(model, acts, batch.in, batch.tg, T, true, 3);
+  const std::vector<float> logits(acts.logits.begin(), acts.logits.end());
+  std::vector<float> plain(model.num_params), shared(model.num_params);
+  ParamViews plain_views = param_views(model, plain), shared_views = param_views(model, shared);
+  gpt_backward(model, plain_views, acts, batch.in, batch.tg, 0, GradMode::write);
+  TransposedWeights wt = make_transposed_weights(c);
+  transpose_weights(wt, model);
+  EXPECT_EQ(gpt_forward(model, acts, batch.in, batch.tg, T, true, 3, &wt), loss);
+  EXPECT_EQ(std::vector<float>(acts.logits.begin(), acts.logits.end()), logits);
+  gpt_backward(model, shared_views, acts, batch.in, batch.tg, 0, GradMode::write, &wt);
+  for (std::size_t i = 0; i < model.num_params; ++i) ASSERT_EQ(shared[i], plain[i]) << "parameter " << i;
+  GptConfig other = c;
+  other.n_layer = 1;
+  TransposedWeights fewer = make_transposed_weights(other);
+  try {
+    gpt_forward(model, acts, batch.in, batch.tg, T, true, 3, &fewer);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("transposed weights were made for a model with n_layer 1"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(transpose_weights(fewer, model), Error);
+}
+
 TEST(Gpt, KvCacheDecodingMatchesFullForward) {
   GptConfig c = tiny_config();
   c.max_seq_len = 9;

@@ -412,6 +412,7 @@ DataParallel make_data_parallel(const World& w, const Gpt& model, const TrainCon
     slot_bytes = sizeof(float) * (slot.acts.memory.size() + slot.grads.size()) +
                  sizeof(std::int64_t) * (2 * slot.inputs.size() + slot.acts.positions.size());
   }
+  dp.transposed = make_transposed_weights(model.config);
   dp.loss_sums.assign(sz(M), 0.0);
   dp.piece_squares.assign((P + kParamPiece - 1) / kParamPiece, 0.0);
   set_counts(
@@ -461,6 +462,7 @@ StepStats data_parallel_step(Gpt& model, DataParallel& dp, const BatchSource& ba
   const std::int64_t M = dp.micro_batches, T = dp.seq_len, tokens = c.batch_size * T;
   const bool several = dp.world.size > 1;
   const auto slots = static_cast<std::int64_t>(dp.slots.size());
+  transpose_weights(dp.transposed, model);
   for (std::int64_t k0 = dp.mine.begin; k0 < dp.mine.end; k0 += slots) {
     const std::int64_t wave = std::min(slots, dp.mine.end - k0);
     side_by_side(dp, wave, [&](std::int64_t s) {
@@ -469,7 +471,7 @@ StepStats data_parallel_step(Gpt& model, DataParallel& dp, const BatchSource& ba
       batch(slot.inputs, slot.targets, k * dp.micro_batch);
       dp.loss_sums[sz(k)] =
           micro_batch_gradient(model, slot.grad_views, slot.acts, slot.inputs, slot.targets, T,
-                               static_cast<std::uint64_t>(step * M + k), tokens);
+                               static_cast<std::uint64_t>(step * M + k), tokens, &dp.transposed);
     });
     if (several) {
       for (std::int64_t s = 0; s < wave; ++s) {

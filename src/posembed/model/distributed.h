@@ -129,6 +129,7 @@ struct DataParallel {
   // needs no hand-over between threads inside it, where the ops' own threading
   // takes hundreds a step.
   std::vector<MicroBatchSlot> slots;
+  TransposedWeights transposed;               // this step's, shared by its micro-batches
   std::vector<float> sent;                    // N > 1: (mine.size, P), grouped by destination shard
   std::vector<float> received;                // N > 1: (M, own shard) in micro-batch order
   std::vector<double> loss_sums;      // (M)

@@ -11,6 +11,7 @@
 #include "posembed/core/layer.h"
 #include "posembed/core/parallel_for.h"
 #include "posembed/core/position_ids.h"
+#include "posembed/core/simd.h"
 #include "posembed/model/ops.h"
 
 namespace posembed::model {
@@ -255,6 +256,55 @@ Activations make_activations(const GptConfig& c, std::int64_t B, std::int64_t T)
   return a;
 }
 
+TransposedWeights make_transposed_weights(const GptConfig& c) {
+  validate(c);
+  TransposedWeights t;
+  t.config = c;
+  const std::int64_t C = c.embed_dim;
+  t.h.resize(sz(c.n_layer));
+  for (int pass = 0; pass < 2; ++pass) {
+    Carver k{pass == 0 ? nullptr : t.memory.data(), 0};
+    t.wte = k.take(c.vocab_size * C);
+    for (auto& b : t.h) {
+      b.c_attn_w = k.take(3 * C * C); b.attn_proj_w = k.take(C * C);
+      b.c_fc_w = k.take(4 * C * C); b.mlp_proj_w = k.take(4 * C * C);
+    }
+    if (pass == 0) {
+      const auto bytes = static_cast<std::uint64_t>(4.0 * k.counted);
+      check_fits_in_memory(bytes, "the transposed weights need " + std::to_string(bytes) + " bytes",
+                           "reduce n_layer, embed_dim or vocab_size");
+      assign_zeros_huge(t.memory, k.used);
+    }
+  }
+  return t;
+}
+
+void transpose_weights(TransposedWeights& out, const Gpt& model) {
+  const GptConfig& c = model.config;
+  check_buffers_fit(c, out.config, "the transposed weights");
+  const std::int64_t C = c.embed_dim;
+  // (destination, source, source rows, source columns) of each weight.
+  struct Job {
+    std::span<float> to;
+    std::span<const float> from;
+    std::int64_t rows, cols;
+  };
+  std::vector<Job> jobs;  // a few dozen entries once a step, beside a step's milliseconds
+  jobs.push_back({out.wte, model.p.wte, c.vocab_size, C});
+  for (std::int64_t l = 0; l < c.n_layer; ++l) {
+    const BlockViews& w = model.p.h[sz(l)];
+    TransposedWeights::Block& t = out.h[sz(l)];
+    jobs.push_back({t.c_attn_w, w.c_attn_w, C, 3 * C});
+    jobs.push_back({t.attn_proj_w, w.attn_proj_w, C, C});
+    jobs.push_back({t.c_fc_w, w.c_fc_w, C, 4 * C});
+    jobs.push_back({t.mlp_proj_w, w.mlp_proj_w, 4 * C, C});
+  }
+  parallel_for(static_cast<std::int64_t>(jobs.size()), [&](std::int64_t i) {
+    const Job& j = jobs[sz(i)];
+    simd::transpose(j.to.data(), j.from.data(), sz(j.rows), sz(j.cols), sz(j.cols));
+  });
+}
+
 void check_buffers_fit(const GptConfig& c, const GptConfig& made, const char* what) {
   const std::pair<const char*, std::int64_t GptConfig::*> dims[] = {
       {"vocab_size", &GptConfig::vocab_size}, {"max_seq_len", &GptConfig::max_seq_len},
@@ -301,9 +351,10 @@ void validate_batch(const GptConfig& c, const Activations& acts,
 
 double gpt_forward(const Gpt& model, Activations& a, std::span<const std::int64_t> inputs,
                    std::span<const std::int64_t> targets, std::int64_t T, bool train,
-                   std::uint64_t step) {
+                   std::uint64_t step, const TransposedWeights* transposed) {
   const GptConfig& c = model.config;
   validate_batch(c, a, inputs, targets, T);
+  if (transposed) check_buffers_fit(c, transposed->config, "the transposed weights");
   const std::int64_t B = a.batch, C = c.embed_dim, N = B * T, H = c.n_head, V = c.vocab_size;
   const auto nc = sz(N * C);
   const DropoutSpec dropout{train ? c.dropout : 0.0, c.seed, step};
@@ -336,7 +387,8 @@ double gpt_forward(const Gpt& model, Activations& a, std::span<const std::int64_
     residual = L.residual3.first(nc);
   }
   layernorm_forward(a.ln_f, a.ln_f_mean, a.ln_f_rstd, residual, p.ln_f_w, p.ln_f_b, N, C);
-  matmul_tied_forward(a.logits, a.ln_f, p.wte, N, C, V);
+  matmul_tied_forward(a.logits, a.ln_f, p.wte, N, C, V,
+                      transposed ? transposed->wte : std::span<const float>());
   crossentropy_forward(a.losses, a.probs, a.logits, targets, N, V);
   return gpt_loss_sum(a, N) / static_cast<double>(N);
 }
@@ -360,10 +412,12 @@ void gpt_backward(Gpt& model, Activations& a, std::span<const std::int64_t> inpu
 
 void gpt_backward(const Gpt& model, ParamViews& g, Activations& a,
                   std::span<const std::int64_t> inputs, std::span<const std::int64_t> targets,
-                  std::int64_t loss_count, GradMode param_mode) {
+                  std::int64_t loss_count, GradMode param_mode,
+                  const TransposedWeights* transposed) {
   const GptConfig& c = model.config;
   const std::int64_t T = a.last_seq_len;
   validate_batch(c, a, inputs, targets, T);
+  if (transposed) check_buffers_fit(c, transposed->config, "the transposed weights");
   const std::int64_t B = a.batch, C = c.embed_dim, N = B * T, H = c.n_head, V = c.vocab_size;
   const auto nc = sz(N * C);
   const DropoutSpec& dropout = a.last_dropout;
@@ -395,6 +449,7 @@ void gpt_backward(const Gpt& model, ParamViews& g, Activations& a,
   for (std::int64_t l = c.n_layer - 1; l >= 0; --l) {
     const BlockViews& w = p.h[sz(l)];
     BlockViews& dw = g.h[sz(l)];
+    const TransposedWeights::Block wt = transposed ? transposed->h[sz(l)] : TransposedWeights::Block{};
     const Activations::Layer& L = a.layers[sz(l)];
     const std::span<const float> layer_in =
         l == 0 ? a.encoded.first(nc) : a.layers[sz(l - 1)].residual3.first(nc);
@@ -402,19 +457,19 @@ void gpt_backward(const Gpt& model, ParamViews& g, Activations& a,
     const std::span<const float> d_mlpproj =
         branch_grad(a.d_mlpproj, static_cast<std::uint64_t>(l * kSitesPerLayer + 1));
     matmul_gelu_backward(a.d_fch, dw.mlp_proj_w, dw.mlp_proj_b, d_mlpproj, L.fch_gelu,
-                         w.mlp_proj_w, L.fch_dgelu, N, 4 * C, C, param_mode);
+                         w.mlp_proj_w, L.fch_dgelu, N, 4 * C, C, param_mode, wt.mlp_proj_w);
     matmul_backward(a.d_ln, dw.c_fc_w, dw.c_fc_b, a.d_fch, L.ln_2, w.c_fc_w, N, C, 4 * C, write,
-                    param_mode);
+                    param_mode, wt.c_fc_w);
     layernorm_backward(a.d_residual, dw.ln_2_w, dw.ln_2_b, a.d_ln, L.residual2, w.ln_2_w,
                        L.ln_2_mean, L.ln_2_rstd, N, C, GradMode::accumulate, param_mode);
     // residual2 = layer_in + dropout(attn_proj(attention(c_attn(ln_1(layer_in)))))
     const std::span<const float> d_attproj =
         branch_grad(a.d_attproj, static_cast<std::uint64_t>(l * kSitesPerLayer));
     matmul_backward(a.d_atty, dw.attn_proj_w, dw.attn_proj_b, d_attproj, L.atty, w.attn_proj_w, N,
-                    C, C, write, param_mode);
+                    C, C, write, param_mode, wt.attn_proj_w);
     attention_backward(a.d_qkv, a.d_att, a.d_atty, L.qkv, L.att, B, T, C, H, write);
     matmul_backward(a.d_ln, dw.c_attn_w, dw.c_attn_b, a.d_qkv, L.ln_1, w.c_attn_w, N, C, 3 * C,
-                    write, param_mode);
+                    write, param_mode, wt.c_attn_w);
     layernorm_backward(a.d_residual, dw.ln_1_w, dw.ln_1_b, a.d_ln, layer_in, w.ln_1_w,
                        L.ln_1_mean, L.ln_1_rstd, N, C, GradMode::accumulate, param_mode);
   }

@@ -171,16 +171,18 @@ const float* transposed(const float* a, std::int64_t rows, std::int64_t cols, st
 }
 
 // w^T as the second GEMM operand of `row_pieces` row-piece products, w (rows,
-// cols): with several pieces a transposed copy (transposed()), taken as it is;
-// with one, w itself, which the GEMM transposes.
+// cols): with several pieces a transposed copy, the caller's w_t (cols, rows)
+// if it has one, else transposed(); with one, w itself, which the GEMM
+// transposes. So the bits never depend on whether the caller had w_t.
 struct Operand {
   const float* data;
   Trans trans;
   std::int64_t ld;
 };
 Operand transposed_operand(const float* w, std::int64_t rows, std::int64_t cols,
-                           std::int64_t row_pieces) {
-  if (row_pieces > 1) return {transposed(w, rows, cols, cols), Trans::no, rows};
+                           std::int64_t row_pieces, std::span<const float> w_t) {
+  assert(w_t.empty() || w_t.size() == static_cast<std::size_t>(rows * cols));
+  if (row_pieces > 1) return {w_t.empty() ? transposed(w, rows, cols, cols) : w_t.data(), Trans::no, rows};
   return {w, Trans::yes, cols};
 }
 
@@ -254,12 +256,13 @@ void matmul_backward_any(std::span<float> dinp, std::span<float> dweight, std::s
                          std::span<const float> dout, std::span<const float> inp,
                          std::span<const float> weight, std::int64_t N, std::int64_t C,
                          std::int64_t OC, WeightLayout layout, GradMode dinp_mode,
-                         GradMode param_mode, std::span<const float> gelu_grad = {}) {
+                         GradMode param_mode, std::span<const float> gelu_grad,
+                         std::span<const float> weight_t) {
   const bool in_out = layout == WeightLayout::in_out;
   const float beta = beta_of(dinp_mode);
   const std::int64_t dinp_pieces = pieces(N, kRowPiece);
   // dout @ W^T: (in, out) weights are transposed; (out, in) ones already are W^T.
-  const Operand w = in_out ? transposed_operand(weight.data(), C, OC, dinp_pieces)
+  const Operand w = in_out ? transposed_operand(weight.data(), C, OC, dinp_pieces, weight_t)
                            : Operand{weight.data(), Trans::no, C};
   // dweight (R, K) += a^T @ b over all N rows.
   constexpr std::int64_t kOutPiece = 32;
@@ -329,27 +332,30 @@ void matmul_gelu_forward(std::span<float> act, std::span<float> dact, std::span<
 void matmul_backward(std::span<float> dinp, std::span<float> dweight, std::span<float> dbias,
                      std::span<const float> dout, std::span<const float> inp,
                      std::span<const float> weight, std::int64_t N, std::int64_t C, std::int64_t OC,
-                     GradMode dinp_mode, GradMode param_mode) {
+                     GradMode dinp_mode, GradMode param_mode, std::span<const float> weight_t) {
   matmul_backward_any(dinp, dweight, dbias, dout, inp, weight, N, C, OC, WeightLayout::in_out,
-                      dinp_mode, param_mode);
+                      dinp_mode, param_mode, {}, weight_t);
 }
 
 void matmul_gelu_backward(std::span<float> dpre, std::span<float> dweight, std::span<float> dbias,
                           std::span<const float> dout, std::span<const float> inp,
                           std::span<const float> weight, std::span<const float> dact,
-                          std::int64_t N, std::int64_t C, std::int64_t OC, GradMode param_mode) {
+                          std::int64_t N, std::int64_t C, std::int64_t OC, GradMode param_mode,
+                          std::span<const float> weight_t) {
   matmul_backward_any(dpre, dweight, dbias, dout, inp, weight, N, C, OC, WeightLayout::in_out,
-                      GradMode::write, param_mode, dact.first(static_cast<std::size_t>(N * C)));
+                      GradMode::write, param_mode, dact.first(static_cast<std::size_t>(N * C)),
+                      weight_t);
 }
 
 void matmul_tied_forward(std::span<float> out, std::span<const float> inp,
                          std::span<const float> table, std::int64_t N, std::int64_t C,
-                         std::int64_t V) {
-  const Operand table_t = transposed_operand(table.data(), V, C, pieces(N, kRowPiece));  // (C, V)
+                         std::int64_t V, std::span<const float> table_t) {
+  const Operand rhs =
+      transposed_operand(table.data(), V, C, pieces(N, kRowPiece), table_t);  // (C, V)
   parallel_pieces(pieces(N, kRowPiece), double(N) * double(C) * double(V), [&](std::int64_t p) {
     const std::int64_t r0 = p * kRowPiece, rows = std::min(N - r0, kRowPiece);
-    gemm(Trans::no, table_t.trans, rows, V, C, 1.0f, inp.data() + r0 * C, C, table_t.data,
-         table_t.ld, 0.0f, out.data() + r0 * V, V);
+    gemm(Trans::no, rhs.trans, rows, V, C, 1.0f, inp.data() + r0 * C, C, rhs.data,
+         rhs.ld, 0.0f, out.data() + r0 * V, V);
   });
 }
 
@@ -358,7 +364,7 @@ void matmul_tied_backward(std::span<float> dinp, std::span<float> dtable,
                           std::span<const float> table, std::int64_t N, std::int64_t C,
                           std::int64_t V, GradMode dinp_mode, GradMode param_mode) {
   matmul_backward_any(dinp, dtable, {}, dout, inp, table, N, C, V, WeightLayout::out_in, dinp_mode,
-                      param_mode);
+                      param_mode, {}, {});
 }
 
 namespace {

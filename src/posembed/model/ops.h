@@ -28,11 +28,15 @@ namespace posembed::model {
 void matmul_forward(std::span<float> out, std::span<const float> inp, std::span<const float> weight,
                     std::span<const float> bias, std::int64_t N, std::int64_t C, std::int64_t OC);
 // dinp (N, C), dweight (C, OC), dbias (OC, may be empty) += VJP of dout (N, OC).
+// weight_t (OC, C), if given, is weight transposed, made once for several calls
+// (gpt.h's TransposedWeights); otherwise the op transposes weight itself. Both
+// give the same bits.
 void matmul_backward(std::span<float> dinp, std::span<float> dweight, std::span<float> dbias,
                      std::span<const float> dout, std::span<const float> inp,
                      std::span<const float> weight, std::int64_t N, std::int64_t C, std::int64_t OC,
                      GradMode dinp_mode = GradMode::accumulate,
-                     GradMode param_mode = GradMode::accumulate);
+                     GradMode param_mode = GradMode::accumulate,
+                     std::span<const float> weight_t = {});
 
 // The MLP's first product with its activation: act (N, OC) = gelu(pre) and
 // dact (N, OC) = gelu'(pre), pre = inp (N, C) @ weight (C, OC) + bias (OC, not
@@ -47,17 +51,20 @@ void matmul_gelu_forward(std::span<float> act, std::span<float> dact, std::span<
 // dact = gelu'(pre) from matmul_gelu_forward: dpre (N, C) = dact * (dout @
 // weight^T), written fresh (GradMode::write), each row piece while it is in
 // cache; dweight, dbias += as matmul_backward's. The same bits as
-// matmul_backward writing into a buffer, then gelu_backward.
+// matmul_backward writing into a buffer, then gelu_backward. weight_t: as
+// matmul_backward's.
 void matmul_gelu_backward(std::span<float> dpre, std::span<float> dweight, std::span<float> dbias,
                           std::span<const float> dout, std::span<const float> inp,
                           std::span<const float> weight, std::span<const float> dact,
                           std::int64_t N, std::int64_t C, std::int64_t OC,
-                          GradMode param_mode = GradMode::accumulate);
+                          GradMode param_mode = GradMode::accumulate,
+                          std::span<const float> weight_t = {});
 
 // The tied output layer: out (N, V) = inp (N, C) @ table (V, C)^T, no bias.
+// table_t (C, V), if given, is table transposed (as matmul_backward's weight_t).
 void matmul_tied_forward(std::span<float> out, std::span<const float> inp,
                          std::span<const float> table, std::int64_t N, std::int64_t C,
-                         std::int64_t V);
+                         std::int64_t V, std::span<const float> table_t = {});
 // dinp (N, C), dtable (V, C) += VJP of dout (N, V).
 void matmul_tied_backward(std::span<float> dinp, std::span<float> dtable,
                           std::span<const float> dout, std::span<const float> inp,

@@ -226,9 +226,10 @@ double grad_norm(const Gpt& model) {
 double micro_batch_gradient(const Gpt& model, ParamViews& grads, Activations& acts,
                             std::span<const std::int64_t> inputs,
                             std::span<const std::int64_t> targets, std::int64_t T,
-                            std::uint64_t dropout_step, std::int64_t loss_count) {
-  gpt_forward(model, acts, inputs, targets, T, true, dropout_step);
-  gpt_backward(model, grads, acts, inputs, targets, loss_count, GradMode::write);
+                            std::uint64_t dropout_step, std::int64_t loss_count,
+                            const TransposedWeights* transposed) {
+  gpt_forward(model, acts, inputs, targets, T, true, dropout_step, transposed);
+  gpt_backward(model, grads, acts, inputs, targets, loss_count, GradMode::write, transposed);
   return gpt_loss_sum(acts, static_cast<std::int64_t>(inputs.size()));
 }
 

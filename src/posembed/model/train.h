@@ -86,10 +86,12 @@ double grad_norm(const Gpt& model);
 // micro-batch and divided by loss_count (the whole batch's token count).
 // Returns the micro-batch's loss sum, added in token order in double. Reads
 // the model only, so several run side by side with buffers of their own.
+// transposed: the model's weights transposed this step, or null.
 double micro_batch_gradient(const Gpt& model, ParamViews& grads, Activations& acts,
                             std::span<const std::int64_t> inputs,
                             std::span<const std::int64_t> targets, std::int64_t T,
-                            std::uint64_t dropout_step, std::int64_t loss_count);
+                            std::uint64_t dropout_step, std::int64_t loss_count,
+                            const TransposedWeights* transposed = nullptr);
 
 // Clips the gradients in `range` by the global norm (as
 // torch.nn.utils.clip_grad_norm_) and applies AdamW with lr_at(step) to the
