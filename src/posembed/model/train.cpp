@@ -197,14 +197,25 @@ void grad_piece_squares(std::span<const float> grads, std::span<double> out) {
     throw Error("grad_piece_squares: " + std::to_string(out.size()) + " outputs for " +
                 std::to_string(n) + " gradients in pieces of " + std::to_string(kParamPiece));
   }
+  // Element i of a piece goes to partial sum i % kLanes, added up in a fixed
+  // tree at the end: one running sum waited on each add's latency (0.5% of a
+  // one-thread training step); these vectorise.
+  constexpr std::size_t kLanes = 8;
   parallel_for(static_cast<std::int64_t>(out.size()), [&](std::int64_t k) {
     const std::size_t i0 = sz(k) * kParamPiece, i1 = std::min(n, i0 + kParamPiece);
-    double s = 0.0;
-    for (std::size_t i = i0; i < i1; ++i) {
-      const double g = grads[i];
-      s += g * g;
+    double s[kLanes] = {};
+    std::size_t i = i0;
+    for (; i + kLanes <= i1; i += kLanes) {
+      for (std::size_t l = 0; l < kLanes; ++l) {
+        const double g = grads[i + l];
+        s[l] += g * g;
+      }
     }
-    out[sz(k)] = s;
+    for (std::size_t l = 0; i < i1; ++i, ++l) {
+      const double g = grads[i];
+      s[l] += g * g;
+    }
+    out[sz(k)] = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
   });
 }
 
