@@ -198,17 +198,14 @@ void for_blocks(std::size_t n, F&& body) {
 
 // One process: the left fold G = ((g_0 + g_1) + ...) + g_{M-1} into
 // model.grads, the micro-batches of a wave (slots [0, wave), micro-batches k0,
-// k0 + 1, ...) added in order as they come.
+// k0 + 1, ...) added in order as they come. Micro-batch 0 wrote g_0 into
+// model.grads itself (data_parallel_step), so that copy is saved.
 void fold(Gpt& model, DataParallel& dp, std::int64_t k0, std::int64_t wave) {
   float* g = model.grads.data();
   for_blocks(model.num_params, [&](std::size_t i0, std::size_t i1) {
-    for (std::int64_t s = 0; s < wave; ++s) {
+    for (std::int64_t s = k0 == 0 ? 1 : 0; s < wave; ++s) {
       const float* slot = dp.slots[sz(s)].grads.data();
-      if (k0 + s == 0) {
-        std::copy(slot + i0, slot + i1, g + i0);
-      } else {
-        for (std::size_t i = i0; i < i1; ++i) g[i] += slot[i];
-      }
+      for (std::size_t i = i0; i < i1; ++i) g[i] += slot[i];
     }
   });
 }
@@ -469,8 +466,11 @@ StepStats data_parallel_step(Gpt& model, DataParallel& dp, const BatchSource& ba
       MicroBatchSlot& slot = dp.slots[sz(s)];
       const std::int64_t k = k0 + s;
       batch(slot.inputs, slot.targets, k * dp.micro_batch);
+      // One process: micro-batch 0's gradient goes straight into model.grads, the
+      // start of the fold.
+      ParamViews& grads = k == 0 && !several ? model.g : slot.grad_views;
       dp.loss_sums[sz(k)] =
-          micro_batch_gradient(model, slot.grad_views, slot.acts, slot.inputs, slot.targets, T,
+          micro_batch_gradient(model, grads, slot.acts, slot.inputs, slot.targets, T,
                                static_cast<std::uint64_t>(step * M + k), tokens, &dp.transposed);
     });
     if (several) {

@@ -283,25 +283,21 @@ void transpose_weights(TransposedWeights& out, const Gpt& model) {
   const GptConfig& c = model.config;
   check_buffers_fit(c, out.config, "the transposed weights");
   const std::int64_t C = c.embed_dim;
-  // (destination, source, source rows, source columns) of each weight.
-  struct Job {
-    std::span<float> to;
-    std::span<const float> from;
-    std::int64_t rows, cols;
-  };
-  std::vector<Job> jobs;  // a few dozen entries once a step, beside a step's milliseconds
-  jobs.push_back({out.wte, model.p.wte, c.vocab_size, C});
-  for (std::int64_t l = 0; l < c.n_layer; ++l) {
-    const BlockViews& w = model.p.h[sz(l)];
-    TransposedWeights::Block& t = out.h[sz(l)];
-    jobs.push_back({t.c_attn_w, w.c_attn_w, C, 3 * C});
-    jobs.push_back({t.attn_proj_w, w.attn_proj_w, C, C});
-    jobs.push_back({t.c_fc_w, w.c_fc_w, C, 4 * C});
-    jobs.push_back({t.mlp_proj_w, w.mlp_proj_w, 4 * C, C});
-  }
-  parallel_for(static_cast<std::int64_t>(jobs.size()), [&](std::int64_t i) {
-    const Job& j = jobs[sz(i)];
-    simd::transpose(j.to.data(), j.from.data(), sz(j.rows), sz(j.cols), sz(j.cols));
+  // Task 0 is the token table, task 1 + 4 l + k layer l's k-th weight.
+  parallel_for(1 + 4 * c.n_layer, [&](std::int64_t task) {
+    const auto transpose = [](std::span<float> to, std::span<const float> from, std::int64_t rows,
+                              std::int64_t cols) {
+      simd::transpose(to.data(), from.data(), sz(rows), sz(cols), sz(cols));
+    };
+    if (task == 0) return transpose(out.wte, model.p.wte, c.vocab_size, C);
+    const BlockViews& w = model.p.h[sz((task - 1) / 4)];
+    TransposedWeights::Block& t = out.h[sz((task - 1) / 4)];
+    switch ((task - 1) % 4) {
+      case 0: return transpose(t.c_attn_w, w.c_attn_w, C, 3 * C);
+      case 1: return transpose(t.attn_proj_w, w.attn_proj_w, C, C);
+      case 2: return transpose(t.c_fc_w, w.c_fc_w, C, 4 * C);
+      default: return transpose(t.mlp_proj_w, w.mlp_proj_w, 4 * C, C);
+    }
   });
 }
 
