@@ -4,6 +4,7 @@
 #include <bit>
 #include <cmath>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "posembed/core/error.h"
@@ -23,11 +24,20 @@ std::string where(std::size_t flat, std::int64_t seq_len) {
   return "batch row " + std::to_string(flat / t) + ", token " + std::to_string(flat % t);
 }
 
-void check_size(std::string_view what, std::size_t actual, std::uint64_t expected,
-                std::string_view shape) {
+// shape: what needs `expected` values, as text or as a function that makes it,
+// called only on error: a check that passes allocates nothing (the trainer runs
+// these in every micro-batch).
+template <class Shape>
+void check_size(std::string_view what, std::size_t actual, std::uint64_t expected, Shape&& shape) {
   if (actual != expected) {
-    throw Error(std::string(what) + " holds " + std::to_string(actual) + " values but " +
-                std::string(shape) + " needs " + std::to_string(expected));
+    std::string text;
+    if constexpr (std::is_invocable_v<Shape>) {
+      text = shape();
+    } else {
+      text = shape;
+    }
+    throw Error(std::string(what) + " holds " + std::to_string(actual) + " values but " + text +
+                " needs " + std::to_string(expected));
   }
 }
 
@@ -182,7 +192,7 @@ void validate_backward(std::size_t grad_token_size, std::span<float> grad_positi
   const std::uint64_t position_values = values(count(shape.max_seq_len), d, "max_seq_len x embed_dim");
   validate_embedding_inputs(token_ids, position_ids, vocab_values, position_values, shape, dropout);
   check_size("grad_out", grad_out.size(), values(token_count(shape), shape.embed_dim, "B x T x d"),
-             shape_text(shape, true));
+             [&] { return shape_text(shape, true); });
   // An empty gradient means "frozen table, skip it".
   if (grad_token_size != 0) {
     check_size("grad_token_table", grad_token_size, vocab_values, "(vocab_size, embed_dim)");
@@ -229,12 +239,13 @@ void validate_embedding_inputs(std::span<const std::int64_t> token_ids,
   const auto d = static_cast<std::uint64_t>(shape.embed_dim);
   check_size("token table", token_table_size,
              values(static_cast<std::uint64_t>(shape.vocab_size), shape.embed_dim, "vocab_size x embed_dim"),
-             "(vocab_size=" + std::to_string(shape.vocab_size) + ", d=" + std::to_string(d) + ")");
+             [&] { return "(vocab_size=" + std::to_string(shape.vocab_size) + ", d=" + std::to_string(d) + ")"; });
   check_size("position table", position_table_size,
              values(static_cast<std::uint64_t>(shape.max_seq_len), shape.embed_dim, "max_seq_len x embed_dim"),
-             "(max_seq_len=" + std::to_string(shape.max_seq_len) + ", d=" + std::to_string(d) + ")");
-  check_size("token ids", token_ids.size(), token_count(shape), shape_text(shape, false));
-  check_size("position ids", position_ids.size(), token_count(shape), shape_text(shape, false));
+             [&] { return "(max_seq_len=" + std::to_string(shape.max_seq_len) + ", d=" + std::to_string(d) + ")"; });
+  const auto ids_shape = [&] { return shape_text(shape, false); };
+  check_size("token ids", token_ids.size(), token_count(shape), ids_shape);
+  check_size("position ids", position_ids.size(), token_count(shape), ids_shape);
   for (std::size_t i = 0; i < token_ids.size(); ++i) {
     const std::int64_t id = token_ids[i];
     if (id < 0) {
@@ -273,7 +284,7 @@ void embedding_forward(std::span<float> out, std::span<const std::int64_t> token
                             shape, dropout);
   const std::int64_t d = shape.embed_dim;
   check_size("out", out.size(), values(token_count(shape), shape.embed_dim, "B x T x d"),
-             shape_text(shape, true));
+             [&] { return shape_text(shape, true); });
   // Blocks of rows of at least kGrainElements values each, one SIMD call per block.
   const auto n = static_cast<std::int64_t>(token_count(shape));
   const std::int64_t rows = std::max<std::int64_t>(1, kGrainElements / d);
