@@ -268,7 +268,8 @@ TEST(SimdTranspose, MatchesThePlainLoopOnAwkwardShapes) {
 // (-90, -200, a -inf mask) exactly 0, never a NaN; on every target.
 TEST(SimdRows, SoftmaxFarBelowTheMaxGivesZerosNotNaNs) {
   for_each_target([] {
-    const std::vector<float> in = {3.0f, 3.0f - 87.0f, 3.0f - 90.0f, 3.0f - 200.0f, -INFINITY, 3.0f};
+    const std::vector<float> in = {3.0f,           3.0f - 87.0f, 3.0f - 90.0f,
+                                   3.0f - 200.0f, -INFINITY,     3.0f};
     std::vector<float> p(in.size());
     float max = 0;
     const float sum = simd::softmax_row(p.data(), in.data(), in.size(), in.size(), &max);

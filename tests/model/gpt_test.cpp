@@ -190,7 +190,9 @@ TEST(Gpt, SharedTransposedWeightsGiveTheSameBits) {
   EXPECT_EQ(gpt_forward(model, acts, batch.in, batch.tg, T, true, 3, &wt), loss);
   EXPECT_EQ(std::vector<float>(acts.logits.begin(), acts.logits.end()), logits);
   gpt_backward(model, shared_views, acts, batch.in, batch.tg, 0, GradMode::write, &wt);
-  for (std::size_t i = 0; i < model.num_params; ++i) ASSERT_EQ(shared[i], plain[i]) << "parameter " << i;
+  for (std::size_t i = 0; i < model.num_params; ++i) {
+    ASSERT_EQ(shared[i], plain[i]) << "parameter " << i;
+  }
   GptConfig other = c;
   other.n_layer = 1;
   TransposedWeights fewer = make_transposed_weights(other);

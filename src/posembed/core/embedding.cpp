@@ -239,10 +239,16 @@ void validate_embedding_inputs(std::span<const std::int64_t> token_ids,
   const auto d = static_cast<std::uint64_t>(shape.embed_dim);
   check_size("token table", token_table_size,
              values(static_cast<std::uint64_t>(shape.vocab_size), shape.embed_dim, "vocab_size x embed_dim"),
-             [&] { return "(vocab_size=" + std::to_string(shape.vocab_size) + ", d=" + std::to_string(d) + ")"; });
+             [&] {
+               return "(vocab_size=" + std::to_string(shape.vocab_size) + ", d=" +
+                      std::to_string(d) + ")";
+             });
   check_size("position table", position_table_size,
              values(static_cast<std::uint64_t>(shape.max_seq_len), shape.embed_dim, "max_seq_len x embed_dim"),
-             [&] { return "(max_seq_len=" + std::to_string(shape.max_seq_len) + ", d=" + std::to_string(d) + ")"; });
+             [&] {
+               return "(max_seq_len=" + std::to_string(shape.max_seq_len) + ", d=" +
+                      std::to_string(d) + ")";
+             });
   const auto ids_shape = [&] { return shape_text(shape, false); };
   check_size("token ids", token_ids.size(), token_count(shape), ids_shape);
   check_size("position ids", position_ids.size(), token_count(shape), ids_shape);

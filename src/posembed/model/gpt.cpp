@@ -445,7 +445,8 @@ void gpt_backward(const Gpt& model, ParamViews& g, Activations& a,
   for (std::int64_t l = c.n_layer - 1; l >= 0; --l) {
     const BlockViews& w = p.h[sz(l)];
     BlockViews& dw = g.h[sz(l)];
-    const TransposedWeights::Block wt = transposed ? transposed->h[sz(l)] : TransposedWeights::Block{};
+    const TransposedWeights::Block wt =
+        transposed ? transposed->h[sz(l)] : TransposedWeights::Block{};
     const Activations::Layer& L = a.layers[sz(l)];
     const std::span<const float> layer_in =
         l == 0 ? a.encoded.first(nc) : a.layers[sz(l - 1)].residual3.first(nc);

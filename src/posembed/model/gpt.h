@@ -173,8 +173,8 @@ struct TransposedWeights {
   GptConfig config;  // the model they were sized for (checked on use)
   std::vector<float> memory;
   std::span<float> wte;  // (C, V)
-  struct Block {
-    std::span<float> c_attn_w, attn_proj_w, c_fc_w, mlp_proj_w;  // (3C, C), (C, C), (4C, C), (C, 4C)
+  struct Block {  // (3C, C), (C, C), (4C, C), (C, 4C)
+    std::span<float> c_attn_w, attn_proj_w, c_fc_w, mlp_proj_w;
   };
   std::vector<Block> h;
 };

@@ -182,7 +182,9 @@ struct Operand {
 Operand transposed_operand(const float* w, std::int64_t rows, std::int64_t cols,
                            std::int64_t row_pieces, std::span<const float> w_t) {
   assert(w_t.empty() || w_t.size() == static_cast<std::size_t>(rows * cols));
-  if (row_pieces > 1) return {w_t.empty() ? transposed(w, rows, cols, cols) : w_t.data(), Trans::no, rows};
+  if (row_pieces > 1) {
+    return {w_t.empty() ? transposed(w, rows, cols, cols) : w_t.data(), Trans::no, rows};
+  }
   return {w, Trans::yes, cols};
 }
 
@@ -294,15 +296,13 @@ void matmul_backward_any(std::span<float> dinp, std::span<float> dweight, std::s
       });
 }
 
-}  // namespace
-
-namespace {
 // out (N, OC) = inp @ weight + bias by row pieces; with act, each piece goes on
 // through bias_gelu_piece (out then holds gelu').
 void matmul_forward_any(std::span<float> out, std::span<const float> inp,
                         std::span<const float> weight, std::span<const float> bias,
                         std::int64_t N, std::int64_t C, std::int64_t OC, std::span<float> act) {
-  assert(out.size() >= static_cast<std::size_t>(N * OC) && inp.size() >= static_cast<std::size_t>(N * C));
+  assert(out.size() >= static_cast<std::size_t>(N * OC));
+  assert(inp.size() >= static_cast<std::size_t>(N * C));
   assert(weight.size() == static_cast<std::size_t>(C * OC) && (act.empty() || !bias.empty()));
   parallel_pieces(pieces(N, kRowPiece), double(N) * double(C) * double(OC), [&](std::int64_t p) {
     const std::int64_t r0 = p * kRowPiece, rows = std::min(N - r0, kRowPiece);
