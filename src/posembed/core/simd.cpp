@@ -488,11 +488,9 @@ void SoftmaxRowBackward(float* HWY_RESTRICT d, const float* HWY_RESTRICT p, std:
   for (std::size_t j = 0; j < full; j += lanes) {
     vdot = hn::MulAdd(hn::LoadU(df, p + j), hn::LoadU(df, d + j), vdot);
   }
-  // Masked-off lanes load as zeros where loads are masked, but read whatever
-  // follows elsewhere: zeroed before the sum.
+  // LoadPart's lanes past `rest` are zeros on every target, so they add nothing.
   if (rest) {
-    const auto products = hn::Mul(LoadPart(df, p + full, rest), LoadPart(df, d + full, rest));
-    vdot = hn::Add(vdot, hn::IfThenElseZero(hn::FirstN(df, rest), products));
+    vdot = hn::Add(vdot, hn::Mul(LoadPart(df, p + full, rest), LoadPart(df, d + full, rest)));
   }
   const auto dot = hn::Set(df, hn::GetLane(hn::SumOfLanes(df, vdot)));
   for (std::size_t j = 0; j < full; j += lanes) {
