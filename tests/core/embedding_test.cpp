@@ -213,6 +213,24 @@ TEST(Dropout, BackwardRegeneratesTheForwardMask) {
   EXPECT_NE(std::count(out.begin(), out.end(), 0.0f), 0);
 }
 
+TEST(Dropout, WithoutDropoutTheMaskBitsAreLeftAlone) {
+  // p = 0 has no mask: a forward writes no bits and a backward reads none.
+  const Problem prob = make_problem(2, 16, 8, 5);
+  const EmbeddingShape& s = prob.shape;
+  std::vector<float> out(prob.grad_out.size());
+  std::vector<std::uint64_t> bits(dropout_mask_words(s), 0);
+  ASSERT_EQ(bits.size(), 4u);
+  embedding_forward(out, prob.tokens, prob.positions, prob.token_table, prob.position_table, s, {}, bits);
+  EXPECT_EQ(bits, std::vector<std::uint64_t>(4, 0));
+  EXPECT_EQ(out, forward(prob, {}));
+  std::vector<float> grad_tok(prob.token_table.size(), 0.0f), grad_pos(prob.position_table.size(), 0.0f),
+      expected_tok = grad_tok, expected_pos = grad_pos;
+  embedding_backward(expected_tok, expected_pos, out, prob.tokens, prob.positions, s, {});
+  embedding_backward(grad_tok, grad_pos, out, prob.tokens, prob.positions, s, {}, GradMode::accumulate, bits);
+  EXPECT_EQ(grad_tok, expected_tok);
+  EXPECT_EQ(grad_pos, expected_pos);
+}
+
 TEST(Dropout, ZeroProbabilityIsTheIdentity) {
   const Problem prob = make_problem(3, 10, 9, 5);
   const std::vector<float> out = forward(prob, {0.0, 1, 1});

@@ -23,10 +23,12 @@ struct Fixture {
   std::vector<float> grad_tok = std::vector<float>(10 * 5, 3.0f);
   std::vector<float> grad_pos = std::vector<float>(4 * 5, 3.0f);
   DropoutSpec dropout{0.1, 1, 1};
+  std::vector<std::uint64_t> mask_bits = std::vector<std::uint64_t>(dropout_mask_words(shape), 0x77);
 };
 
-// Runs forward, dense backward (both modes) and sparse backward on f; each must throw with
-// every fragment and leave out, grad_tok, grad_pos and the sparse gradient untouched.
+// Runs forward, dense backward (both modes) and sparse backward on f, without and
+// with mask bits; each must throw with every fragment and leave out, grad_tok,
+// grad_pos, the mask bits and the sparse gradient untouched.
 void expect_rejected(Fixture f, std::initializer_list<std::string> fragments) {
   const Fixture before = f;
   SparseRowGrad sparse{5, {2}, std::vector<float>(5, 9.0f), {}};
@@ -43,6 +45,17 @@ void expect_rejected(Fixture f, std::initializer_list<std::string> fragments) {
   };
   check([&] { embedding_forward(f.out, f.tokens, f.positions, f.token_table, f.position_table, f.shape, f.dropout); },
         "forward");
+  check([&] {
+    embedding_forward(f.out, f.tokens, f.positions, f.token_table, f.position_table, f.shape, f.dropout,
+                      f.mask_bits);
+  }, "forward keeping its mask");
+  check([&] {
+    embedding_backward(f.grad_tok, f.grad_pos, f.grad_out, f.tokens, f.positions, f.shape, f.dropout,
+                       GradMode::accumulate, f.mask_bits);
+  }, "backward given the mask");
+  check([&] {
+    embedding_backward(sparse, f.grad_pos, f.grad_out, f.tokens, f.positions, f.shape, f.dropout, f.mask_bits);
+  }, "sparse backward given the mask");
   check([&] { embedding_backward(f.grad_tok, f.grad_pos, f.grad_out, f.tokens, f.positions, f.shape, f.dropout); },
         "backward");
   check([&] { embedding_backward(sparse, f.grad_pos, f.grad_out, f.tokens, f.positions, f.shape, f.dropout); },
@@ -52,6 +65,7 @@ void expect_rejected(Fixture f, std::initializer_list<std::string> fragments) {
                        GradMode::write);
   }, "backward writing a fresh gradient");
   EXPECT_EQ(f.out, before.out);
+  EXPECT_EQ(f.mask_bits, before.mask_bits);
   EXPECT_EQ(f.grad_tok, before.grad_tok);
   EXPECT_EQ(f.grad_pos, before.grad_pos);
   EXPECT_EQ(sparse.rows, std::vector<std::int64_t>{2});
@@ -130,6 +144,44 @@ TEST(Errors, GradientTablesOfTheWrongSize) {
                                   f.shape, f.dropout),
                Error);
   EXPECT_EQ(f.grad_tok, Fixture{}.grad_tok);
+}
+
+TEST(Errors, MaskBitsOfTheWrongSize) {
+  // (2, 3, 5): 30 elements, one word.
+  for (const std::size_t words : {2, 7}) {
+    Fixture f;
+    f.mask_bits.assign(words, 0x77);
+    const Fixture before = f;
+    SparseRowGrad sparse{5, {2}, std::vector<float>(5, 9.0f), {}};
+    const auto check = [&](auto&& call) {
+      try {
+        call();
+        ADD_FAILURE() << "accepted " << words << " words";
+      } catch (const Error& e) {
+        for (const std::string& fragment : {"mask_bits holds " + std::to_string(words) + " words",
+                                           std::string("(B=2, T=3, d=5)"), std::string("needs 1"),
+                                           std::string("training forward")}) {
+          EXPECT_NE(std::string(e.what()).find(fragment), std::string::npos) << e.what();
+        }
+      }
+    };
+    check([&] {
+      embedding_forward(f.out, f.tokens, f.positions, f.token_table, f.position_table, f.shape, f.dropout,
+                        f.mask_bits);
+    });
+    check([&] {
+      embedding_backward(f.grad_tok, f.grad_pos, f.grad_out, f.tokens, f.positions, f.shape, f.dropout,
+                         GradMode::write, f.mask_bits);
+    });
+    check([&] {
+      embedding_backward(sparse, f.grad_pos, f.grad_out, f.tokens, f.positions, f.shape, f.dropout, f.mask_bits);
+    });
+    EXPECT_EQ(f.out, before.out);
+    EXPECT_EQ(f.mask_bits, before.mask_bits);
+    EXPECT_EQ(f.grad_tok, before.grad_tok);
+    EXPECT_EQ(f.grad_pos, before.grad_pos);
+    EXPECT_EQ(sparse.values, std::vector<float>(5, 9.0f));
+  }
 }
 
 TEST(Errors, DropoutOutOfRange) {

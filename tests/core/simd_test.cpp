@@ -129,6 +129,38 @@ TEST(SimdDropout, AddMatchesTheMaskDefinitionBitForBit) {
   });
 }
 
+TEST(SimdDropout, KeepWordsMatchTheMaskDefinitionBitForBit) {
+  // Words whose blocks cross 2^32 (carry into c1) and one past 2^40, thresholds
+  // of p = 0.1 and 0.5 and ones that tie chosen elements' high halves, decided
+  // by the low half (the tie's element dropped when the threshold is one above).
+  const std::uint64_t seed = 0xFEEDFACECAFEBEEFull, step = 5;
+  const std::uint64_t word0s[] = {0, 7, (std::uint64_t{1} << 29) - 2, std::uint64_t{1} << 40};
+  for_each_target([&] {
+    for (const std::uint64_t word0 : word0s) {
+      std::vector<std::uint32_t> thresholds = {dropout_threshold(0.1), dropout_threshold(0.5)};
+      for (const std::uint64_t chosen : {64 * word0 + 5, 64 * word0 + 64 * 17 + 63}) {
+        thresholds.push_back(dropout_draw(seed, step, chosen));
+        thresholds.push_back(dropout_draw(seed, step, chosen) + 1);
+      }
+      for (const std::uint32_t threshold : thresholds) {
+        const simd::DropoutMask mask{philox_key(seed), step, threshold, 2.0f, true};
+        for (const std::size_t count : {1, 3, 16, 17, 40}) {
+          std::vector<std::uint64_t> words(count + 1, 0x0123456789ABCDEFull);
+          simd::dropout_keep_words(words.data(), word0, count, mask);
+          for (std::size_t k = 0; k < count; ++k) {
+            for (std::size_t j = 0; j < 64; ++j) {
+              const std::uint64_t element = 64 * (word0 + k) + j;
+              ASSERT_EQ(words[k] >> j & 1, dropout_draw(seed, step, element) >= threshold ? 1u : 0u)
+                  << "element " << element << " threshold " << threshold << " count " << count;
+            }
+          }
+          ASSERT_EQ(words[count], 0x0123456789ABCDEFull) << "wrote past the end";
+        }
+      }
+    }
+  });
+}
+
 // The layer's kernels through the public API on every instruction set and on 1,
 // 2 and 3 threads, against a float oracle that does the same operations in the
 // same order (so: bit for bit). Shapes where the backward splits into strips
@@ -137,6 +169,8 @@ TEST(SimdDropout, AddMatchesTheMaskDefinitionBitForBit) {
 // batch of draws (128, with a padding position) and rows longer than a batch
 // (1030). The dropout rates include thresholds that tie with chosen elements'
 // high halves, in a row's tail and in its middle, decided by the low half.
+// The forward also keeps the mask as bits, and backwards given those bits give
+// the bits of backwards that draw the mask again.
 struct KernelCase {
   EmbeddingShape shape;
   std::vector<std::int64_t> tokens, positions;
@@ -209,31 +243,47 @@ TEST(SimdKernels, ForwardAndBackwardMatchAFloatOracleOnEveryTargetAndThreadCount
               pos_buffer(pos.size() + 9, 0.25f);
           const std::span<float> got_out(out_buffer.data() + 5, n * d), got_tok(tok_buffer.data() + 3, tok.size()),
               got_pos(pos_buffer.data() + 9, pos.size());
-          embedding_forward(got_out, c.tokens, c.positions, c.token_table, c.position_table, s, dropout);
+          // The mask's words, and one past them that must stay as it is.
+          std::vector<std::uint64_t> kept(dropout_mask_words(s) + 1, 0x5A5A5A5A5A5A5A5Aull);
+          const std::span<std::uint64_t> mask_bits(kept.data(), kept.size() - 1);
+          embedding_forward(got_out, c.tokens, c.positions, c.token_table, c.position_table, s, dropout,
+                            mask_bits);
           ASSERT_EQ(as_bits({got_out.begin(), got_out.end()}), as_bits(out));
-          embedding_backward(got_tok, got_pos, c.grad_out, c.tokens, c.positions, s, dropout);
-          ASSERT_EQ(as_bits({got_tok.begin(), got_tok.end()}), as_bits(tok));
-          ASSERT_EQ(as_bits({got_pos.begin(), got_pos.end()}), as_bits(pos));
-          // A fresh gradient written over NaNs: the bits of accumulating from zeros.
-          std::fill(tok_buffer.begin(), tok_buffer.end(), std::numeric_limits<float>::quiet_NaN());
-          std::fill(pos_buffer.begin(), pos_buffer.end(), std::numeric_limits<float>::quiet_NaN());
-          embedding_backward(got_tok, got_pos, c.grad_out, c.tokens, c.positions, s, dropout,
-                             GradMode::write);
-          ASSERT_EQ(as_bits({got_tok.begin(), got_tok.end()}), as_bits(tok_from_zero));
-          ASSERT_EQ(as_bits({got_pos.begin(), got_pos.end()}), as_bits(pos_from_zero));
-          ASSERT_TRUE(std::isnan(tok_buffer[2]) && std::isnan(pos_buffer[8])) << "wrote before the gradient";
-          SparseRowGrad sparse;
-          std::vector<float> no_pos;
-          embedding_backward(sparse, no_pos, c.grad_out, c.tokens, c.positions, s, dropout);
-          ASSERT_EQ(sparse.rows, sparse_rows);
-          ASSERT_EQ(sparse.values.size(), sparse_rows.size() * d);
-          for (std::size_t k = 0; k < sparse.rows.size(); ++k) {
-            const auto row = static_cast<std::size_t>(sparse.rows[k]);
-            const std::vector<float> got(sparse.values.begin() + static_cast<std::ptrdiff_t>(k * d),
-                                         sparse.values.begin() + static_cast<std::ptrdiff_t>((k + 1) * d));
-            ASSERT_EQ(as_bits(got), as_bits({tok_from_zero.begin() + static_cast<std::ptrdiff_t>(row * d),
-                                             tok_from_zero.begin() + static_cast<std::ptrdiff_t>((row + 1) * d)}))
-                << "sparse row " << row;
+          for (std::size_t i = 0; i < n * d; ++i) {
+            ASSERT_EQ(kept[i / 64] >> (i % 64) & 1, dropout_draw(seed, step, i) >= dropout_threshold(p) ? 1u : 0u)
+                << "mask bit " << i;
+          }
+          ASSERT_EQ(kept.back(), 0x5A5A5A5A5A5A5A5Aull) << "wrote past the mask's words";
+          for (const bool given : {false, true}) {
+            SCOPED_TRACE(given ? "the forward's mask bits" : "the mask drawn again");
+            const std::span<const std::uint64_t> bits = given ? mask_bits : std::span<std::uint64_t>();
+            std::fill(tok_buffer.begin(), tok_buffer.end(), 0.5f);
+            std::fill(pos_buffer.begin(), pos_buffer.end(), 0.25f);
+            embedding_backward(got_tok, got_pos, c.grad_out, c.tokens, c.positions, s, dropout,
+                               GradMode::accumulate, bits);
+            ASSERT_EQ(as_bits({got_tok.begin(), got_tok.end()}), as_bits(tok));
+            ASSERT_EQ(as_bits({got_pos.begin(), got_pos.end()}), as_bits(pos));
+            // A fresh gradient written over NaNs: the bits of accumulating from zeros.
+            std::fill(tok_buffer.begin(), tok_buffer.end(), std::numeric_limits<float>::quiet_NaN());
+            std::fill(pos_buffer.begin(), pos_buffer.end(), std::numeric_limits<float>::quiet_NaN());
+            embedding_backward(got_tok, got_pos, c.grad_out, c.tokens, c.positions, s, dropout,
+                               GradMode::write, bits);
+            ASSERT_EQ(as_bits({got_tok.begin(), got_tok.end()}), as_bits(tok_from_zero));
+            ASSERT_EQ(as_bits({got_pos.begin(), got_pos.end()}), as_bits(pos_from_zero));
+            ASSERT_TRUE(std::isnan(tok_buffer[2]) && std::isnan(pos_buffer[8])) << "wrote before the gradient";
+            SparseRowGrad sparse;
+            std::vector<float> no_pos;
+            embedding_backward(sparse, no_pos, c.grad_out, c.tokens, c.positions, s, dropout, bits);
+            ASSERT_EQ(sparse.rows, sparse_rows);
+            ASSERT_EQ(sparse.values.size(), sparse_rows.size() * d);
+            for (std::size_t k = 0; k < sparse.rows.size(); ++k) {
+              const auto row = static_cast<std::size_t>(sparse.rows[k]);
+              const std::vector<float> got(sparse.values.begin() + static_cast<std::ptrdiff_t>(k * d),
+                                           sparse.values.begin() + static_cast<std::ptrdiff_t>((k + 1) * d));
+              ASSERT_EQ(as_bits(got), as_bits({tok_from_zero.begin() + static_cast<std::ptrdiff_t>(row * d),
+                                               tok_from_zero.begin() + static_cast<std::ptrdiff_t>((row + 1) * d)}))
+                  << "sparse row " << row;
+            }
           }
         }
       });

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <numeric>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -56,6 +57,19 @@ std::uint64_t values(std::uint64_t rows, std::int64_t embed_dim, std::string_vie
   return checked_product(rows, static_cast<std::uint64_t>(embed_dim), what);
 }
 
+// mask_bits: empty, or the words of dropout_mask_words.
+template <class Word>
+void check_mask_bits(std::span<Word> mask_bits, const EmbeddingShape& shape) {
+  if (mask_bits.empty()) return;
+  const std::size_t words = dropout_mask_words(shape);
+  if (mask_bits.size() != words) {
+    throw Error("mask_bits holds " + std::to_string(mask_bits.size()) + " words but " +
+                shape_text(shape, true) + " needs " + std::to_string(words) +
+                " (one bit per output element); pass the words of the training forward with "
+                "this shape, or none to draw the mask again");
+  }
+}
+
 simd::DropoutMask dropout_mask(const DropoutSpec& dropout) {
   return {philox_key(dropout.seed), dropout.step, dropout_threshold(dropout.p),
           dropout_scale(dropout.p), dropout.p > 0.0};
@@ -69,7 +83,8 @@ simd::DropoutMask dropout_mask(const DropoutSpec& dropout) {
 // tokens whose rows start at zero and have no earlier token (written, not read);
 // its strip columns are filled in here.
 void backward_strips(simd::StripTable token, simd::StripTable position, std::span<const float> grad_out,
-                     const EmbeddingShape& shape, const DropoutSpec& dropout) {
+                     const EmbeddingShape& shape, const DropoutSpec& dropout,
+                     std::span<const std::uint64_t> mask_bits) {
   if (!token.grad && !position.grad) return;  // both tables frozen
   const std::int64_t d = shape.embed_dim;
   const auto n = static_cast<std::int64_t>(token_count(shape));
@@ -113,7 +128,7 @@ void backward_strips(simd::StripTable token, simd::StripTable position, std::spa
     columns(t.grad, s, t.cols);
     columns(p.grad, s, p.cols);
     simd::backward_strip(t, p, grad_out.data(), static_cast<std::size_t>(d), static_cast<std::size_t>(n),
-                         mask);
+                         mask, mask_bits.empty() ? nullptr : mask_bits.data());
   });
   if (padding_row) std::copy(saved_padding_row.begin(), saved_padding_row.end(), padding_row);
 }
@@ -184,7 +199,7 @@ void merge_rows(SparseRowGrad& grad, std::span<const std::int64_t> batch_rows) {
 void validate_backward(std::size_t grad_token_size, std::span<float> grad_position_table,
                        std::span<const float> grad_out, std::span<const std::int64_t> token_ids,
                        std::span<const std::int64_t> position_ids, const EmbeddingShape& shape,
-                       const DropoutSpec& dropout) {
+                       const DropoutSpec& dropout, std::span<const std::uint64_t> mask_bits) {
   // Clamped so that a negative field reaches the clear error of validate_embedding_inputs.
   const auto count = [](std::int64_t v) { return static_cast<std::uint64_t>(std::max<std::int64_t>(v, 0)); };
   const std::int64_t d = std::max<std::int64_t>(shape.embed_dim, 0);
@@ -201,6 +216,7 @@ void validate_backward(std::size_t grad_token_size, std::span<float> grad_positi
     check_size("grad_position_table", grad_position_table.size(), position_values,
                "(max_seq_len, embed_dim)");
   }
+  check_mask_bits(mask_bits, shape);
 }
 
 }  // namespace
@@ -211,6 +227,15 @@ std::uint32_t dropout_threshold(double p) {
 }
 
 float dropout_scale(double p) { return static_cast<float>(1.0 / (1.0 - p)); }
+
+std::size_t dropout_mask_words(const EmbeddingShape& shape) {
+  // Negative fields count as 0 here: the kernels reject them with a clear error.
+  const auto count = [](std::int64_t v) { return static_cast<std::uint64_t>(std::max<std::int64_t>(v, 0)); };
+  const std::uint64_t elements = checked_product(
+      checked_product(count(shape.batch), count(shape.seq_len), "batch x seq_len"), count(shape.embed_dim),
+      "B x T x d");
+  return static_cast<std::size_t>(elements / 64 + (elements % 64 != 0));
+}
 
 void validate_embedding_inputs(std::span<const std::int64_t> token_ids,
                                std::span<const std::int64_t> position_ids,
@@ -285,16 +310,22 @@ void validate_embedding_inputs(std::span<const std::int64_t> token_ids,
 void embedding_forward(std::span<float> out, std::span<const std::int64_t> token_ids,
                        std::span<const std::int64_t> position_ids,
                        std::span<const float> token_table, std::span<const float> position_table,
-                       const EmbeddingShape& shape, const DropoutSpec& dropout) {
+                       const EmbeddingShape& shape, const DropoutSpec& dropout,
+                       std::span<std::uint64_t> mask_bits) {
   validate_embedding_inputs(token_ids, position_ids, token_table.size(), position_table.size(),
                             shape, dropout);
   const std::int64_t d = shape.embed_dim;
   check_size("out", out.size(), values(token_count(shape), shape.embed_dim, "B x T x d"),
              [&] { return shape_text(shape, true); });
-  // Blocks of rows of at least kGrainElements values each, one SIMD call per block.
+  check_mask_bits(mask_bits, shape);
+  // Blocks of rows of at least kGrainElements values each, one SIMD call per
+  // block. Each block starts on a mask word (rows x d a multiple of 64), so
+  // no word of mask_bits is written by two threads.
   const auto n = static_cast<std::int64_t>(token_count(shape));
-  const std::int64_t rows = std::max<std::int64_t>(1, kGrainElements / d);
+  const std::int64_t word_rows = 64 / std::gcd<std::int64_t>(d, 64);
+  const std::int64_t rows = (std::max<std::int64_t>(1, kGrainElements / d) + word_rows - 1) / word_rows * word_rows;
   const simd::DropoutMask mask = dropout_mask(dropout);
+  std::uint64_t* keep = mask.active && !mask_bits.empty() ? mask_bits.data() : nullptr;
   // An output much larger than a core's share of the last-level cache is
   // streamed past it: a plain store first reads each line it fills, a third more
   // traffic (measured at the GPT-2 shape, 25 MB: 1.83 ms plain, 1.44 streamed).
@@ -303,16 +334,17 @@ void embedding_forward(std::span<float> out, std::span<const std::int64_t> token
     simd::forward_rows(out.data(), token_table.data(), token_ids.data(), position_table.data(),
                        position_ids.data(), static_cast<std::size_t>(d),
                        static_cast<std::size_t>(block * rows),
-                       static_cast<std::size_t>(std::min(n, (block + 1) * rows)), mask, stream);
+                       static_cast<std::size_t>(std::min(n, (block + 1) * rows)), mask, stream, keep);
   });
 }
 
 void embedding_backward(std::span<float> grad_token_table, std::span<float> grad_position_table,
                         std::span<const float> grad_out, std::span<const std::int64_t> token_ids,
                         std::span<const std::int64_t> position_ids, const EmbeddingShape& shape,
-                        const DropoutSpec& dropout, GradMode mode) {
+                        const DropoutSpec& dropout, GradMode mode,
+                        std::span<const std::uint64_t> mask_bits) {
   validate_backward(grad_token_table.size(), grad_position_table, grad_out, token_ids,
-                    position_ids, shape, dropout);
+                    position_ids, shape, dropout, mask_bits);
   simd::StripTable token{grad_token_table.empty() ? nullptr : grad_token_table.data(), token_ids.data()};
   simd::StripTable position{grad_position_table.empty() ? nullptr : grad_position_table.data(),
                             position_ids.data()};
@@ -338,15 +370,15 @@ void embedding_backward(std::span<float> grad_token_table, std::span<float> grad
     // after its tokens added to it.
     prepare(position, 1, position_ids, shape.max_seq_len, shape.position_padding_row);
   }
-  backward_strips(token, position, grad_out, shape, dropout);
+  backward_strips(token, position, grad_out, shape, dropout, mask_bits);
 }
 
 void embedding_backward(SparseRowGrad& grad, std::span<float> grad_position_table,
                         std::span<const float> grad_out, std::span<const std::int64_t> token_ids,
                         std::span<const std::int64_t> position_ids, const EmbeddingShape& shape,
-                        const DropoutSpec& dropout) {
+                        const DropoutSpec& dropout, std::span<const std::uint64_t> mask_bits) {
   validate_backward(0, grad_position_table, grad_out, token_ids, position_ids, shape,
-                    dropout);
+                    dropout, mask_bits);
   const std::int64_t d = shape.embed_dim;
   if (!grad.rows.empty() && grad.embed_dim != d) {
     throw Error("sparse token gradient has width " + std::to_string(grad.embed_dim) +
@@ -403,7 +435,7 @@ void embedding_backward(SparseRowGrad& grad, std::span<float> grad_position_tabl
   token.grad = grad.values.empty() ? nullptr : grad.values.data();
   const simd::StripTable position{
       grad_position_table.empty() ? nullptr : grad_position_table.data(), position_ids.data()};
-  backward_strips(token, position, grad_out, shape, dropout);
+  backward_strips(token, position, grad_out, shape, dropout, mask_bits);
 }
 
 void validate_sparse_grad(const SparseRowGrad& grad, std::int64_t table_rows) {

@@ -53,12 +53,21 @@ struct SparseRowGrad {
   } scratch;
 };
 
+// The dropout mask as bits, for a backward that reads it instead of drawing it
+// again (as PyTorch's dropout keeps its mask, at a 32nd of the size): bit i % 64
+// of word i / 64 is 1 where flat element i is kept. Words for a shape:
+// ceil(B * T * d / 64), 1/32 of the output's bytes.
+std::size_t dropout_mask_words(const EmbeddingShape& shape);
+
 // out: (B, T, d); token_ids, position_ids: (B, T); token_table: (vocab_size, d);
-// position_table: (max_seq_len, d).
+// position_table: (max_seq_len, d); mask_bits: empty, or dropout_mask_words(shape)
+// words that a training forward (p > 0) fills with its mask (with p == 0 there
+// is no mask: they are left as they are).
 void embedding_forward(std::span<float> out, std::span<const std::int64_t> token_ids,
                        std::span<const std::int64_t> position_ids,
                        std::span<const float> token_table, std::span<const float> position_table,
-                       const EmbeddingShape& shape, const DropoutSpec& dropout);
+                       const EmbeddingShape& shape, const DropoutSpec& dropout,
+                       std::span<std::uint64_t> mask_bits = {});
 
 // What a backward does with the dense gradients it is given.
 enum class GradMode {
@@ -76,18 +85,22 @@ enum class GradMode {
 // batch in flat token order, whatever the thread count; no atomics. An empty
 // span skips that table (frozen).
 // grad_token_table: (vocab_size, d) owned by the caller, for instance shared with
-// a tied output layer; grad_position_table: (max_seq_len, d); grad_out: (B, T, d).
+// a tied output layer; grad_position_table: (max_seq_len, d); grad_out: (B, T, d);
+// mask_bits: empty (the mask is drawn again from `dropout`), or the words the
+// training forward with this `dropout` filled, which saves drawing it (Philox is
+// most of a masked backward's arithmetic). Either way the same bits.
 void embedding_backward(std::span<float> grad_token_table, std::span<float> grad_position_table,
                         std::span<const float> grad_out, std::span<const std::int64_t> token_ids,
                         std::span<const std::int64_t> position_ids, const EmbeddingShape& shape,
-                        const DropoutSpec& dropout, GradMode mode = GradMode::accumulate);
+                        const DropoutSpec& dropout, GradMode mode = GradMode::accumulate,
+                        std::span<const std::uint64_t> mask_bits = {});
 
 // The same with a row-sparse token gradient: only the rows in this batch are
 // written, never all vocab_size x d values.
 void embedding_backward(SparseRowGrad& grad_token_table, std::span<float> grad_position_table,
                         std::span<const float> grad_out, std::span<const std::int64_t> token_ids,
                         std::span<const std::int64_t> position_ids, const EmbeddingShape& shape,
-                        const DropoutSpec& dropout);
+                        const DropoutSpec& dropout, std::span<const std::uint64_t> mask_bits = {});
 
 // Throws posembed::Error unless grad is a well-formed row-sparse gradient of a
 // table with `table_rows` rows: rows strictly increasing and inside the table,

@@ -3,6 +3,7 @@
 #include "posembed/core/simd.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 
@@ -103,7 +104,8 @@ void PhiloxBlocks(std::uint32_t* HWY_RESTRICT out, PhiloxCounter first, PhiloxKe
   for (; k < blocks; k += lanes) PhiloxGroup<1>(d64, out, k, blocks, base, c2, c3, k0, k1);
 }
 
-// Elements per batch of mask draws: their high halves (2 KiB) stay on the stack, in L1.
+// Elements per batch of mask draws (their 4 KiB of Philox words stay on the
+// stack, in L1) and per masked span of the backward.
 constexpr std::size_t kTile = 1024;
 
 // Lanes of the widest vector of any target: the size of the remainder buffers.
@@ -137,53 +139,144 @@ HWY_INLINE void StorePart(hn::Vec<D> v, D d, T* HWY_RESTRICT p, std::size_t coun
 #endif
 }
 
-// Words of a buffer for the draws of up to kTile + kMaxLanes elements: 8 per
-// Philox block of 4 words, plus two blocks for the first element's offset in its
-// block and the rounding up of the last.
-constexpr std::size_t kDrawWords = (kTile + kMaxLanes) / 2 + 8;
+// Keep words (simd.h) drawn per Philox batch: 1024 elements, 128 blocks.
+constexpr std::size_t kChunkWords = kTile / 64;
 
-// The high halves of the dropout draws (dropout_draw, philox.h) of elements
-// first .. first + n - 1, n <= kTile + kMaxLanes, into bits: 16-bit word
-// (i mod 8) of block i / 8 of the dropout stream. Returns element first's.
-HWY_INLINE const std::uint16_t* DrawHighHalves(std::uint32_t* HWY_RESTRICT bits, std::uint64_t first,
-                                               std::size_t n, const DropoutMask& mask) {
-  const auto skip = static_cast<std::size_t>(first & 7);
-  PhiloxBlocks(bits, philox_counter(first >> 3, mask.step, RandomStream::dropout), mask.key, (skip + n + 7) / 8);
-  return reinterpret_cast<const std::uint16_t*>(bits) + skip;
+// Keep words word0 .. word0 + count - 1, count <= kChunkWords, into out: each
+// draw's high half against the threshold's, and on a tie (one element in 65536)
+// the low half, drawn alone.
+void DrawKeepWords(std::uint64_t* HWY_RESTRICT out, std::uint64_t word0, std::size_t count,
+                   const DropoutMask& mask) {
+  HWY_ALIGN std::uint32_t draws[kChunkWords * 32];  // 8 blocks of 4 words per keep word
+  PhiloxBlocks(draws, philox_counter(word0 * 8, mask.step, RandomStream::dropout), mask.key, count * 8);
+  // Element 64 * word0 + i's high half is 16-bit word i of the blocks (philox_half).
+  const auto* high = reinterpret_cast<const std::uint16_t*>(draws);
+  const auto threshold_high = static_cast<std::uint16_t>(mask.threshold >> 16);
+  // An element whose high half ties the threshold's is dropped when its low half
+  // is below the threshold's.
+  const auto tie_dropped = [&](std::uint64_t element) {
+    return philox_half(mask.key, mask.step, RandomStream::dropout_low, element) < (mask.threshold & 0xFFFFu);
+  };
+  const hn::ScalableTag<std::uint16_t> d16;
+  const std::size_t lanes = hn::Lanes(d16);
+  if (lanes < 8) {  // one lane: a plain loop
+    for (std::size_t k = 0; k < count; ++k) {
+      std::uint64_t keep = 0;
+      for (std::size_t j = 0; j < 64; ++j) {
+        const std::uint16_t h = high[64 * k + j];
+        keep |= std::uint64_t{h > threshold_high || (h == threshold_high && !tie_dropped(64 * (word0 + k) + j))} << j;
+      }
+      out[k] = keep;
+    }
+    return;
+  }
+  // Each vector's mask bits are whole bytes of the word, stored in place (x86:
+  // little-endian). A tie is kept first and put right below, rarely.
+  auto* bytes = reinterpret_cast<std::uint8_t*>(out);
+  const auto t = hn::Set(d16, threshold_high);
+  for (std::size_t i = 0; i < 64 * count; i += lanes) {
+    const auto v = hn::Load(d16, high + i);
+    hn::StoreMaskBits(d16, hn::Not(hn::Lt(v, t)), bytes + i / 8);
+    if (HWY_UNLIKELY(!hn::AllFalse(d16, hn::Eq(v, t)))) {
+      for (std::size_t j = i; j < i + lanes; ++j) {
+        if (high[j] == threshold_high && tie_dropped(64 * word0 + j)) out[j / 64] &= ~(std::uint64_t{1} << (j % 64));
+      }
+    }
+  }
 }
 
-// Calls body(j, count, high) over [0, n) in vectors of `lanes`, aligned so
+void DropoutKeepWords(std::uint64_t* HWY_RESTRICT out, std::uint64_t word0, std::size_t count,
+                      const DropoutMask& mask) {
+  for (std::size_t k = 0; k < count; k += kChunkWords) {
+    DrawKeepWords(out + k, word0 + k, std::min(kChunkWords, count - k), mask);
+  }
+}
+
+// Where a kernel finds the keep bits of the elements it walks, in ascending
+// order: words drawn as the walk reaches them, kChunkWords at a time (and
+// copied out to the forward's keep words when it keeps them), or copied from
+// the keep words a forward kept. The words of a piece of the walk sit in a
+// small buffer on the stack, so that a vector's bits are one unaligned load
+// and a shift. A walk may jump ahead (a strip's next row): the words skipped
+// are not drawn.
+constexpr std::size_t kBufferWords = 2 * kChunkWords + 2;  // a piece's words (<= 18) and a batch past them
+static_assert(kMaxLanes <= 25, "KeepBits returns at least 25 valid bits");
+struct KeepCursor {
+  const std::uint64_t* given = nullptr;  // the words a forward kept; null: drawn here
+  std::uint64_t* kept = nullptr;         // where drawn words are copied out, or null
+  std::uint64_t base = 0, end = 0;       // buffer holds words [base, end)
+  // One word more than it holds: KeepBits loads 4 bytes from the last word held.
+  std::uint64_t buffer[kBufferWords + 1] = {};
+};
+
+// Makes the cursor hold the words of elements [e0, e1) (at most kTile +
+// kMaxLanes of them), in a span of the walk that ends before element `limit`:
+// batches stop at the word holding element limit - 1.
+void DrawThrough(KeepCursor& c, std::uint64_t e0, std::uint64_t e1, std::uint64_t limit, const DropoutMask& mask) {
+  const std::uint64_t w0 = e0 >> 6, w1 = (e1 - 1) >> 6, limit_words = ((limit - 1) >> 6) + 1;
+  if (w0 < c.base || w0 > c.end) {
+    c.base = c.end = w0;  // a jump: start again at w0
+  } else if (w1 - c.base >= kBufferWords) {
+    // Full: keep the words from w0 on, at the front.
+    std::memmove(c.buffer, c.buffer + (w0 - c.base), (c.end - w0) * sizeof(std::uint64_t));
+    c.base = w0;
+  }
+  while (c.end <= w1) {
+    const auto count = static_cast<std::size_t>(
+        std::min<std::uint64_t>({kChunkWords, limit_words - c.end, kBufferWords - (c.end - c.base)}));
+    std::uint64_t* at = c.buffer + (c.end - c.base);
+    if (c.given) {
+      std::memcpy(at, c.given + c.end, count * sizeof(std::uint64_t));
+    } else {
+      DrawKeepWords(at, c.end, count, mask);
+      if (c.kept) std::memcpy(c.kept + c.end, at, count * sizeof(std::uint64_t));
+    }
+    c.end += count;
+  }
+}
+
+// The keep bits of elements e .. e + 24 (bit j: element e + j) from a cursor
+// that holds their words; bits past the last word held are undefined (no lane
+// reads them).
+HWY_INLINE std::uint32_t KeepBits(const KeepCursor& c, std::uint64_t e) {
+  const std::uint64_t bit = e - 64 * c.base;
+  std::uint32_t x;
+  std::memcpy(&x, reinterpret_cast<const unsigned char*>(c.buffer) + (bit >> 3), sizeof(x));
+  return x >> (bit & 7);
+}
+
+// Calls body(j, count, keep) over [0, n) in vectors of `lanes`, aligned so
 // that each full vector of `aligned` (the array written) starts on a vector
 // boundary: a partial head, full vectors, a partial tail. Aligned stores never
 // split a cache line, and the vectors of two threads writing neighbouring column
-// strips never share one. high points at the high halves of the dropout draws
-// of elements first + j.. (null without an active mask): `drawn` when the caller
-// drew them for all n elements, else one Philox batch per tile of about kTile
-// elements, whose edges fall on vector boundaries.
-template <class Body>
-HWY_INLINE void ForEachVector(std::size_t n, const float* aligned, std::uint64_t first,
-                              const DropoutMask& mask, const std::uint16_t* drawn, std::size_t lanes,
-                              Body&& body) {
+// strips never share one. kMasked: keep holds the keep bits of elements first +
+// j.. from `cursor`, drawn in pieces of about kTile elements whose edges fall on
+// vector boundaries, in a span of the walk that ends before `limit`; else 0.
+template <bool kMasked, class Body>
+HWY_INLINE void ForEachVector(std::size_t n, const float* aligned, std::uint64_t first, std::uint64_t limit,
+                              const DropoutMask& mask, KeepCursor* cursor, std::size_t lanes, Body&& body) {
   const std::size_t vector_bytes = lanes * sizeof(float);
   const auto address = reinterpret_cast<std::uintptr_t>(aligned);
   // Elements before the first vector boundary.
   const std::size_t head = (vector_bytes - address % vector_bytes) % vector_bytes / sizeof(float);
-  const auto vectors = [&](std::size_t j0, std::size_t j1, const std::uint16_t* high) {
+  const auto vectors = [&](std::size_t j0, std::size_t j1) {
     std::size_t j = j0;
     if (j == 0 && head > 0) {
       const std::size_t count = std::min(head, j1);
-      body(j, count, high);
+      body(j, count, kMasked ? KeepBits(*cursor, first) : 0u);
       j += count;
     }
-    for (; j < j1; j += lanes) body(j, std::min(lanes, j1 - j), high ? high + (j - j0) : nullptr);
+    for (; j < j1; j += lanes) body(j, std::min(lanes, j1 - j), kMasked ? KeepBits(*cursor, first + j) : 0u);
   };
-  if (!mask.active) return vectors(0, n, nullptr);
-  if (drawn) return vectors(0, n, drawn);
-  HWY_ALIGN std::uint32_t bits[kDrawWords];
-  for (std::size_t t0 = 0; t0 < n;) {
-    const std::size_t t1 = std::min(n, t0 == 0 ? head + kTile : t0 + kTile);
-    vectors(t0, t1, DrawHighHalves(bits, first + t0, t1 - t0, mask));
-    t0 = t1;
+  if constexpr (!kMasked) {
+    vectors(0, n);
+  } else {
+    for (std::size_t t0 = 0; t0 < n;) {
+      const std::size_t t1 = std::min(n, t0 == 0 ? head + kTile : t0 + kTile);
+      DrawThrough(*cursor, first + t0, first + t1, limit, mask);
+      vectors(t0, t1);
+      t0 = t1;
+    }
   }
 }
 
@@ -198,48 +291,26 @@ HWY_INLINE void PrefetchRow(const float* row, std::size_t n) {
   for (std::size_t j = 0; j < n; j += 64 / sizeof(float)) __builtin_prefetch(row + j, kForWrite ? 1 : 0, 1);
 }
 
-// Which of the tied lanes (high half of the draw equal to the threshold's) the
-// low half drops: one element in 65536, so the low halves are drawn one by one.
-template <class DU>
-HWY_NOINLINE hn::Mask<DU> TiesDropped(DU du, hn::Mask<DU> tie, std::uint64_t index, std::size_t count,
-                                      const DropoutMask& mask) {
-  HWY_ALIGN std::uint32_t tied[kMaxLanes] = {}, dropped[kMaxLanes] = {};
-  hn::Store(hn::VecFromMask(du, tie), du, tied);
-  for (std::size_t k = 0; k < count; ++k) {
-    if (tied[k] != 0 &&
-        philox_half(mask.key, mask.step, RandomStream::dropout_low, index + k) < (mask.threshold & 0xFFFFu)) {
-      dropped[k] = ~0u;
-    }
-  }
-  return hn::Ne(hn::Load(du, dropped), hn::Zero(du));
-}
-
-// v * mask for elements index .. index + count - 1, whose draws' high halves
-// are at `high` (null: no mask): zero where the draw is below the threshold,
-// v * scale elsewhere.
+// v * scale in the lanes whose bit of `keep` is set (bit j: lane j), 0 elsewhere.
 template <class DF>
-HWY_INLINE hn::Vec<DF> ApplyMask(DF df, hn::Vec<DF> v, const std::uint16_t* high, std::uint64_t index,
-                                 std::size_t count, const DropoutMask& mask) {
-  if (!high) return v;
-  const hn::RebindToUnsigned<DF> du;
-  const hn::Rebind<std::uint16_t, decltype(du)> d16;
-  const auto draw_high = hn::PromoteTo(du, LoadPart(d16, high, count));
-  const auto threshold_high = hn::Set(du, mask.threshold >> 16);
-  auto dropped = hn::Lt(draw_high, threshold_high);
-  const auto tie = hn::Eq(draw_high, threshold_high);
-  if (HWY_UNLIKELY(!hn::AllFalse(du, tie))) dropped = hn::Or(dropped, TiesDropped(du, tie, index, count, mask));
-  return hn::IfThenZeroElse(hn::RebindMask(df, dropped), hn::Mul(v, hn::Set(df, mask.scale)));
+HWY_INLINE hn::Vec<DF> ApplyKeep(DF df, hn::Vec<DF> v, std::uint32_t keep, float scale) {
+  // From a local, the compiler keeps the bits in a register (on AVX-512: kmov).
+  std::uint8_t bits[sizeof(keep)];
+  std::memcpy(bits, &keep, sizeof(keep));
+  return hn::IfThenElseZero(hn::LoadMaskBits(df, bits), hn::Mul(v, hn::Set(df, scale)));
 }
 
-// drawn: as ForEachVector's.
-void AddDropoutDrawn(float* HWY_RESTRICT out, const float* HWY_RESTRICT a, const float* HWY_RESTRICT b,
-                     std::size_t n, std::uint64_t first, const DropoutMask& mask, bool stream,
-                     const std::uint16_t* drawn) {
+// Elements first .. first + n - 1 of an add with dropout (kMasked: an active
+// mask), in a span of the walk that ends before `limit`.
+template <bool kMasked>
+void AddDropoutSpan(float* HWY_RESTRICT out, const float* HWY_RESTRICT a, const float* HWY_RESTRICT b,
+                    std::size_t n, std::uint64_t first, std::uint64_t limit, const DropoutMask& mask,
+                    KeepCursor* keep, bool stream) {
   const hn::ScalableTag<float> df;
   const std::size_t lanes = hn::Lanes(df);
-  ForEachVector(n, out, first, mask, drawn, lanes, [&](std::size_t j, std::size_t count, const std::uint16_t* high) {
-    const auto v = ApplyMask(df, hn::Add(LoadPart(df, a + j, count), LoadPart(df, b + j, count)), high,
-                             first + j, count, mask);
+  ForEachVector<kMasked>(n, out, first, limit, mask, keep, lanes, [&](std::size_t j, std::size_t count, std::uint32_t bits) {
+    auto v = hn::Add(LoadPart(df, a + j, count), LoadPart(df, b + j, count));
+    if constexpr (kMasked) v = ApplyKeep(df, v, bits, mask.scale);
     // A full vector is aligned to `out` here (ForEachVector), as Stream requires.
     if (stream && count == lanes) return hn::Stream(v, df, out + j);
     StorePart(v, df, out + j, count);
@@ -248,23 +319,28 @@ void AddDropoutDrawn(float* HWY_RESTRICT out, const float* HWY_RESTRICT a, const
 
 void AddDropout(float* HWY_RESTRICT out, const float* HWY_RESTRICT a, const float* HWY_RESTRICT b,
                 std::size_t n, std::uint64_t first, const DropoutMask& mask, bool stream) {
-  AddDropoutDrawn(out, a, b, n, first, mask, stream, nullptr);
+  if (mask.active) {
+    KeepCursor keep;
+    AddDropoutSpan<true>(out, a, b, n, first, first + n, mask, &keep, stream);
+  } else {
+    AddDropoutSpan<false>(out, a, b, n, first, first + n, mask, nullptr, stream);
+  }
   if (stream) hwy::FlushStream();
 }
 
-// v[j] = grad[j] * mask(first + j), j < n <= kTile: the masked gradient of one
-// batch of mask bits, into a stack buffer. Without a mask there is nothing to
-// compute: returns grad itself.
+// v[j] = grad[j] * mask(first + j), j < n <= kTile: the masked gradient of a
+// span of the walk, into a stack buffer. Without a mask there is nothing to compute:
+// returns grad itself.
 const float* MaskedGradient(float* HWY_RESTRICT v, const float* HWY_RESTRICT grad, std::size_t n,
-                            std::uint64_t first, const DropoutMask& mask) {
+                            std::uint64_t first, const DropoutMask& mask, KeepCursor& keep) {
   if (!mask.active) return grad;
   const hn::ScalableTag<float> df;
   const std::size_t lanes = hn::Lanes(df);
-  HWY_ALIGN std::uint32_t bits[kDrawWords];
-  const std::uint16_t* high = DrawHighHalves(bits, first, n, mask);
+  DrawThrough(keep, first, first + n, first + n, mask);
   for (std::size_t j = 0; j < n; j += lanes) {
     const std::size_t count = std::min(lanes, n - j);
-    StorePart(ApplyMask(df, LoadPart(df, grad + j, count), high + j, first + j, count, mask), df, v + j, count);
+    StorePart(ApplyKeep(df, LoadPart(df, grad + j, count), KeepBits(keep, first + j), mask.scale), df, v + j,
+              count);
   }
   return v;
 }
@@ -277,34 +353,41 @@ void AddInto(float* HWY_RESTRICT row, const float* HWY_RESTRICT v, std::size_t n
              bool stream) {
   const hn::ScalableTag<float> df;
   const std::size_t lanes = hn::Lanes(df);
-  ForEachVector(n, row, 0, DropoutMask{}, nullptr, lanes, [&](std::size_t j, std::size_t count, const std::uint16_t*) {
+  ForEachVector<false>(n, row, 0, n, DropoutMask{}, nullptr, lanes, [&](std::size_t j, std::size_t count, std::uint32_t) {
     const auto sum = hn::Add(row_is_zero ? hn::Zero(df) : LoadPart(df, row + j, count), LoadPart(df, v + j, count));
     if (stream && count == lanes) return hn::Stream(sum, df, row + j);  // aligned: after the head
     StorePart(sum, df, row + j, count);
   });
 }
 
-// Rows whose mask draws share one Philox batch: the rows are consecutive in
-// flat order, and a batch of several short rows keeps four vectors of counters
-// in flight where one row alone would leave a single chain (d = 128: 16 blocks).
-std::size_t RowsPerDraw(std::size_t d, const DropoutMask& mask) {
-  return mask.active && d <= kTile ? kTile / d : 0;  // 0: each row draws for itself
+// Rows that one masked-gradient span of a whole-row strip takes: consecutive in
+// flat order, so that short rows share a batch of draws (d = 128 alone: 16
+// Philox blocks, a single chain of multiplies).
+std::size_t RowsPerSpan(std::size_t d, const DropoutMask& mask) {
+  return mask.active && d <= kTile ? kTile / d : 0;  // 0: one row at a time
 }
 
-// Rows [r0, r1) of the fused forward, prefetching the token row two ahead.
+// Rows [r0, r1) of the fused forward, prefetching the token row two ahead. The
+// keep words are drawn across row ends (short rows share a batch), into `keep`
+// when given.
 void ForwardRows(float* HWY_RESTRICT out, const float* HWY_RESTRICT token_table,
                  const std::int64_t* HWY_RESTRICT token_ids, const float* HWY_RESTRICT position_table,
                  const std::int64_t* HWY_RESTRICT position_ids, std::size_t d, std::size_t r0,
-                 std::size_t r1, const DropoutMask& mask, bool stream) {
-  HWY_ALIGN std::uint32_t bits[kDrawWords];
-  const std::size_t batch = RowsPerDraw(d, mask);
-  const std::uint16_t* drawn = nullptr;
-  for (std::size_t r = r0; r < r1; ++r) {
-    if (batch > 0 && (r - r0) % batch == 0) drawn = DrawHighHalves(bits, r * d, std::min(batch, r1 - r) * d, mask);
-    if (r + 2 < r1) PrefetchRow(token_table + static_cast<std::size_t>(token_ids[r + 2]) * d, d);
-    AddDropoutDrawn(out + r * d, token_table + static_cast<std::size_t>(token_ids[r]) * d,
-                    position_table + static_cast<std::size_t>(position_ids[r]) * d, d, r * d, mask, stream,
-                    drawn ? drawn + (r - r0) % batch * d : nullptr);
+                 std::size_t r1, const DropoutMask& mask, bool stream, std::uint64_t* HWY_RESTRICT keep) {
+  KeepCursor cursor;
+  cursor.kept = keep;
+  const auto rows = [&]<bool kMasked> {
+    for (std::size_t r = r0; r < r1; ++r) {
+      if (r + 2 < r1) PrefetchRow(token_table + static_cast<std::size_t>(token_ids[r + 2]) * d, d);
+      AddDropoutSpan<kMasked>(out + r * d, token_table + static_cast<std::size_t>(token_ids[r]) * d,
+                              position_table + static_cast<std::size_t>(position_ids[r]) * d, d, r * d, r1 * d,
+                              mask, &cursor, stream);
+    }
+  };
+  if (mask.active) {
+    rows.operator()<true>();
+  } else {
+    rows.operator()<false>();
   }
   // Streaming stores are weakly ordered: make them visible before the caller's
   // threads join.
@@ -315,16 +398,18 @@ void ForwardRows(float* HWY_RESTRICT out, const float* HWY_RESTRICT token_table,
 // gradient row to its row of each table over that table's columns. A column
 // range [lo, hi) may start below 0: columns d + lo .. d of the token before (the
 // tail of the previous row that shares a cache line with this row's head). Each
-// step takes the flat range of both tables' columns at once, so one batch of
-// Philox draws serves both and the previous row's tail.
+// step takes the flat range of both tables' columns at once, so one masked span
+// serves both and the previous row's tail.
 void BackwardStrip(const StripTable& token, const StripTable& position, const float* HWY_RESTRICT grad_out,
-                   std::size_t d, std::size_t n, const DropoutMask& mask) {
+                   std::size_t d, std::size_t n, const DropoutMask& mask, const std::uint64_t* HWY_RESTRICT keep) {
   const auto sd = static_cast<std::int64_t>(d), total = static_cast<std::int64_t>(n * d);
   const std::int64_t lo = std::min(token.grad ? token.cols[0] : position.cols[0],
                                    position.grad ? position.cols[0] : token.cols[0]);
   const std::int64_t hi = std::max(token.grad ? token.cols[1] : position.cols[1],
                                    position.grad ? position.cols[1] : token.cols[1]);
   HWY_ALIGN float v[kTile];
+  KeepCursor cursor;
+  cursor.given = keep;
   // Adds v's share of [c0, c1) (flat) to one table: its columns of the token that
   // starts at flat r * d, and of the token before when cols[0] < 0.
   const auto add = [&](const StripTable& table, std::int64_t r, std::int64_t c0, std::int64_t c1,
@@ -342,9 +427,9 @@ void BackwardStrip(const StripTable& token, const StripTable& position, const fl
   };
   const std::int64_t steps = static_cast<std::int64_t>(n) + (lo < 0 ? 1 : 0);
   // A strip of whole rows (one thread) takes several short rows per step: one
-  // Philox batch for all of them (RowsPerDraw).
+  // masked span for all of them (RowsPerSpan).
   const std::int64_t group =
-      lo == 0 && hi == sd ? std::max<std::int64_t>(1, static_cast<std::int64_t>(RowsPerDraw(d, mask))) : 1;
+      lo == 0 && hi == sd ? std::max<std::int64_t>(1, static_cast<std::int64_t>(RowsPerSpan(d, mask))) : 1;
   for (std::int64_t r = 0; r < steps; r += group) {
     // The tokens two steps ahead, only this thread's columns of their token rows:
     // prefetching the other thread's would pull lines it writes. A row its token
@@ -369,7 +454,7 @@ void BackwardStrip(const StripTable& token, const StripTable& position, const fl
     for (std::int64_t c0 = f0; c0 < f1; c0 += static_cast<std::int64_t>(kTile)) {
       const std::int64_t c1 = std::min(f1, c0 + static_cast<std::int64_t>(kTile));
       const float* masked = MaskedGradient(v, grad_out + c0, static_cast<std::size_t>(c1 - c0),
-                                           static_cast<std::uint64_t>(c0), mask);
+                                           static_cast<std::uint64_t>(c0), mask, cursor);
       for (std::int64_t t = r; t <= last; ++t) {
         if (token.grad) add(token, t, c0, c1, masked);
         if (position.grad) add(position, t, c0, c1, masked);
@@ -383,7 +468,7 @@ void BackwardStrip(const StripTable& token, const StripTable& position, const fl
 void StreamZerosUnfenced(float* HWY_RESTRICT out, std::size_t n) {
   const hn::ScalableTag<float> df;
   const std::size_t lanes = hn::Lanes(df);
-  ForEachVector(n, out, 0, DropoutMask{}, nullptr, lanes, [&](std::size_t j, std::size_t count, const std::uint16_t*) {
+  ForEachVector<false>(n, out, 0, n, DropoutMask{}, nullptr, lanes, [&](std::size_t j, std::size_t count, std::uint32_t) {
     if (count == lanes) return hn::Stream(hn::Zero(df), df, out + j);  // aligned: after the head
     StorePart(hn::Zero(df), df, out + j, count);
   });
@@ -640,6 +725,7 @@ namespace posembed::simd {
 
 HWY_EXPORT(TargetName);
 HWY_EXPORT(PhiloxBlocks);
+HWY_EXPORT(DropoutKeepWords);
 HWY_EXPORT(AddDropout);
 HWY_EXPORT(AdamW);
 HWY_EXPORT(StreamZeros);
@@ -658,6 +744,10 @@ void philox_blocks(std::uint32_t* out, PhiloxCounter first, PhiloxKey key, std::
   HWY_DYNAMIC_DISPATCH(PhiloxBlocks)(out, first, key, blocks);
 }
 
+void dropout_keep_words(std::uint64_t* out, std::uint64_t word0, std::size_t count, const DropoutMask& mask) {
+  HWY_DYNAMIC_DISPATCH(DropoutKeepWords)(out, word0, count, mask);
+}
+
 void add_dropout(float* out, const float* a, const float* b, std::size_t n, std::uint64_t first,
                  const DropoutMask& mask, bool stream) {
   HWY_DYNAMIC_DISPATCH(AddDropout)(out, a, b, n, first, mask, stream);
@@ -665,14 +755,15 @@ void add_dropout(float* out, const float* a, const float* b, std::size_t n, std:
 
 void forward_rows(float* out, const float* token_table, const std::int64_t* token_ids,
                   const float* position_table, const std::int64_t* position_ids, std::size_t d,
-                  std::size_t r0, std::size_t r1, const DropoutMask& mask, bool stream) {
+                  std::size_t r0, std::size_t r1, const DropoutMask& mask, bool stream,
+                  std::uint64_t* keep) {
   HWY_DYNAMIC_DISPATCH(ForwardRows)(out, token_table, token_ids, position_table, position_ids, d, r0,
-                                    r1, mask, stream);
+                                    r1, mask, stream, keep);
 }
 
 void backward_strip(const StripTable& token, const StripTable& position, const float* grad_out,
-                    std::size_t d, std::size_t n, const DropoutMask& mask) {
-  HWY_DYNAMIC_DISPATCH(BackwardStrip)(token, position, grad_out, d, n, mask);
+                    std::size_t d, std::size_t n, const DropoutMask& mask, const std::uint64_t* keep) {
+  HWY_DYNAMIC_DISPATCH(BackwardStrip)(token, position, grad_out, d, n, mask, keep);
 }
 
 void stream_zeros(float* out, std::size_t n) { HWY_DYNAMIC_DISPATCH(StreamZeros)(out, n); }

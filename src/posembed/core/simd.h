@@ -35,6 +35,12 @@ struct DropoutMask {
   bool active = false;
 };
 
+// A mask's keep bits: bit e % 64 of word e / 64 is 1 where element e is kept.
+// out[k] = the keep word (word0 + k), k < count: elements 64 * (word0 + k) ..
+// + 63, each a draw compared with the threshold. mask.active is required.
+// out: (count)
+void dropout_keep_words(std::uint64_t* out, std::uint64_t word0, std::size_t count, const DropoutMask& mask);
+
 // out[j] = (a[j] + b[j]) * mask(first + j), j < n; mask(i) is scale or 0.
 // stream: write `out` with non-temporal stores, past the cache (for outputs much
 // larger than it), then a store fence.
@@ -44,11 +50,16 @@ void add_dropout(float* out, const float* a, const float* b, std::size_t n, std:
 
 // Rows [r0, r1) of the fused forward: out row r = add_dropout of token row
 // token_ids[r] and position row position_ids[r], flat indices r * d + j.
-// stream: as add_dropout's; the rows end with a store fence.
-// out: (n, d), token_table: (V, d), position_table: (max_seq_len, d), ids: (n)
+// stream: as add_dropout's; the rows end with a store fence. keep: null, or the
+// batch's keep words, of which this call writes those of elements r0 * d ..
+// r1 * d - 1 (with an active mask; r0 * d a multiple of 64 unless r0 is 0, so
+// that no word is shared with another call's rows).
+// out: (n, d), token_table: (V, d), position_table: (max_seq_len, d), ids: (n),
+// keep: (ceil(n * d / 64))
 void forward_rows(float* out, const float* token_table, const std::int64_t* token_ids,
                   const float* position_table, const std::int64_t* position_ids, std::size_t d,
-                  std::size_t r0, std::size_t r1, const DropoutMask& mask, bool stream);
+                  std::size_t r0, std::size_t r1, const DropoutMask& mask, bool stream,
+                  std::uint64_t* keep = nullptr);
 
 // One gradient table of backward_strip. The masked grad_out row of token r goes
 // to row rows[r] of grad, over columns cols = [lo, hi); lo < 0 also takes
@@ -64,9 +75,11 @@ struct StripTable {
 };
 
 // One thread's share of the backward, tokens r = 0 .. n-1 in flat order, into
-// both tables. grad_out: (n, d)
+// both tables. keep: null (the mask is drawn again), or the keep words the
+// forward wrote. grad_out: (n, d), keep: (ceil(n * d / 64))
 void backward_strip(const StripTable& token, const StripTable& position, const float* grad_out,
-                    std::size_t d, std::size_t n, const DropoutMask& mask);
+                    std::size_t d, std::size_t n, const DropoutMask& mask,
+                    const std::uint64_t* keep = nullptr);
 
 // out[j] = 0, j < n, with non-temporal stores past the cache, then a store fence.
 void stream_zeros(float* out, std::size_t n);

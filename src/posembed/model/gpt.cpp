@@ -242,8 +242,10 @@ Activations make_activations(const GptConfig& c, std::int64_t B, std::int64_t T)
     a.d_fch = k.take(N * 4 * C); a.d_mlpproj = k.take(N * C);
     a.d_logits = k.take(N * V); a.d_losses = k.take(N);
     if (pass == 0) {
-      // Also the batch's input and target ids (int64) that callers hold beside them.
-      const auto bytes = static_cast<std::uint64_t>(4.0 * k.counted + 16.0 * tokens);
+      // Also the embedding's mask bits, and the batch's input and target ids
+      // (int64) that callers hold beside them.
+      const auto bytes = static_cast<std::uint64_t>(4.0 * k.counted + tokens * static_cast<double>(C) / 8.0 +
+                                                    16.0 * tokens);
       char gib[32];
       std::snprintf(gib, sizeof gib, "%.1f GiB", static_cast<double>(bytes) / 0x1p30);
       check_fits_in_memory(bytes, what + " need " + std::to_string(bytes) + " bytes (" + gib + ")",
@@ -253,6 +255,7 @@ Activations make_activations(const GptConfig& c, std::int64_t B, std::int64_t T)
   }
   a.positions.resize(sz(N));
   positions_contiguous(a.positions, B, T, 0);
+  a.embedding_mask.resize(dropout_mask_words({B, T, c.vocab_size, c.max_seq_len, C}));
   return a;
 }
 
@@ -361,8 +364,9 @@ double gpt_forward(const Gpt& model, Activations& a, std::span<const std::int64_
   // equals the sized length; rebuild them for shorter T (no allocation).
   std::span<std::int64_t> pos(a.positions.data(), sz(N));
   positions_contiguous(pos, B, T, 0);
-  embedding_forward(a.encoded.first(nc), inputs, pos, p.wte, p.wpe,
-                    {B, T, c.vocab_size, c.max_seq_len, C}, dropout);
+  const EmbeddingShape shape{B, T, c.vocab_size, c.max_seq_len, C};
+  embedding_forward(a.encoded.first(nc), inputs, pos, p.wte, p.wpe, shape, dropout,
+                    std::span(a.embedding_mask).first(dropout_mask_words(shape)));
   std::span<const float> residual = a.encoded.first(nc);
   for (std::int64_t l = 0; l < c.n_layer; ++l) {
     const BlockViews& w = p.h[sz(l)];
@@ -476,9 +480,10 @@ void gpt_backward(const Gpt& model, ParamViews& g, Activations& a,
   // that one call adds into both, a frozen one included.
   if (param_mode == GradMode::write) std::fill(g.wpe.begin(), g.wpe.end(), 0.0f);
   const std::span<const std::int64_t> pos(a.positions.data(), sz(N));
+  const EmbeddingShape shape{B, T, c.vocab_size, c.max_seq_len, C};
   embedding_backward(g.wte, model.freeze_positions ? std::span<float>() : g.wpe,
-                     a.d_residual.first(nc), inputs, pos, {B, T, c.vocab_size, c.max_seq_len, C},
-                     dropout);
+                     a.d_residual.first(nc), inputs, pos, shape, dropout, GradMode::accumulate,
+                     std::span<const std::uint64_t>(a.embedding_mask).first(dropout_mask_words(shape)));
 }
 
 KvCache make_kv_cache(const GptConfig& c) {

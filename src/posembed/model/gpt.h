@@ -131,6 +131,9 @@ struct Activations {
   std::int64_t batch = 0, seq_len = 0;  // the shape they were sized for
   std::vector<float> memory;
   std::vector<std::int64_t> positions;  // (B, T): 0..T-1 per row
+  // (ceil(B*T*C / 64)): the embedding dropout's mask, kept by the forward for
+  // the backward (core/embedding.h), which then need not draw it again.
+  std::vector<std::uint64_t> embedding_mask;
   // Forward, per layer l at [l]: (B,T,C) unless noted.
   std::span<float> encoded;
   struct Layer {
