@@ -194,6 +194,9 @@ struct Workload {
   std::vector<float> grad_tok, grad_pos;                     // (V, d), (max_seq_len, d)
   std::vector<float> m_tok, v_tok, m_pos, v_pos;             // AdamW moments
   SparseRowGrad sparse;
+  // The training forward's dropout mask, kept for the backwards as PyTorch's
+  // dropout keeps its own.
+  std::vector<std::uint64_t> mask_bits;
   std::size_t distinct_tokens = 0, distinct_positions = 0;
 
   explicit Workload(const EmbeddingShape& shape) : s(shape) {
@@ -215,6 +218,7 @@ struct Workload {
     out.assign(n * d, 0.0f);
     grad_tok.assign(V * d, 0.0f);
     grad_pos.assign(P * d, 0.0f);
+    mask_bits.assign(dropout_mask_words(s), 0);
     m_tok.assign(V * d, 0.0f), v_tok.assign(V * d, 0.0f);
     m_pos.assign(P * d, 0.0f), v_pos.assign(P * d, 0.0f);
     distinct_tokens = std::set<std::int64_t>(tokens.begin(), tokens.end()).size();
@@ -225,7 +229,7 @@ struct Workload {
 // Forward against core/reference.h in double: two roundings (the sum, the
 // dropout scale), and exact zeros where the mask drops.
 void validate_forward(Workload& w, const DropoutSpec& dropout) {
-  embedding_forward(w.out, w.tokens, w.positions, w.token_table, w.position_table, w.s, dropout);
+  embedding_forward(w.out, w.tokens, w.positions, w.token_table, w.position_table, w.s, dropout, w.mask_bits);
   const std::vector<double> ref = reference::embedding_forward<double>(
       w.tokens, w.positions, cast<double>(w.token_table), cast<double>(w.position_table), w.s, dropout);
   constexpr double eps = std::numeric_limits<float>::epsilon();
@@ -236,8 +240,8 @@ void validate_forward(Workload& w, const DropoutSpec& dropout) {
   }
 }
 
-// Backward: dense (accumulated and written fresh) and row-sparse agree bit for
-// bit on the touched rows, and both
+// Backward: dense (accumulated and written fresh, and given the kept mask) and
+// row-sparse agree bit for bit on the touched rows, and both
 // tables' gradients match core/reference.h in double within (uses + 1) x eps x
 // the sum of |terms| (which is the reference run on |grad_out|).
 void validate_backward(Workload& w, const DropoutSpec& dropout) {
@@ -254,6 +258,11 @@ void validate_backward(Workload& w, const DropoutSpec& dropout) {
   check(std::memcmp(tok3.data(), w.grad_tok.data(), tok3.size() * sizeof(float)) == 0 &&
             std::memcmp(pos3.data(), w.grad_pos.data(), pos3.size() * sizeof(float)) == 0,
         "a written fresh gradient differs from zero_grad + accumulate");
+  // The mask the training forward kept (validate_forward ran it last) in place of drawing it.
+  embedding_backward(tok3, pos3, w.grad_out, w.tokens, w.positions, w.s, dropout, GradMode::write, w.mask_bits);
+  check(std::memcmp(tok3.data(), w.grad_tok.data(), tok3.size() * sizeof(float)) == 0 &&
+            std::memcmp(pos3.data(), w.grad_pos.data(), pos3.size() * sizeof(float)) == 0,
+        "a backward given the kept mask differs from one that draws it");
   check(w.sparse.rows.size() == w.distinct_tokens, "sparse gradient row count");
   std::vector<double> ref_tok(w.grad_tok.size()), abs_tok(w.grad_tok.size()), ref_pos(w.grad_pos.size()),
       abs_pos(w.grad_pos.size()), abs_grad(w.grad_out.size());
@@ -321,32 +330,41 @@ std::vector<Result> bench_shape(Workload& w, int reps, bool validate) {
   // A fresh dense gradient: both tables written once, grad_out and the ids read.
   const double bwd_write_bytes = n * d * f + (V + P) * d * f + 2 * n * id;
   const double adamw_bytes = 7 * (V + P) * d * f;  // read p, g, m, v; write p, m, v
+  // The training forward writes its mask's bits and the backwards read them.
+  const double mask_bytes = n * d / 8;
 
   std::vector<Result> results;
+  // A training forward keeps its mask (a no-op in eval) and the backwards read
+  // it, as PyTorch's dropout and autograd do.
   const auto forward = [&](const DropoutSpec& dropout) {
-    embedding_forward(w.out, w.tokens, w.positions, w.token_table, w.position_table, w.s, dropout);
+    embedding_forward(w.out, w.tokens, w.positions, w.token_table, w.position_table, w.s, dropout, w.mask_bits);
   };
   const auto backward_dense = [&] {
-    embedding_backward(w.grad_tok, w.grad_pos, w.grad_out, w.tokens, w.positions, w.s, train);
+    embedding_backward(w.grad_tok, w.grad_pos, w.grad_out, w.tokens, w.positions, w.s, train,
+                       GradMode::accumulate, w.mask_bits);
   };
   const auto backward_write = [&] {
     embedding_backward(w.grad_tok, w.grad_pos, w.grad_out, w.tokens, w.positions, w.s, train,
-                       GradMode::write);
+                       GradMode::write, w.mask_bits);
   };
   const auto backward_sparse = [&] {
     zero_grad(w.sparse);
-    embedding_backward(w.sparse, w.grad_pos, w.grad_out, w.tokens, w.positions, w.s, train);
+    embedding_backward(w.sparse, w.grad_pos, w.grad_out, w.tokens, w.positions, w.s, train, w.mask_bits);
   };
   results.push_back({"forward_eval", "forward, eval (no dropout)",
                      time_it(reps, [&] { forward(eval); }), fwd_bytes, "forward_eval"});
   results.push_back({"forward_train", "forward, training, dropout 0.1",
-                     time_it(reps, [&] { forward(train); }), fwd_bytes, "forward_train"});
+                     time_it(reps, [&] { forward(train); }), fwd_bytes + mask_bytes,
+                     "forward_train"});
   results.push_back({"backward_dense", "backward, dense token grad (+=), p 0.1",
-                     time_it(reps, backward_dense), bwd_dense_bytes, "backward_dense"});
+                     time_it(reps, backward_dense), bwd_dense_bytes + mask_bytes,
+                     "backward_dense"});
   results.push_back({"backward_write", "backward, fresh dense grads written, p 0.1",
-                     time_it(reps, backward_write), bwd_write_bytes, "backward_dense"});
+                     time_it(reps, backward_write), bwd_write_bytes + mask_bytes,
+                     "backward_dense"});
   results.push_back({"backward_sparse", "backward, row-sparse token grad, p 0.1",
-                     time_it(reps, backward_sparse), bwd_sparse_bytes, "backward_sparse"});
+                     time_it(reps, backward_sparse), bwd_sparse_bytes + mask_bytes,
+                     "backward_sparse"});
   results.push_back({"zero_grad_dense", "zero_grad of the dense (V, d) token grad",
                      time_it(reps, [&] { zero_grad(w.grad_tok); }), zero_dense_bytes, "zero_grad_dense"});
   results.push_back({"fwd_bwd_sparse", "train fwd + zero_grad + bwd, row-sparse",
@@ -355,13 +373,13 @@ std::vector<Result> bench_shape(Workload& w, int reps, bool validate) {
                        zero_grad(w.grad_pos);
                        backward_sparse();
                      }),
-                     fwd_bytes + P * d * f + bwd_sparse_bytes, "fwd_bwd_sparse"});
+                     fwd_bytes + P * d * f + bwd_sparse_bytes + 2 * mask_bytes, "fwd_bwd_sparse"});
   results.push_back({"fwd_bwd_dense", "train fwd + bwd writing fresh dense grads",
                      time_it(reps, [&] {
                        forward(train);
                        backward_write();
                      }),
-                     fwd_bytes + bwd_write_bytes, "fwd_bwd_dense"});
+                     fwd_bytes + bwd_write_bytes + 2 * mask_bytes, "fwd_bwd_dense"});
   std::int64_t step = 0;
   results.push_back({"adamw", "AdamW step, both tables, dense",
                      time_it(std::max(3, reps / 3), [&] {
