@@ -31,6 +31,7 @@ __all__ = [
     "forward",
     "backward",
     "backward_sparse",
+    "dropout_mask_words",
     "inspect",
     "resize",
     "analyze",
@@ -51,13 +52,21 @@ def config_defaults() -> dict:
     return {name: default for name, default, _help in _C.config_fields()}
 
 
+def dropout_mask_words(batch: int, seq_len: int, embed_dim: int) -> int:
+    """The int64 words of a (B, T, d) output's dropout mask as bits: ceil(B * T * d / 64)."""
+    return (batch * seq_len * embed_dim + 63) // 64
+
+
 def forward(input_ids, position_ids, token_table, position_table, *, dropout=0.0, seed=1337, step=0,
-            padding_row=-1, out=None):
+            padding_row=-1, out=None, mask_bits=None):
     """dropout(token_table[input_ids] + position_table[position_ids]) as a (B, T, d) float32 array.
 
     input_ids, position_ids: (B, T) int64; tables: (rows, d) float32, C-contiguous. Element i of
     the output (flat index) is dropped when Philox(seed, step, i) falls below round(p * 2^32):
-    backward() with the same (dropout, seed, step) regenerates the same mask.
+    backward() with the same (dropout, seed, step) regenerates the same mask. mask_bits: None, or
+    an int64 array of dropout_mask_words(B, T, d) that a forward with dropout > 0 fills with its
+    mask (bit i % 64 of word i // 64 set where element i is kept); hand it to backward(), which
+    then reads the mask instead of drawing it again (the same bits, a faster backward).
     """
     ids = np.asarray(input_ids)
     table = np.asarray(token_table)
@@ -65,34 +74,35 @@ def forward(input_ids, position_ids, token_table, position_table, *, dropout=0.0
         shape = tuple(ids.shape) + (table.shape[-1] if table.ndim == 2 else 0,)
         out = np.empty(shape, dtype=np.float32)
     _C.forward(out, input_ids, position_ids, token_table, position_table, float(dropout), seed, step,
-               padding_row)
+               padding_row, mask_bits)
     return out
 
 
 def backward(grad_out, input_ids, position_ids, *, grad_token_table=None, grad_position_table=None,
              vocab_size, max_seq_len, dropout=0.0, seed=1337, step=0, padding_row=-1,
-             accumulate=True):
+             accumulate=True, mask_bits=None):
     """Accumulates (+=) the gradients of forward() into the given float32 tables; None skips one.
 
     Each gradient row is summed over the batch in flat token order: the same bits on any thread
     count. Zeroing is up to the caller (``np.zeros`` or ``_C.zero_grad``), or pass
     ``accumulate=False`` to write fresh gradients: what the tables held is ignored (``np.empty``
     will do), rows no token touches become zeros, and the bits are those of zeros + accumulate,
-    with one pass over the tables less.
+    with one pass over the tables less. mask_bits: the words forward() filled, or None.
     """
     _C.backward_dense(grad_token_table, grad_position_table, grad_out, input_ids, position_ids,
                       vocab_size, max_seq_len, float(dropout), seed, step, padding_row,
-                      bool(accumulate))
+                      bool(accumulate), mask_bits)
 
 
 def backward_sparse(grad_out, input_ids, position_ids, *, grad_position_table=None, vocab_size,
-                    max_seq_len, dropout=0.0, seed=1337, step=0, padding_row=-1):
+                    max_seq_len, dropout=0.0, seed=1337, step=0, padding_row=-1, mask_bits=None):
     """The token gradient as (rows, values): the touched rows ascending and their (R, d) sums.
 
-    Accumulates the position gradient into grad_position_table unless it is None.
+    Accumulates the position gradient into grad_position_table unless it is None. mask_bits: as
+    backward()'s.
     """
     return _C.backward_sparse(grad_position_table, grad_out, input_ids, position_ids, vocab_size,
-                              max_seq_len, float(dropout), seed, step, padding_row)
+                              max_seq_len, float(dropout), seed, step, padding_row, mask_bits)
 
 
 def inspect(path, *, name=None, offset=None) -> dict:

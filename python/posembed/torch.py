@@ -66,7 +66,9 @@ def _sparse_grad(rows: np.ndarray, values: np.ndarray, size, padding_idx) -> tor
 
 
 class _Embedding(torch.autograd.Function):
-    """The fused kernels; saves the ids and (p, seed, step), never a mask."""
+    """The fused kernels; saves the ids, (p, seed, step) and, when a training forward's
+    gradient is needed, its dropout mask as bits (1/32 of the output's size, where PyTorch's
+    dropout keeps a byte per element), so that the backward need not draw it again."""
 
     @staticmethod
     def forward(ctx, token_table, position_table, input_ids, position_ids, p, seed, step,
@@ -74,11 +76,16 @@ class _Embedding(torch.autograd.Function):
         tokens = _float_table(token_table, "token_table")
         pos_table = _float_table(position_table, "position_table")
         b, t = input_ids.shape
-        out = _C.empty_float32(b * t, tokens.shape[1]).view(b, t, tokens.shape[1])
+        d = tokens.shape[1]
+        out = _C.empty_float32(b * t, d).view(b, t, d)
+        mask = None
+        if p > 0 and any(ctx.needs_input_grad[:2]):
+            mask = torch.empty((b * t * d + 63) // 64, dtype=torch.int64)
         _C.set_num_threads(torch.get_num_threads())
         _C.forward(out, input_ids, position_ids, tokens, pos_table, p, seed, step,
-                   position_padding_row)
+                   position_padding_row, mask)
         ctx.save_for_backward(input_ids, position_ids)
+        ctx.mask = mask
         ctx.config = (tokens.shape, pos_table.shape, p, seed, step, position_padding_row, sparse,
                       padding_idx)
         return out
@@ -100,7 +107,7 @@ class _Embedding(torch.autograd.Function):
                 _C.zero_grad(grad_positions)  # the sparse backward accumulates into it
             rows, values = _C.backward_sparse(grad_positions, grad_out, input_ids, position_ids,
                                               vocab_size, max_seq_len, p, seed, step,
-                                              position_padding_row)
+                                              position_padding_row, ctx.mask)
             grad_tokens = _sparse_grad(rows, values, token_shape, padding_idx)
         else:
             if need_tokens:
@@ -110,7 +117,7 @@ class _Embedding(torch.autograd.Function):
             # Written, not accumulated: fresh gradients need no zeroing pass first.
             _C.backward_dense(grad_tokens, grad_positions, grad_out, input_ids, position_ids,
                               vocab_size, max_seq_len, p, seed, step, position_padding_row,
-                              accumulate=False)
+                              accumulate=False, mask_bits=ctx.mask)
             if grad_tokens is not None and padding_idx is not None:
                 grad_tokens[padding_idx].zero_()
         return (grad_tokens, grad_positions) + (None,) * 8

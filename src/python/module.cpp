@@ -146,6 +146,17 @@ void require_disjoint(std::span<A> out, const std::string& out_name, std::span<B
   }
 }
 
+// The dropout mask's words (core/embedding.h's mask_bits) arrive as int64,
+// the same 64 bits each: torch has no uint64 tensors before 2.3. Their count
+// is checked by the kernels.
+template <class Word, class Array>
+std::span<Word> mask_view(const std::optional<Array>& a) {
+  if (!a) return {};
+  using Stored = std::conditional_t<std::is_const_v<Word>, const std::int64_t, std::int64_t>;
+  const std::span<Stored> words = view<Stored>(*a, "mask_bits", 1);
+  return {reinterpret_cast<Word*>(words.data()), words.size()};
+}
+
 // Inputs of both kernels, checked against each other: ids (B, T), tables
 // (V, d) and (P, d). A table may be absent (frozen in backward), so its rows
 // come as numbers.
@@ -166,7 +177,8 @@ Batch batch_inputs(const In& token_ids, const In& position_ids, std::int64_t voc
 }
 
 void forward(Out out, In token_ids, In position_ids, In token_table, In position_table, double p,
-             std::uint64_t seed, std::uint64_t step, std::int64_t padding_row) {
+             std::uint64_t seed, std::uint64_t step, std::int64_t padding_row,
+             std::optional<Out> mask_bits) {
   const auto tokens = view<const float>(token_table, "token_table", 2);
   const auto positions = view<const float>(position_table, "position_table", 2);
   const std::int64_t d = dim(token_table, 1);
@@ -186,8 +198,14 @@ void forward(Out out, In token_ids, In position_ids, In token_table, In position
   require_disjoint(o, "out", positions, "position_table");
   require_disjoint(o, "out", b.token_ids, "input_ids");
   require_disjoint(o, "out", b.position_ids, "position_ids");
+  const auto mask = mask_view<std::uint64_t>(mask_bits);
+  require_disjoint(mask, "mask_bits", o, "out");
+  require_disjoint(mask, "mask_bits", tokens, "token_table");
+  require_disjoint(mask, "mask_bits", positions, "position_table");
+  require_disjoint(mask, "mask_bits", b.token_ids, "input_ids");
+  require_disjoint(mask, "mask_bits", b.position_ids, "position_ids");
   nb::gil_scoped_release release;
-  embedding_forward(o, b.token_ids, b.position_ids, tokens, positions, b.shape, {p, seed, step});
+  embedding_forward(o, b.token_ids, b.position_ids, tokens, positions, b.shape, {p, seed, step}, mask);
 }
 
 // The gradient tables and grad_out of both backward variants, checked.
@@ -221,7 +239,7 @@ BackwardArgs backward_args(const std::optional<Out>& grad_position_table, const 
 void backward_dense(std::optional<Out> grad_token_table, std::optional<Out> grad_position_table,
                     In grad_out, In token_ids, In position_ids, std::int64_t vocab_size,
                     std::int64_t max_seq_len, double p, std::uint64_t seed, std::uint64_t step,
-                    std::int64_t padding_row, bool accumulate) {
+                    std::int64_t padding_row, bool accumulate, std::optional<In> mask_bits) {
   const BackwardArgs a = backward_args(grad_position_table, grad_out, token_ids, position_ids,
                                        vocab_size, max_seq_len, padding_row);
   const auto grad_token = view_optional<float>(grad_token_table, "grad_token_table", 2);
@@ -232,10 +250,13 @@ void backward_dense(std::optional<Out> grad_token_table, std::optional<Out> grad
   }
   require_disjoint(grad_token, "grad_token_table", a.grad_out, "grad_out");
   require_disjoint(grad_token, "grad_token_table", a.grad_position, "grad_position_table");
+  const auto mask = mask_view<const std::uint64_t>(mask_bits);
+  require_disjoint(grad_token, "grad_token_table", mask, "mask_bits");
+  require_disjoint(a.grad_position, "grad_position_table", mask, "mask_bits");
   nb::gil_scoped_release release;
   embedding_backward(grad_token, a.grad_position, a.grad_out, a.batch.token_ids,
                      a.batch.position_ids, a.batch.shape, {p, seed, step},
-                     accumulate ? GradMode::accumulate : GradMode::write);
+                     accumulate ? GradMode::accumulate : GradMode::write, mask);
 }
 
 // Storage handed to Python that comes back when Python frees it. A new 154 MB
@@ -333,9 +354,12 @@ std::tuple<RowsArray, ValuesArray> backward_sparse(std::optional<Out> grad_posit
                                                    std::int64_t vocab_size,
                                                    std::int64_t max_seq_len, double p,
                                                    std::uint64_t seed, std::uint64_t step,
-                                                   std::int64_t padding_row) {
+                                                   std::int64_t padding_row,
+                                                   std::optional<In> mask_bits) {
   const BackwardArgs a = backward_args(grad_position_table, grad_out, token_ids, position_ids,
                                        vocab_size, max_seq_len, padding_row);
+  const auto mask = mask_view<const std::uint64_t>(mask_bits);
+  require_disjoint(a.grad_position, "grad_position_table", mask, "mask_bits");
   // A pooled gradient keeps its storage from earlier steps: the kernel then
   // allocates nothing (zero_grad forgets the rows and keeps the buffers).
   auto grad = Pool<SparseRowGrad>::instance().take([](const SparseRowGrad&) { return true; });
@@ -345,7 +369,7 @@ std::tuple<RowsArray, ValuesArray> backward_sparse(std::optional<Out> grad_posit
   {
     nb::gil_scoped_release release;
     embedding_backward(*grad, a.grad_position, a.grad_out, a.batch.token_ids, a.batch.position_ids,
-                       a.batch.shape, {p, seed, step});
+                       a.batch.shape, {p, seed, step}, mask);
   }
   const std::size_t rows = grad->rows.size();
   const auto d = static_cast<std::size_t>(grad->embed_dim);
@@ -534,20 +558,24 @@ NB_MODULE(_C, m) {
 
   m.def("forward", &py::forward, "out"_a, "input_ids"_a, "position_ids"_a, "token_table"_a,
         "position_table"_a, "p"_a, "seed"_a, "step"_a, "padding_row"_a = -1,
+        "mask_bits"_a.none() = nb::none(),
         "out (B, T, d) = dropout(token_table[input_ids] + position_table[position_ids]); the "
-        "mask is Philox(seed, step, flat index)");
+        "mask is Philox(seed, step, flat index). mask_bits: None, or ceil(B*T*d / 64) int64 "
+        "words that a forward with p > 0 fills with its mask, bit i % 64 of word i // 64 set "
+        "where element i is kept, for the backwards");
   m.def("backward_dense", &py::backward_dense, "grad_token_table"_a.none(),
         "grad_position_table"_a.none(), "grad_out"_a, "input_ids"_a, "position_ids"_a,
         "vocab_size"_a, "max_seq_len"_a, "p"_a, "seed"_a, "step"_a, "padding_row"_a = -1,
-        "accumulate"_a = true,
+        "accumulate"_a = true, "mask_bits"_a.none() = nb::none(),
         "accumulates (+=) the gradients of forward, or with accumulate=False writes them "
         "(what the arrays held is ignored; the same bits as zeros + accumulate); None skips "
-        "a table");
+        "a table. mask_bits: the forward's, read instead of drawing the mask again (the same "
+        "bits), or None");
   m.def("backward_sparse", &py::backward_sparse, "grad_position_table"_a.none(), "grad_out"_a,
         "input_ids"_a, "position_ids"_a, "vocab_size"_a, "max_seq_len"_a, "p"_a, "seed"_a, "step"_a,
-        "padding_row"_a = -1,
+        "padding_row"_a = -1, "mask_bits"_a.none() = nb::none(),
         "returns the token gradient as (rows, values), rows ascending; accumulates the "
-        "position gradient unless None");
+        "position gradient unless None. mask_bits: as backward_dense's");
   m.def("zero_grad", &py::zero_grad_array, "grad"_a, "fills a float32 array with zeros");
   m.def("empty_float32", &py::empty_float32, "rows"_a, "cols"_a,
         "an uninitialised float32 torch tensor whose memory posembed reuses once torch frees it");

@@ -69,6 +69,40 @@ def test_dropout_keeps_rate_scales_and_repeats_the_mask_in_backward():
     assert np.all(np.abs(grad_pos - ref_pos) <= sum_bound(np.abs(ref_pos), counts))
 
 
+def test_a_kept_mask_is_the_forwards_and_gives_the_backwards_their_bits():
+    tok, pos = tables()
+    ids = np.random.default_rng(3).integers(0, V, size=(4, 33))  # 3168 elements: 49.5 words
+    pids = positions.contiguous(ids)
+    p, seed, step = 0.3, 9, 4
+    words = posembed.dropout_mask_words(4, 33, D)
+    assert words == 50
+    mask = np.full(words + 1, 77, dtype=np.int64)  # one word past the mask, to stay as it is
+    out = posembed.forward(ids, pids, tok, pos, dropout=p, seed=seed, step=step, mask_bits=mask[:-1])
+    assert mask[-1] == 77
+    bits = np.unpackbits(mask[:-1].view(np.uint8), bitorder="little")[: out.size]
+    np.testing.assert_array_equal(bits.astype(bool), out.reshape(-1) != 0)  # no sum is 0 here
+    g = np.random.default_rng(4).standard_normal(out.shape).astype(np.float32)
+    common = dict(vocab_size=V, max_seq_len=P, dropout=p, seed=seed, step=step)
+    drawn = [np.empty_like(tok), np.empty_like(pos)]
+    given = [np.empty_like(tok), np.empty_like(pos)]
+    posembed.backward(g, ids, pids, grad_token_table=drawn[0], grad_position_table=drawn[1],
+                      accumulate=False, **common)
+    posembed.backward(g, ids, pids, grad_token_table=given[0], grad_position_table=given[1],
+                      accumulate=False, mask_bits=mask[:-1], **common)
+    for a, b in zip(drawn, given):
+        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+    rows, values = posembed.backward_sparse(g, ids, pids, mask_bits=mask[:-1], **common)
+    np.testing.assert_array_equal(values.view(np.uint32), drawn[0][rows].view(np.uint32))
+    # Without dropout there is no mask: the words are left as they are.
+    untouched = np.full(words, 5, dtype=np.int64)
+    posembed.forward(ids, pids, tok, pos, mask_bits=untouched)
+    assert np.all(untouched == 5)
+    with pytest.raises(ValueError, match="mask_bits holds 49 words.*needs 50"):
+        posembed.backward(g, ids, pids, grad_token_table=given[0], mask_bits=mask[:-2], **common)
+    with pytest.raises(ValueError, match="mask_bits has dtype uint8 but posembed needs int64"):
+        posembed.forward(ids, pids, tok, pos, dropout=p, mask_bits=np.zeros(400, np.uint8))
+
+
 def test_backward_accumulates_and_sparse_rows_equal_dense_rows_bitwise():
     tok, pos = tables()
     ids, pids = batch()

@@ -73,7 +73,7 @@ def test_training_dropout_rate_determinism_and_a_new_mask_each_step():
     assert torch.equal(twin(x), a) and torch.equal(twin(x), b)
 
 
-def test_backward_regenerates_the_forward_mask():
+def test_backward_applies_the_forward_mask():
     m = LearnedPositionEmbedding(V, P, D, dropout=0.3)
     x = ids()
     out = m(x)
@@ -84,6 +84,22 @@ def test_backward_regenerates_the_forward_mask():
     counts = np.bincount(pos.reshape(-1).numpy(), minlength=P)[:, None]
     err = (m.position_table.grad.double() - exact).abs().numpy()
     assert np.all(err <= sum_bound(exact.abs().numpy(), counts))
+
+
+def test_the_kept_mask_gives_the_bits_of_drawing_it_again():
+    # The autograd function keeps the training forward's mask as bits; the backward
+    # that draws the mask from (p, seed, step) instead must agree bit for bit.
+    m = LearnedPositionEmbedding(V, P, D, dropout=0.3, seed=21)
+    x = ids(3, 29)
+    g = torch.randn(3, 29, D, generator=torch.Generator().manual_seed(5))
+    m(x).backward(g)
+    pos = torch.arange(29).expand(3, 29).contiguous()
+    tok_grad, pos_grad = torch.empty(V, D), torch.empty(P, D)
+    posembed.backward(g.numpy(), x.numpy(), pos.numpy(), grad_token_table=tok_grad.numpy(),
+                      grad_position_table=pos_grad.numpy(), vocab_size=V, max_seq_len=P,
+                      dropout=0.3, seed=21, step=0, accumulate=False)
+    assert torch.equal(m.token_table.grad.view(torch.int32), tok_grad.view(torch.int32))
+    assert torch.equal(m.position_table.grad.view(torch.int32), pos_grad.view(torch.int32))
 
 
 def test_finite_differences():
