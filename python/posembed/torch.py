@@ -5,10 +5,10 @@
     x = emb(input_ids, attention_mask=mask)              # left padding, as generate()
     x = emb(next_ids, past_length=cache_len)             # decoding with a KV cache
 
-The forward pass is one C++ kernel (gather, add, inverted dropout). The dropout mask is never
-stored: it is a Philox function of (seed, step, element index), and backward regenerates it
-from the three numbers, as FlashAttention keeps its RNG state instead of a mask. Results are the
-same bits for any ``torch.get_num_threads()``.
+The forward pass is one C++ kernel (gather, add, inverted dropout). The dropout mask is a Philox
+function of (seed, step, element index); a training forward keeps it as bits (1/32 of the
+output) for the backward, which could also draw it again from the three numbers: the same
+bits either way. Results are the same bits for any ``torch.get_num_threads()``.
 """
 
 from __future__ import annotations

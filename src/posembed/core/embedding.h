@@ -1,9 +1,9 @@
 // The fused layer: out[b,t,:] = dropout(token_table[id[b,t]] + position_table[pos[b,t]]).
 //
-// Forward is one pass (gather, add, inverted dropout). The dropout mask is never
-// stored: element i of the output (flat index (b*T + t)*d + j) is kept when
-// dropout_draw(seed, step, i) >= round(p * 2^32) (philox.h), so backward
-// regenerates exactly the mask forward used, on any thread count.
+// Forward is one pass (gather, add, inverted dropout). Element i of the output
+// (flat index (b*T + t)*d + j) is kept when dropout_draw(seed, step, i) >=
+// round(p * 2^32) (philox.h), so backward can regenerate exactly the mask
+// forward used, on any thread count, or read it from the bits the forward kept.
 #pragma once
 
 #include <cstdint>

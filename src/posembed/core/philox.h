@@ -1,7 +1,7 @@
 // Philox4x32-10 (Salmon et al., SC'11; Random123), the counter-based generator
 // behind every random number in posembed. A draw is a pure function of
 // (key, counter), so any element's random bits can be recomputed on demand by
-// any thread: dropout masks are regenerated in backward instead of stored.
+// any thread: a backward can regenerate a dropout mask instead of storing it.
 #pragma once
 
 #include <array>
