@@ -6,6 +6,6 @@ emb = LearnedPositionEmbedding(vocab_size=50257, max_seq_len=1024, embed_dim=768
 ids = torch.tensor([[50256, 50256, 464, 3290], [15496, 11, 995, 0]])  # row 0 is left-padded
 mask = torch.tensor([[0, 0, 1, 1], [1, 1, 1, 1]])
 x = emb(ids, attention_mask=mask)  # (2, 4, 768): positions counted as generate() counts them
-x.pow(2).mean().backward()  # backward regenerates the dropout mask from (seed, step)
+x.pow(2).mean().backward()  # backward applies the forward's dropout mask, kept as bits
 torch.optim.AdamW(emb.parameters(), lr=1e-3).step()
 print(tuple(x.shape), emb.position_ids(ids, attention_mask=mask).tolist())
