@@ -193,19 +193,19 @@ void DropoutKeepWords(std::uint64_t* HWY_RESTRICT out, std::uint64_t word0, std:
 }
 
 // Where a kernel finds the keep bits of the elements it walks, in ascending
-// order: words drawn as the walk reaches them, kChunkWords at a time (and
-// copied out to the forward's keep words when it keeps them), or copied from
-// the keep words a forward kept. The words of a piece of the walk sit in a
-// small buffer on the stack, so that a vector's bits are one unaligned load
-// and a shift. A walk may jump ahead (a strip's next row): the words skipped
-// are not drawn.
+// order: the keep words a forward kept (read in place), or words drawn as the
+// walk reaches them, kChunkWords at a time, into a small buffer on the stack
+// (and copied out to the forward's keep words when it keeps them). Either way
+// a vector's bits are one unaligned load and a shift (KeepSpan). A walk may
+// jump ahead (a strip's next row): the words skipped are not drawn.
 constexpr std::size_t kBufferWords = 2 * kChunkWords + 2;  // a piece's words (<= 18) and a batch past them
-static_assert(kMaxLanes <= 25, "KeepBits returns at least 25 valid bits");
+static_assert(kMaxLanes <= 25, "KeepSpan::At returns at least 25 valid bits");
 struct KeepCursor {
   const std::uint64_t* given = nullptr;  // the words a forward kept; null: drawn here
+  std::size_t given_bytes = 0;           // their size, at least 8 when there are any
   std::uint64_t* kept = nullptr;         // where drawn words are copied out, or null
   std::uint64_t base = 0, end = 0;       // buffer holds words [base, end)
-  // One word more than it holds: KeepBits loads 4 bytes from the last word held.
+  // One word more than it holds: KeepSpan::At loads 4 bytes from the last word held.
   std::uint64_t buffer[kBufferWords + 1] = {};
 };
 
@@ -213,6 +213,7 @@ struct KeepCursor {
 // kMaxLanes of them), in a span of the walk that ends before element `limit`:
 // batches stop at the word holding element limit - 1.
 void DrawThrough(KeepCursor& c, std::uint64_t e0, std::uint64_t e1, std::uint64_t limit, const DropoutMask& mask) {
+  if (c.given) return;  // read where they are
   const std::uint64_t w0 = e0 >> 6, w1 = (e1 - 1) >> 6, limit_words = ((limit - 1) >> 6) + 1;
   if (w0 < c.base || w0 > c.end) {
     c.base = c.end = w0;  // a jump: start again at w0
@@ -225,24 +226,37 @@ void DrawThrough(KeepCursor& c, std::uint64_t e0, std::uint64_t e1, std::uint64_
     const auto count = static_cast<std::size_t>(
         std::min<std::uint64_t>({kChunkWords, limit_words - c.end, kBufferWords - (c.end - c.base)}));
     std::uint64_t* at = c.buffer + (c.end - c.base);
-    if (c.given) {
-      std::memcpy(at, c.given + c.end, count * sizeof(std::uint64_t));
-    } else {
-      DrawKeepWords(at, c.end, count, mask);
-      if (c.kept) std::memcpy(c.kept + c.end, at, count * sizeof(std::uint64_t));
-    }
+    DrawKeepWords(at, c.end, count, mask);
+    if (c.kept) std::memcpy(c.kept + c.end, at, count * sizeof(std::uint64_t));
     c.end += count;
   }
 }
 
-// The keep bits of elements e .. e + 24 (bit j: element e + j) from a cursor
-// that holds their words; bits past the last word held are undefined (no lane
-// reads them).
-HWY_INLINE std::uint32_t KeepBits(const KeepCursor& c, std::uint64_t e) {
-  const std::uint64_t bit = e - 64 * c.base;
-  std::uint32_t x;
-  std::memcpy(&x, reinterpret_cast<const unsigned char*>(c.buffer) + (bit >> 3), sizeof(x));
-  return x >> (bit & 7);
+// The keep bits of a span of elements first .. first + n - 1 (n <= kTile +
+// kMaxLanes) that the cursor holds, or that are given: At(j) holds those of
+// elements first + j .. first + j + 24 (bit i: element first + j + i); bits of
+// words past the last held are undefined (no lane reads them).
+struct KeepSpan {
+  const unsigned char* bytes;
+  std::uint64_t bit0;
+  HWY_INLINE std::uint32_t At(std::size_t j) const {
+    std::uint32_t x;
+    std::memcpy(&x, bytes + ((bit0 + j) >> 3), sizeof(x));
+    return x >> ((bit0 + j) & 7);
+  }
+};
+HWY_INLINE KeepSpan SpanOf(KeepCursor& c, std::uint64_t first, std::size_t n) {
+  if (c.given) {
+    // Read in place, unless a 4-byte load would pass the end (the batch's last
+    // bytes): then the span's words are copied into the buffer first.
+    if (((first + n - 1) >> 3) + sizeof(std::uint32_t) <= c.given_bytes) {
+      return {reinterpret_cast<const unsigned char*>(c.given), first};
+    }
+    c.base = first >> 6;
+    const std::uint64_t words = ((first + n - 1) >> 6) + 1 - c.base;
+    std::memcpy(c.buffer, c.given + c.base, words * sizeof(std::uint64_t));
+  }
+  return {reinterpret_cast<const unsigned char*>(c.buffer), first - 64 * c.base};
 }
 
 // Calls body(j, count, keep) over [0, n) in vectors of `lanes`, aligned so
@@ -259,22 +273,23 @@ HWY_INLINE void ForEachVector(std::size_t n, const float* aligned, std::uint64_t
   const auto address = reinterpret_cast<std::uintptr_t>(aligned);
   // Elements before the first vector boundary.
   const std::size_t head = (vector_bytes - address % vector_bytes) % vector_bytes / sizeof(float);
-  const auto vectors = [&](std::size_t j0, std::size_t j1) {
+  // keep: the bits from element first + j0 on.
+  const auto vectors = [&](std::size_t j0, std::size_t j1, KeepSpan keep) {
     std::size_t j = j0;
     if (j == 0 && head > 0) {
       const std::size_t count = std::min(head, j1);
-      body(j, count, kMasked ? KeepBits(*cursor, first) : 0u);
+      body(j, count, kMasked ? keep.At(0) : 0u);
       j += count;
     }
-    for (; j < j1; j += lanes) body(j, std::min(lanes, j1 - j), kMasked ? KeepBits(*cursor, first + j) : 0u);
+    for (; j < j1; j += lanes) body(j, std::min(lanes, j1 - j), kMasked ? keep.At(j - j0) : 0u);
   };
   if constexpr (!kMasked) {
-    vectors(0, n);
+    vectors(0, n, {});
   } else {
     for (std::size_t t0 = 0; t0 < n;) {
       const std::size_t t1 = std::min(n, t0 == 0 ? head + kTile : t0 + kTile);
       DrawThrough(*cursor, first + t0, first + t1, limit, mask);
-      vectors(t0, t1);
+      vectors(t0, t1, SpanOf(*cursor, first + t0, t1 - t0));
       t0 = t1;
     }
   }
@@ -328,41 +343,31 @@ void AddDropout(float* HWY_RESTRICT out, const float* HWY_RESTRICT a, const floa
   if (stream) hwy::FlushStream();
 }
 
-// v[j] = grad[j] * mask(first + j), j < n <= kTile: the masked gradient of a
-// span of the walk, into a stack buffer. Without a mask there is nothing to compute:
-// returns grad itself.
-const float* MaskedGradient(float* HWY_RESTRICT v, const float* HWY_RESTRICT grad, std::size_t n,
-                            std::uint64_t first, const DropoutMask& mask, KeepCursor& keep) {
-  if (!mask.active) return grad;
-  const hn::ScalableTag<float> df;
-  const std::size_t lanes = hn::Lanes(df);
-  DrawThrough(keep, first, first + n, first + n, mask);
-  for (std::size_t j = 0; j < n; j += lanes) {
-    const std::size_t count = std::min(lanes, n - j);
-    StorePart(ApplyKeep(df, LoadPart(df, grad + j, count), KeepBits(keep, first + j), mask.scale), df, v + j,
-              count);
-  }
-  return v;
-}
-
-// row[j] += v[j], j < n, in vectors aligned to `row` (they never split a cache
-// line, and two threads never write one line through a partial vector).
-// row_is_zero: row holds zeros, so it is written (0 + v, the same bits) without
-// being read; stream: past the cache (a fresh row of a large gradient).
-void AddInto(float* HWY_RESTRICT row, const float* HWY_RESTRICT v, std::size_t n, bool row_is_zero,
-             bool stream) {
+// row[j] += grad[j] * mask(j), j < n, in vectors aligned to `row` (they never
+// split a cache line, and two threads never write one line through a partial
+// vector); kMasked: mask(j) is scale where keep.At(j)'s bit 0 is set, else 0;
+// otherwise grad is added as it is. row_is_zero: row holds zeros, so it is written
+// (0 + v, the same bits) without being read; stream: past the cache (a fresh
+// row of a large gradient). The masked gradient is made where it is added, not
+// kept in a buffer for both tables: its store and load cost more than a
+// second multiply.
+template <bool kMasked>
+void AddInto(float* HWY_RESTRICT row, const float* HWY_RESTRICT grad, std::size_t n, KeepSpan keep, float scale,
+             bool row_is_zero, bool stream) {
   const hn::ScalableTag<float> df;
   const std::size_t lanes = hn::Lanes(df);
   ForEachVector<false>(n, row, 0, n, DropoutMask{}, nullptr, lanes, [&](std::size_t j, std::size_t count, std::uint32_t) {
-    const auto sum = hn::Add(row_is_zero ? hn::Zero(df) : LoadPart(df, row + j, count), LoadPart(df, v + j, count));
+    auto v = LoadPart(df, grad + j, count);
+    if constexpr (kMasked) v = ApplyKeep(df, v, keep.At(j), scale);
+    const auto sum = hn::Add(row_is_zero ? hn::Zero(df) : LoadPart(df, row + j, count), v);
     if (stream && count == lanes) return hn::Stream(sum, df, row + j);  // aligned: after the head
     StorePart(sum, df, row + j, count);
   });
 }
 
-// Rows that one masked-gradient span of a whole-row strip takes: consecutive in
-// flat order, so that short rows share a batch of draws (d = 128 alone: 16
-// Philox blocks, a single chain of multiplies).
+// Rows that one span of a whole-row strip takes: consecutive in flat order, so
+// that short rows share a batch of draws (d = 128 alone: 16 Philox blocks, a
+// single chain of multiplies).
 std::size_t RowsPerSpan(std::size_t d, const DropoutMask& mask) {
   return mask.active && d <= kTile ? kTile / d : 0;  // 0: one row at a time
 }
@@ -398,8 +403,8 @@ void ForwardRows(float* HWY_RESTRICT out, const float* HWY_RESTRICT token_table,
 // gradient row to its row of each table over that table's columns. A column
 // range [lo, hi) may start below 0: columns d + lo .. d of the token before (the
 // tail of the previous row that shares a cache line with this row's head). Each
-// step takes the flat range of both tables' columns at once, so one masked span
-// serves both and the previous row's tail.
+// step takes the flat range of both tables' columns at once, so one span of
+// keep bits serves both and the previous row's tail.
 void BackwardStrip(const StripTable& token, const StripTable& position, const float* HWY_RESTRICT grad_out,
                    std::size_t d, std::size_t n, const DropoutMask& mask, const std::uint64_t* HWY_RESTRICT keep) {
   const auto sd = static_cast<std::int64_t>(d), total = static_cast<std::int64_t>(n * d);
@@ -407,21 +412,26 @@ void BackwardStrip(const StripTable& token, const StripTable& position, const fl
                                    position.grad ? position.cols[0] : token.cols[0]);
   const std::int64_t hi = std::max(token.grad ? token.cols[1] : position.cols[1],
                                    position.grad ? position.cols[1] : token.cols[1]);
-  HWY_ALIGN float v[kTile];
   KeepCursor cursor;
   cursor.given = keep;
-  // Adds v's share of [c0, c1) (flat) to one table: its columns of the token that
-  // starts at flat r * d, and of the token before when cols[0] < 0.
-  const auto add = [&](const StripTable& table, std::int64_t r, std::int64_t c0, std::int64_t c1,
-                       const float* masked) {
+  cursor.given_bytes = (n * d + 63) / 64 * sizeof(std::uint64_t);
+  // Adds the masked gradient's share of [c0, c1) (flat) to one table: its columns
+  // of the token that starts at flat r * d, and of the token before when cols[0] < 0.
+  const auto add = [&](const StripTable& table, std::int64_t r, std::int64_t c0, std::int64_t c1) {
     const std::int64_t f0 = std::max(c0, r * sd + table.cols[0]), f1 = std::min(c1, r * sd + table.cols[1]);
     for (std::int64_t f = f0; f < f1;) {
       const std::int64_t t = f < r * sd ? r - 1 : r;
       const std::int64_t end = std::min(f1, (t + 1) * sd);
       const auto k = static_cast<std::size_t>(t);
-      AddInto(table.grad + static_cast<std::size_t>(table.rows[k]) * d + static_cast<std::size_t>(f - t * sd),
-              masked + (f - c0), static_cast<std::size_t>(end - f), table.first && table.first[k],
-              table.stream);
+      float* row = table.grad + static_cast<std::size_t>(table.rows[k]) * d + static_cast<std::size_t>(f - t * sd);
+      const bool row_is_zero = table.first && table.first[k];
+      const auto count = static_cast<std::size_t>(end - f);
+      if (mask.active) {
+        AddInto<true>(row, grad_out + f, count, SpanOf(cursor, static_cast<std::uint64_t>(f), count), mask.scale,
+                      row_is_zero, table.stream);
+      } else {
+        AddInto<false>(row, grad_out + f, count, {}, 1.0f, row_is_zero, table.stream);
+      }
       f = end;
     }
   };
@@ -453,11 +463,11 @@ void BackwardStrip(const StripTable& token, const StripTable& position, const fl
     const std::int64_t f0 = std::max<std::int64_t>(0, r * sd + lo), f1 = std::min(total, last * sd + hi);
     for (std::int64_t c0 = f0; c0 < f1; c0 += static_cast<std::int64_t>(kTile)) {
       const std::int64_t c1 = std::min(f1, c0 + static_cast<std::int64_t>(kTile));
-      const float* masked = MaskedGradient(v, grad_out + c0, static_cast<std::size_t>(c1 - c0),
-                                           static_cast<std::uint64_t>(c0), mask, cursor);
+      if (mask.active) DrawThrough(cursor, static_cast<std::uint64_t>(c0), static_cast<std::uint64_t>(c1),
+                                   static_cast<std::uint64_t>(c1), mask);
       for (std::int64_t t = r; t <= last; ++t) {
-        if (token.grad) add(token, t, c0, c1, masked);
-        if (position.grad) add(position, t, c0, c1, masked);
+        if (token.grad) add(token, t, c0, c1);
+        if (position.grad) add(position, t, c0, c1);
       }
     }
   }
