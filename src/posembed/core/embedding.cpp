@@ -75,46 +75,59 @@ simd::DropoutMask dropout_mask(const DropoutSpec& dropout) {
           dropout_scale(dropout.p), dropout.p > 0.0};
 }
 
-// Backward over column strips: a strip of every gradient row is owned by one
-// task, which walks the tokens in flat order. So each gradient element is summed
-// in the same order for any strip width and thread count, with no atomics and
-// no sort of the tokens; grad_out is read once. Each table comes with the row of
-// each token (its id, or its slot in a row-sparse gradient) and, optionally, the
-// tokens whose rows start at zero and have no earlier token (written, not read);
-// its strip columns are filled in here.
-void backward_strips(simd::StripTable token, simd::StripTable position, std::span<const float> grad_out,
-                     const EmbeddingShape& shape, const DropoutSpec& dropout,
-                     std::span<const std::uint64_t> mask_bits) {
+// Backward by rows: each row of each gradient table is owned by one thread,
+// which adds the masked grad_out rows of its tokens in flat order. So each
+// gradient element is summed in the same order for any thread count, with no
+// atomics and no sort of the tokens. A position row belongs to the thread of
+// its range of position ids, a token row to the thread of the position of the
+// row's first token: so the thread that owns a token's position row mostly
+// owns its token row too, and reads its grad_out row for both (each thread
+// reads whole rows; splitting rows into column strips instead, both threads
+// walked every token over half a row, 1.3-1.5x slower at the GPT-2 shape on
+// two threads). Each table comes with the row of each token (its id, or its
+// slot in a row-sparse gradient; token_rows of them) and, optionally, the
+// tokens whose rows start at zero and have no earlier token (written, not read).
+void backward_rows(simd::GradTable token, simd::GradTable position, std::int64_t token_rows,
+                   std::span<const float> grad_out, std::span<const std::int64_t> position_ids,
+                   const EmbeddingShape& shape, const DropoutSpec& dropout, std::span<const std::uint64_t> mask_bits) {
   if (!token.grad && !position.grad) return;  // both tables frozen
   const std::int64_t d = shape.embed_dim;
   const auto n = static_cast<std::int64_t>(token_count(shape));
   const std::int64_t threads = std::clamp<std::int64_t>(n * d / kGrainElements, 1, num_threads());
-  // At least 256 columns (1 KiB of each row) per strip: each (row, strip) pair has
-  // its own Philox setup, which outweighs a second thread below that (measured at
-  // d = 128: 0.35 ms on one thread, 0.6-1.2 ms on two).
-  const std::int64_t strips = std::clamp<std::int64_t>(d / 256, 1, threads);
-  // Each table's strip edges fall on its own cache lines, so that no line is
-  // written by two threads: a line straddling an edge would move between the
-  // cores on every row. When the rows start `misaligned` floats into a line (the
-  // same for every row when d is a multiple of 16), the first strip also takes
-  // the last `misaligned` columns of the row before, which share that line. The
-  // two tables' edges may differ by a few columns; those columns' masked values
-  // are computed by both threads.
-  const auto columns = [&](const float* table, std::int64_t s, std::int64_t* cols) {
-    const auto address = table ? reinterpret_cast<std::uintptr_t>(table) : 0;
-    const std::int64_t misaligned =
-        strips > 1 && d % 16 == 0 ? static_cast<std::int64_t>(address % 64 / sizeof(float)) : 0;
-    const std::int64_t shift = (16 - misaligned) % 16;  // the first line boundary in a row
-    const auto edge = [&](std::int64_t e) {
-      if (e == 0) return -misaligned;
-      if (e == strips) return d - misaligned;
-      // The line boundary nearest to an even split.
-      const std::int64_t lines = (e * d / strips - shift + 8) / 16;
-      return std::clamp<std::int64_t>(shift + 16 * lines, shift, d - misaligned);
-    };
-    cols[0] = edge(s);
-    cols[1] = edge(s + 1);
-  };
+  // Rows of at least 256 columns (1 KiB) per thread: shorter rows draw their
+  // mask in batches too short for Philox's four chains unless one walk takes
+  // several rows at a time, which only a single thread does (measured with
+  // column strips at d = 128: 0.35 ms on one thread, 0.6-1.2 ms on two).
+  const std::int64_t parts = std::clamp<std::int64_t>(d / 256, 1, std::min<std::int64_t>(threads, 255));
+  // Owners: a byte per token for each table, and per token-table row (set at
+  // the row's first token), kept with the calling thread.
+  thread_local std::vector<std::uint8_t> token_owner, position_owner, row_owner;
+  thread_local std::vector<std::uint64_t> seen;
+  if (parts > 1) {
+    const auto [low, high] = std::minmax_element(position_ids.begin(), position_ids.end());
+    const std::int64_t span = *high - *low + 1;
+    position_owner.resize(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) {
+      position_owner[static_cast<std::size_t>(i)] =
+          static_cast<std::uint8_t>((position_ids[static_cast<std::size_t>(i)] - *low) * parts / span);
+    }
+    if (token.grad) {
+      token_owner.resize(static_cast<std::size_t>(n));
+      row_owner.resize(static_cast<std::size_t>(token_rows));
+      seen.assign((static_cast<std::size_t>(token_rows) + 63) / 64, 0);
+      for (std::size_t i = 0; i < static_cast<std::size_t>(n); ++i) {
+        const auto row = static_cast<std::size_t>(token.rows[i]);
+        const std::uint64_t bit = std::uint64_t{1} << (row & 63);
+        if ((seen[row >> 6] & bit) == 0) {
+          seen[row >> 6] |= bit;
+          row_owner[row] = position_owner[i];
+        }
+        token_owner[i] = row_owner[row];
+      }
+      token.owner = token_owner.data();
+    }
+    if (position.grad) position.owner = position_owner.data();
+  }
   const simd::DropoutMask mask = dropout_mask(dropout);
   // The padding row is put back afterwards rather than skipped in the SIMD loop:
   // d floats of copying instead of a branch per token.
@@ -123,12 +136,9 @@ void backward_strips(simd::StripTable token, simd::StripTable position, std::spa
                            : nullptr;
   std::vector<float> saved_padding_row;
   if (padding_row) saved_padding_row.assign(padding_row, padding_row + d);
-  parallel_for(strips, [&](std::int64_t s) {
-    simd::StripTable t = token, p = position;
-    columns(t.grad, s, t.cols);
-    columns(p.grad, s, p.cols);
-    simd::backward_strip(t, p, grad_out.data(), static_cast<std::size_t>(d), static_cast<std::size_t>(n),
-                         mask, mask_bits.empty() ? nullptr : mask_bits.data());
+  parallel_for(parts, [&](std::int64_t s) {
+    simd::backward_rows(token, position, static_cast<std::uint8_t>(s), grad_out.data(), static_cast<std::size_t>(d),
+                        static_cast<std::size_t>(n), mask, mask_bits.empty() ? nullptr : mask_bits.data());
   });
   if (padding_row) std::copy(saved_padding_row.begin(), saved_padding_row.end(), padding_row);
 }
@@ -345,9 +355,9 @@ void embedding_backward(std::span<float> grad_token_table, std::span<float> grad
                         std::span<const std::uint64_t> mask_bits) {
   validate_backward(grad_token_table.size(), grad_position_table, grad_out, token_ids,
                     position_ids, shape, dropout, mask_bits);
-  simd::StripTable token{grad_token_table.empty() ? nullptr : grad_token_table.data(), token_ids.data()};
-  simd::StripTable position{grad_position_table.empty() ? nullptr : grad_position_table.data(),
-                            position_ids.data()};
+  simd::GradTable token{grad_token_table.empty() ? nullptr : grad_token_table.data(), token_ids.data()};
+  simd::GradTable position{grad_position_table.empty() ? nullptr : grad_position_table.data(),
+                           position_ids.data()};
   if (mode == GradMode::write) {
     // A fresh gradient in one pass: rows no token touches are zeroed, each touched
     // row is written by its first token (0 + v) and added to by the rest. Tables
@@ -357,7 +367,7 @@ void embedding_backward(std::span<float> grad_token_table, std::span<float> grad
     thread_local std::vector<std::uint8_t> first[2];
     thread_local std::vector<std::uint64_t> seen[2];
     const std::int64_t d = shape.embed_dim;
-    const auto prepare = [&](simd::StripTable& table, std::size_t k, std::span<const std::int64_t> ids,
+    const auto prepare = [&](simd::GradTable& table, std::size_t k, std::span<const std::int64_t> ids,
                              std::int64_t rows, std::int64_t skip) {
       if (!table.grad) return;
       mark_first_uses(first[k], seen[k], ids, rows, skip);
@@ -370,7 +380,7 @@ void embedding_backward(std::span<float> grad_token_table, std::span<float> grad
     // after its tokens added to it.
     prepare(position, 1, position_ids, shape.max_seq_len, shape.position_padding_row);
   }
-  backward_strips(token, position, grad_out, shape, dropout, mask_bits);
+  backward_rows(token, position, shape.vocab_size, grad_out, position_ids, shape, dropout, mask_bits);
 }
 
 void embedding_backward(SparseRowGrad& grad, std::span<float> grad_position_table,
@@ -404,7 +414,7 @@ void embedding_backward(SparseRowGrad& grad, std::span<float> grad_position_tabl
     }
   }
   scratch.slot.resize(n);
-  simd::StripTable token{nullptr, scratch.slot.data()};
+  simd::GradTable token{nullptr, scratch.slot.data()};
   if (grad.rows.empty()) {
     // The usual case, right after zero_grad. A row's slot is its rank among the
     // touched rows; the first token of each row (in flat order) writes it, so
@@ -433,9 +443,10 @@ void embedding_backward(SparseRowGrad& grad, std::span<float> grad_position_tabl
     }
   }
   token.grad = grad.values.empty() ? nullptr : grad.values.data();
-  const simd::StripTable position{
+  const simd::GradTable position{
       grad_position_table.empty() ? nullptr : grad_position_table.data(), position_ids.data()};
-  backward_strips(token, position, grad_out, shape, dropout, mask_bits);
+  backward_rows(token, position, static_cast<std::int64_t>(grad.rows.size()), grad_out, position_ids, shape,
+                dropout, mask_bits);
 }
 
 void validate_sparse_grad(const SparseRowGrad& grad, std::int64_t table_rows) {

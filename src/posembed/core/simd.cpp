@@ -399,75 +399,57 @@ void ForwardRows(float* HWY_RESTRICT out, const float* HWY_RESTRICT token_table,
   if (stream) hwy::FlushStream();
 }
 
-// One thread's share of the backward: every token r in flat order adds its masked
-// gradient row to its row of each table over that table's columns. A column
-// range [lo, hi) may start below 0: columns d + lo .. d of the token before (the
-// tail of the previous row that shares a cache line with this row's head). Each
-// step takes the flat range of both tables' columns at once, so one span of
-// keep bits serves both and the previous row's tail.
-void BackwardStrip(const StripTable& token, const StripTable& position, const float* HWY_RESTRICT grad_out,
-                   std::size_t d, std::size_t n, const DropoutMask& mask, const std::uint64_t* HWY_RESTRICT keep) {
-  const auto sd = static_cast<std::int64_t>(d), total = static_cast<std::int64_t>(n * d);
-  const std::int64_t lo = std::min(token.grad ? token.cols[0] : position.cols[0],
-                                   position.grad ? position.cols[0] : token.cols[0]);
-  const std::int64_t hi = std::max(token.grad ? token.cols[1] : position.cols[1],
-                                   position.grad ? position.cols[1] : token.cols[1]);
+// Thread `self`'s share of the backward: every token r it owns, in flat order,
+// adds its masked gradient row to its row of each table it owns r for. Whole
+// rows: each row of a table is written by one thread only.
+void BackwardRows(const GradTable& token, const GradTable& position, std::uint8_t self,
+                  const float* HWY_RESTRICT grad_out, std::size_t d, std::size_t n, const DropoutMask& mask,
+                  const std::uint64_t* HWY_RESTRICT keep) {
   KeepCursor cursor;
   cursor.given = keep;
   cursor.given_bytes = (n * d + 63) / 64 * sizeof(std::uint64_t);
-  // Adds the masked gradient's share of [c0, c1) (flat) to one table: its columns
-  // of the token that starts at flat r * d, and of the token before when cols[0] < 0.
-  const auto add = [&](const StripTable& table, std::int64_t r, std::int64_t c0, std::int64_t c1) {
-    const std::int64_t f0 = std::max(c0, r * sd + table.cols[0]), f1 = std::min(c1, r * sd + table.cols[1]);
-    for (std::int64_t f = f0; f < f1;) {
-      const std::int64_t t = f < r * sd ? r - 1 : r;
-      const std::int64_t end = std::min(f1, (t + 1) * sd);
-      const auto k = static_cast<std::size_t>(t);
-      float* row = table.grad + static_cast<std::size_t>(table.rows[k]) * d + static_cast<std::size_t>(f - t * sd);
-      const bool row_is_zero = table.first && table.first[k];
-      const auto count = static_cast<std::size_t>(end - f);
-      if (mask.active) {
-        AddInto<true>(row, grad_out + f, count, SpanOf(cursor, static_cast<std::uint64_t>(f), count), mask.scale,
-                      row_is_zero, table.stream);
-      } else {
-        AddInto<false>(row, grad_out + f, count, {}, 1.0f, row_is_zero, table.stream);
-      }
-      f = end;
+  const auto owns = [&](const GradTable& table, std::size_t r) {
+    return table.grad && (!table.owner || table.owner[r] == self);
+  };
+  // Adds the masked gradient of flat elements [c0, c1), inside token r's row, to
+  // the table's row of r.
+  const auto add = [&](const GradTable& table, std::size_t r, std::size_t c0, std::size_t c1) {
+    float* row = table.grad + static_cast<std::size_t>(table.rows[r]) * d + (c0 - r * d);
+    const bool row_is_zero = table.first && table.first[r];
+    if (mask.active) {
+      AddInto<true>(row, grad_out + c0, c1 - c0, SpanOf(cursor, c0, c1 - c0), mask.scale, row_is_zero, table.stream);
+    } else {
+      AddInto<false>(row, grad_out + c0, c1 - c0, {}, 1.0f, row_is_zero, table.stream);
     }
   };
-  const std::int64_t steps = static_cast<std::int64_t>(n) + (lo < 0 ? 1 : 0);
-  // A strip of whole rows (one thread) takes several short rows per step: one
-  // masked span for all of them (RowsPerSpan).
-  const std::int64_t group =
-      lo == 0 && hi == sd ? std::max<std::int64_t>(1, static_cast<std::int64_t>(RowsPerSpan(d, mask))) : 1;
-  for (std::int64_t r = 0; r < steps; r += group) {
-    // The tokens two steps ahead, only this thread's columns of their token rows:
-    // prefetching the other thread's would pull lines it writes. A row its token
-    // writes fresh past the cache (a streamed first use) is never read: fetching
-    // it would read lines that the streaming stores then overwrite, and hold the
-    // core's few line-fill buffers that they and grad_out need (Xeon with AVX-512,
-    // GPT-2 shape, p 0: the row-sparse backward 6.7 -> 4.7 ms on one thread, 3.7
-    // -> 3.3 ms on two). A fresh row written through the cache is still fetched:
-    // its plain stores read each line first.
-    for (std::int64_t t = r + 2 * group; t < std::min(r + 3 * group, static_cast<std::int64_t>(n)); ++t) {
-      const auto ahead = static_cast<std::size_t>(t);
-      if (token.grad && !(token.stream && token.first && token.first[ahead])) {
-        const auto from = static_cast<std::size_t>(std::max<std::int64_t>(token.cols[0], 0));
-        PrefetchRow</*kForWrite=*/true>(token.grad + static_cast<std::size_t>(token.rows[ahead]) * d + from,
-                                        static_cast<std::size_t>(token.cols[1]) - from);
+  // A walk over every token takes several short rows per step: one span of
+  // keep bits for all of them (RowsPerSpan).
+  const std::size_t group = !token.owner && !position.owner ? std::max<std::size_t>(1, RowsPerSpan(d, mask)) : 1;
+  for (std::size_t r = 0; r < n; r += group) {
+    const std::size_t last = std::min(r + group, n) - 1;  // the group's tokens: r .. last
+    if (group == 1 && !owns(token, r) && !owns(position, r)) continue;
+    // The tokens two steps ahead. A row its token writes fresh past the cache (a
+    // streamed first use) is never read: fetching it would read lines that the
+    // streaming stores then overwrite, and hold the core's few line-fill buffers
+    // that they and grad_out need (Xeon with AVX-512, GPT-2 shape, p 0: the
+    // row-sparse backward 6.7 -> 4.7 ms on one thread, 3.7 -> 3.3 ms on two). A
+    // fresh row written through the cache is still fetched: its plain stores
+    // read each line first.
+    for (std::size_t t = r + 2 * group; t < std::min(r + 3 * group, n); ++t) {
+      const bool tok = owns(token, t);
+      if (!tok && !owns(position, t)) continue;
+      if (tok && !(token.stream && token.first && token.first[t])) {
+        PrefetchRow</*kForWrite=*/true>(token.grad + static_cast<std::size_t>(token.rows[t]) * d, d);
       }
-      PrefetchRow(grad_out + ahead * d + static_cast<std::size_t>(std::max<std::int64_t>(lo, 0)),
-                  static_cast<std::size_t>(hi - std::max<std::int64_t>(lo, 0)));
+      PrefetchRow(grad_out + t * d, d);
     }
-    const std::int64_t last = std::min(r + group, steps) - 1;  // the group's tokens: r .. last
-    const std::int64_t f0 = std::max<std::int64_t>(0, r * sd + lo), f1 = std::min(total, last * sd + hi);
-    for (std::int64_t c0 = f0; c0 < f1; c0 += static_cast<std::int64_t>(kTile)) {
-      const std::int64_t c1 = std::min(f1, c0 + static_cast<std::int64_t>(kTile));
-      if (mask.active) DrawThrough(cursor, static_cast<std::uint64_t>(c0), static_cast<std::uint64_t>(c1),
-                                   static_cast<std::uint64_t>(c1), mask);
-      for (std::int64_t t = r; t <= last; ++t) {
-        if (token.grad) add(token, t, c0, c1);
-        if (position.grad) add(position, t, c0, c1);
+    for (std::size_t c0 = r * d; c0 < (last + 1) * d; c0 += kTile) {
+      const std::size_t c1 = std::min((last + 1) * d, c0 + kTile);
+      if (mask.active) DrawThrough(cursor, c0, c1, c1, mask);
+      for (std::size_t t = std::max(r, c0 / d); t <= last && t * d < c1; ++t) {
+        const std::size_t f0 = std::max(c0, t * d), f1 = std::min(c1, (t + 1) * d);
+        if (owns(token, t)) add(token, t, f0, f1);
+        if (owns(position, t)) add(position, t, f0, f1);
       }
     }
   }
@@ -741,7 +723,7 @@ HWY_EXPORT(AdamW);
 HWY_EXPORT(StreamZeros);
 HWY_EXPORT(ZeroUntouchedRows);
 HWY_EXPORT(ForwardRows);
-HWY_EXPORT(BackwardStrip);
+HWY_EXPORT(BackwardRows);
 HWY_EXPORT(Transpose);
 HWY_EXPORT(SoftmaxRow);
 HWY_EXPORT(SoftmaxRowBackward);
@@ -771,9 +753,9 @@ void forward_rows(float* out, const float* token_table, const std::int64_t* toke
                                     r1, mask, stream, keep);
 }
 
-void backward_strip(const StripTable& token, const StripTable& position, const float* grad_out,
-                    std::size_t d, std::size_t n, const DropoutMask& mask, const std::uint64_t* keep) {
-  HWY_DYNAMIC_DISPATCH(BackwardStrip)(token, position, grad_out, d, n, mask, keep);
+void backward_rows(const GradTable& token, const GradTable& position, std::uint8_t self, const float* grad_out,
+                   std::size_t d, std::size_t n, const DropoutMask& mask, const std::uint64_t* keep) {
+  HWY_DYNAMIC_DISPATCH(BackwardRows)(token, position, self, grad_out, d, n, mask, keep);
 }
 
 void stream_zeros(float* out, std::size_t n) { HWY_DYNAMIC_DISPATCH(StreamZeros)(out, n); }

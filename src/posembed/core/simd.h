@@ -61,25 +61,23 @@ void forward_rows(float* out, const float* token_table, const std::int64_t* toke
                   std::size_t r0, std::size_t r1, const DropoutMask& mask, bool stream,
                   std::uint64_t* keep = nullptr);
 
-// One gradient table of backward_strip. The masked grad_out row of token r goes
-// to row rows[r] of grad, over columns cols = [lo, hi); lo < 0 also takes
-// columns d + lo .. d of token r - 1 (the tail of a row that shares a cache
-// line with the next row's head).
-struct StripTable {
+// One gradient table of backward_rows. The masked grad_out row of token r is
+// added to row rows[r] of grad, by the thread that owns token r for this table.
+struct GradTable {
   float* grad = nullptr;                // (rows, d); null: the table is skipped
   const std::int64_t* rows = nullptr;   // (n)
   const std::uint8_t* first = nullptr;  // (n) or null: 1 where token r's row still holds
                                         // zeros, so it is written (0 + v, the same bits), not read
-  std::int64_t cols[2] = {0, 0};
+  const std::uint8_t* owner = nullptr;  // (n) or null: the thread of each token (null: every
+                                        // token is the caller's)
   bool stream = false;  // those first writes go past the cache (a table much larger than it)
 };
 
-// One thread's share of the backward, tokens r = 0 .. n-1 in flat order, into
-// both tables. keep: null (the mask is drawn again), or the keep words the
-// forward wrote. grad_out: (n, d), keep: (ceil(n * d / 64))
-void backward_strip(const StripTable& token, const StripTable& position, const float* grad_out,
-                    std::size_t d, std::size_t n, const DropoutMask& mask,
-                    const std::uint64_t* keep = nullptr);
+// Thread `self`'s share of the backward: the tokens r = 0 .. n-1 it owns, in
+// flat order, into both tables. keep: null (the mask is drawn again), or the
+// keep words the forward wrote. grad_out: (n, d), keep: (ceil(n * d / 64))
+void backward_rows(const GradTable& token, const GradTable& position, std::uint8_t self, const float* grad_out,
+                   std::size_t d, std::size_t n, const DropoutMask& mask, const std::uint64_t* keep = nullptr);
 
 // out[j] = 0, j < n, with non-temporal stores past the cache, then a store fence.
 void stream_zeros(float* out, std::size_t n);
