@@ -80,7 +80,9 @@ class _Embedding(torch.autograd.Function):
         out = _C.empty_float32(b * t, d).view(b, t, d)
         mask = None
         if p > 0 and any(ctx.needs_input_grad[:2]):
-            mask = torch.empty((b * t * d + 63) // 64, dtype=torch.int64)
+            # int64 words from the pool of reused storage, as the output (a fresh
+            # torch.empty of this size page-faults in on every step).
+            mask = _C.empty_float32(1, 2 * ((b * t * d + 63) // 64)).view(torch.int64).view(-1)
         _C.set_num_threads(torch.get_num_threads())
         _C.forward(out, input_ids, position_ids, tokens, pos_table, p, seed, step,
                    position_padding_row, mask)
