@@ -197,7 +197,8 @@ void DropoutKeepWords(std::uint64_t* HWY_RESTRICT out, std::uint64_t word0, std:
 // walk reaches them, kChunkWords at a time, into a small buffer on the stack
 // (and copied out to the forward's keep words when it keeps them). Either way
 // a vector's bits are one unaligned load and a shift (KeepSpan). A walk may
-// jump ahead (a strip's next row): the words skipped are not drawn.
+// jump ahead (past the tokens another thread owns): the words skipped are not
+// drawn.
 constexpr std::size_t kBufferWords = 2 * kChunkWords + 2;  // a piece's words (<= 18) and a batch past them
 static_assert(kMaxLanes <= 25, "KeepSpan::At returns at least 25 valid bits");
 struct KeepCursor {
@@ -262,8 +263,8 @@ HWY_INLINE KeepSpan SpanOf(KeepCursor& c, std::uint64_t first, std::size_t n) {
 // Calls body(j, count, keep) over [0, n) in vectors of `lanes`, aligned so
 // that each full vector of `aligned` (the array written) starts on a vector
 // boundary: a partial head, full vectors, a partial tail. Aligned stores never
-// split a cache line, and the vectors of two threads writing neighbouring column
-// strips never share one. kMasked: keep holds the keep bits of elements first +
+// split a cache line, and where two threads write neighbouring rows that share
+// a line, neither writes it with a full vector. kMasked: keep holds the keep bits of elements first +
 // j.. from `cursor`, drawn in pieces of about kTile elements whose edges fall on
 // vector boundaries, in a span of the walk that ends before `limit`; else 0.
 template <bool kMasked, class Body>
@@ -365,9 +366,9 @@ void AddInto(float* HWY_RESTRICT row, const float* HWY_RESTRICT grad, std::size_
   });
 }
 
-// Rows that one span of a whole-row strip takes: consecutive in flat order, so
-// that short rows share a batch of draws (d = 128 alone: 16 Philox blocks, a
-// single chain of multiplies).
+// Rows that one span of a walk over every token takes: consecutive in flat
+// order, so that short rows share a batch of draws (d = 128 alone: 16 Philox
+// blocks, a single chain of multiplies).
 std::size_t RowsPerSpan(std::size_t d, const DropoutMask& mask) {
   return mask.active && d <= kTile ? kTile / d : 0;  // 0: one row at a time
 }
