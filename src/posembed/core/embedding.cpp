@@ -82,9 +82,9 @@ simd::DropoutMask dropout_mask(const DropoutSpec& dropout) {
 // its range of position ids, a token row to the thread of the position of the
 // row's first token: so the thread that owns a token's position row mostly
 // owns its token row too, and reads its grad_out row for both (each thread
-// reads whole rows; splitting rows into column strips instead, both threads
-// walked every token over half a row, 1.3-1.5x slower at the GPT-2 shape on
-// two threads). Each table comes with the row of each token (its id, or its
+// reads whole rows; with rows split into column strips instead, both threads
+// walked every token over half a row and took 1.04-1.2x as long at the GPT-2
+// shape). Each table comes with the row of each token (its id, or its
 // slot in a row-sparse gradient; token_rows of them) and, optionally, the
 // tokens whose rows start at zero and have no earlier token (written, not read).
 void backward_rows(simd::GradTable token, simd::GradTable position, std::int64_t token_rows,
