@@ -75,6 +75,22 @@ simd::DropoutMask dropout_mask(const DropoutSpec& dropout) {
           dropout_scale(dropout.p), dropout.p > 0.0};
 }
 
+// Marks the first token of each row in flat order: first[i] = 1 when no token
+// before i has row ids[i]; `seen` ends as the bitmap of the rows the tokens
+// touch. Tokens of row `skip` (-1: none) are never first and leave no bit.
+// first: (n), seen: (table_rows / 64), ids: (n)
+void mark_first_uses(std::vector<std::uint8_t>& first, std::vector<std::uint64_t>& seen,
+                     std::span<const std::int64_t> ids, std::int64_t table_rows, std::int64_t skip = -1) {
+  first.resize(ids.size());
+  seen.assign((static_cast<std::size_t>(table_rows) + 63) / 64, 0);
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    const auto id = static_cast<std::size_t>(ids[i]);
+    const std::uint64_t bit = std::uint64_t{1} << (id & 63);
+    first[i] = ids[i] != skip && (seen[id >> 6] & bit) == 0;
+    if (ids[i] != skip) seen[id >> 6] |= bit;
+  }
+}
+
 // Backward by rows: each row of each gradient table is owned by one thread,
 // which adds the masked grad_out rows of its tokens in flat order. So each
 // gradient element is summed in the same order for any thread count, with no
@@ -100,8 +116,9 @@ void backward_rows(simd::GradTable token, simd::GradTable position, std::int64_t
   // column strips at d = 128: 0.35 ms on one thread, 0.6-1.2 ms on two).
   const std::int64_t parts = std::clamp<std::int64_t>(d / 256, 1, std::min<std::int64_t>(threads, 255));
   // Owners: a byte per token for each table, and per token-table row (set at
-  // the row's first token), kept with the calling thread.
-  thread_local std::vector<std::uint8_t> token_owner, position_owner, row_owner;
+  // the row's first token), kept with the calling thread with the first-token
+  // marks when the caller has none.
+  thread_local std::vector<std::uint8_t> token_owner, position_owner, row_owner, first;
   thread_local std::vector<std::uint64_t> seen;
   if (parts > 1) {
     const auto [low, high] = std::minmax_element(position_ids.begin(), position_ids.end());
@@ -112,16 +129,18 @@ void backward_rows(simd::GradTable token, simd::GradTable position, std::int64_t
           static_cast<std::uint8_t>((position_ids[static_cast<std::size_t>(i)] - *low) * parts / span);
     }
     if (token.grad) {
+      // A fresh gradient's first tokens are marked already (GradMode::write, a
+      // row-sparse gradient after zero_grad).
+      const std::uint8_t* is_first = token.first;
+      if (!is_first) {
+        mark_first_uses(first, seen, {token.rows, static_cast<std::size_t>(n)}, token_rows);
+        is_first = first.data();
+      }
       token_owner.resize(static_cast<std::size_t>(n));
       row_owner.resize(static_cast<std::size_t>(token_rows));
-      seen.assign((static_cast<std::size_t>(token_rows) + 63) / 64, 0);
       for (std::size_t i = 0; i < static_cast<std::size_t>(n); ++i) {
         const auto row = static_cast<std::size_t>(token.rows[i]);
-        const std::uint64_t bit = std::uint64_t{1} << (row & 63);
-        if ((seen[row >> 6] & bit) == 0) {
-          seen[row >> 6] |= bit;
-          row_owner[row] = position_owner[i];
-        }
+        if (is_first[i]) row_owner[row] = position_owner[i];
         token_owner[i] = row_owner[row];
       }
       token.owner = token_owner.data();
@@ -141,22 +160,6 @@ void backward_rows(simd::GradTable token, simd::GradTable position, std::int64_t
                         static_cast<std::size_t>(n), mask, mask_bits.empty() ? nullptr : mask_bits.data());
   });
   if (padding_row) std::copy(saved_padding_row.begin(), saved_padding_row.end(), padding_row);
-}
-
-// Marks the first token of each row in flat order: first[i] = 1 when no token
-// before i has row ids[i]; `seen` ends as the bitmap of the rows the tokens
-// touch. Tokens of row `skip` (-1: none) are never first and leave no bit.
-// first: (n), seen: (table_rows / 64), ids: (n)
-void mark_first_uses(std::vector<std::uint8_t>& first, std::vector<std::uint64_t>& seen,
-                     std::span<const std::int64_t> ids, std::int64_t table_rows, std::int64_t skip = -1) {
-  first.resize(ids.size());
-  seen.assign((static_cast<std::size_t>(table_rows) + 63) / 64, 0);
-  for (std::size_t i = 0; i < ids.size(); ++i) {
-    const auto id = static_cast<std::size_t>(ids[i]);
-    const std::uint64_t bit = std::uint64_t{1} << (id & 63);
-    first[i] = ids[i] != skip && (seen[id >> 6] & bit) == 0;
-    if (ids[i] != skip) seen[id >> 6] |= bit;
-  }
 }
 
 // Zeroes the rows of grad (rows, d) whose bit in `touched` is clear, in blocks
