@@ -130,11 +130,15 @@ TEST(SimdDropout, AddMatchesTheMaskDefinitionBitForBit) {
 }
 
 TEST(SimdDropout, KeepWordsMatchTheMaskDefinitionBitForBit) {
-  // Words whose blocks cross 2^32 (carry into c1) and one past 2^40, thresholds
-  // of p = 0.1 and 0.5 and ones that tie chosen elements' high halves, decided
-  // by the low half (the tie's element dropped when the threshold is one above).
+  // Words whose blocks cross 2^32 (4 blocks a word: a carry into c1) and one
+  // past 2^40, thresholds of p = 0.1 and 0.5 and ones that tie chosen elements'
+  // high bytes, decided by the low 24 bits (the tie's element dropped when the
+  // threshold is one above). Counts across batches of draws (32 words). Every
+  // threshold ties one element in 256; the test checks that words with two or
+  // more ties were among those compared.
   const std::uint64_t seed = 0xFEEDFACECAFEBEEFull, step = 5;
-  const std::uint64_t word0s[] = {0, 7, (std::uint64_t{1} << 29) - 2, std::uint64_t{1} << 40};
+  const std::uint64_t word0s[] = {0, 7, (std::uint64_t{1} << 30) - 2, std::uint64_t{1} << 40};
+  std::size_t words_with_several_ties = 0;
   for_each_target([&] {
     for (const std::uint64_t word0 : word0s) {
       std::vector<std::uint32_t> thresholds = {dropout_threshold(0.1), dropout_threshold(0.5)};
@@ -144,21 +148,26 @@ TEST(SimdDropout, KeepWordsMatchTheMaskDefinitionBitForBit) {
       }
       for (const std::uint32_t threshold : thresholds) {
         const simd::DropoutMask mask{philox_key(seed), step, threshold, 2.0f, true};
-        for (const std::size_t count : {1, 3, 16, 17, 40}) {
+        for (const std::size_t count : {1, 3, 16, 17, 32, 33, 70}) {
           std::vector<std::uint64_t> words(count + 1, 0x0123456789ABCDEFull);
           simd::dropout_keep_words(words.data(), word0, count, mask);
           for (std::size_t k = 0; k < count; ++k) {
+            std::size_t ties = 0;
             for (std::size_t j = 0; j < 64; ++j) {
               const std::uint64_t element = 64 * (word0 + k) + j;
-              ASSERT_EQ(words[k] >> j & 1, dropout_draw(seed, step, element) >= threshold ? 1u : 0u)
+              const std::uint32_t draw = dropout_draw(seed, step, element);
+              ties += draw >> 24 == threshold >> 24;
+              ASSERT_EQ(words[k] >> j & 1, draw >= threshold ? 1u : 0u)
                   << "element " << element << " threshold " << threshold << " count " << count;
             }
+            words_with_several_ties += ties >= 2;
           }
           ASSERT_EQ(words[count], 0x0123456789ABCDEFull) << "wrote past the end";
         }
       }
     }
   });
+  EXPECT_GT(words_with_several_ties, 0u);
 }
 
 // The layer's kernels through the public API on every instruction set and on 1,
@@ -168,7 +177,7 @@ TEST(SimdDropout, KeepWordsMatchTheMaskDefinitionBitForBit) {
 // into a line, so the first strip takes the row tails), short rows that share one
 // batch of draws (128, with a padding position) and rows longer than a batch
 // (1030). The dropout rates include thresholds that tie with chosen elements'
-// high halves, in a row's tail and in its middle, decided by the low half.
+// high bytes, in a row's tail and in its middle, decided by the low 24 bits.
 // The forward also keeps the mask as bits, and backwards given those bits give
 // the bits of backwards that draw the mask again.
 struct KernelCase {

@@ -70,24 +70,23 @@ constexpr std::uint32_t philox_bits(std::uint64_t seed, std::uint64_t step, Rand
   return philox4x32_10(philox_counter(index >> 2, step, stream), philox_key(seed))[index & 3];
 }
 
-// 16-bit word (index mod 8) of block index / 8 of a stream: the block's four
-// 32-bit words as eight little-endian halves.
-constexpr std::uint32_t philox_half(PhiloxKey key, std::uint64_t step, RandomStream stream,
+// Byte (index mod 16) of block index / 16 of a stream: the block's four 32-bit
+// words as sixteen little-endian bytes.
+constexpr std::uint32_t philox_byte(PhiloxKey key, std::uint64_t step, RandomStream stream,
                                     std::uint64_t index) {
-  const std::uint32_t word = philox4x32_10(philox_counter(index >> 3, step, stream), key)[(index >> 1) & 3];
-  return (word >> (16 * (index & 1))) & 0xFFFFu;
+  const std::uint32_t word = philox4x32_10(philox_counter(index >> 4, step, stream), key)[(index >> 2) & 3];
+  return (word >> (8 * (index & 3))) & 0xFFu;
 }
 
-// The layer's 32-bit dropout draw for flat element `index`: its high half from
-// the dropout stream, its low half from dropout_low. An element is kept when the
-// draw is >= round(p * 2^32) (embedding.h). The kernels compare the high half
-// with the threshold's high half first and draw the low half only on a tie, one
-// element in 65536: one Philox block serves 8 elements, not 4, and the keep rate
-// is still 1 - p to within 2^-32.
+// The layer's 32-bit dropout draw for flat element `index`: its high byte from
+// the dropout stream, its low 24 bits the high 24 of philox_bits of dropout_low.
+// An element is kept when the draw is >= round(p * 2^32) (embedding.h). The
+// kernels compare the high byte with the threshold's first and draw the low bits
+// only on a tie, one element in 256: one Philox block serves 16 elements, not 4,
+// and the keep rate is still 1 - p to within 2^-32.
 constexpr std::uint32_t dropout_draw(std::uint64_t seed, std::uint64_t step, std::uint64_t index) {
-  const PhiloxKey key = philox_key(seed);
-  return philox_half(key, step, RandomStream::dropout, index) << 16 |
-         philox_half(key, step, RandomStream::dropout_low, index);
+  return philox_byte(philox_key(seed), step, RandomStream::dropout, index) << 24 |
+         philox_bits(seed, step, RandomStream::dropout_low, index) >> 8;
 }
 
 }  // namespace posembed

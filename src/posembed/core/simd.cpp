@@ -78,8 +78,18 @@ HWY_INLINE void PhiloxGroup(D64 d64, std::uint32_t* HWY_RESTRICT out, std::size_
     } else {
       HWY_ALIGN std::uint64_t tail[2 * HWY_MAX_BYTES / sizeof(std::uint64_t)];
       hn::StoreInterleaved2(w01, w23, d64, tail);
-      std::memcpy(out + 4 * k, tail, 4 * (blocks - k) * sizeof(std::uint32_t));
+      // blocks - k < lanes here; the min shows the compiler that the copy stays in `tail`.
+      std::memcpy(out + 4 * k, tail, 4 * std::min(blocks - k, lanes) * sizeof(std::uint32_t));
     }
+  }
+}
+
+// The key of each round, bumped between rounds.
+template <class D64, class V64 = hn::Vec<D64>>
+HWY_INLINE void PhiloxRoundKeys(D64 d64, PhiloxKey key, V64 (&k0)[10], V64 (&k1)[10]) {
+  for (int round = 0; round < 10; ++round) {
+    k0[round] = hn::Set(d64, key[0] + static_cast<std::uint32_t>(round) * kPhiloxW0);
+    k1[round] = hn::Set(d64, key[1] + static_cast<std::uint32_t>(round) * kPhiloxW1);
   }
 }
 
@@ -90,22 +100,24 @@ void PhiloxBlocks(std::uint32_t* HWY_RESTRICT out, PhiloxCounter first, PhiloxKe
   const std::size_t lanes = hn::Lanes(d64);
   const std::uint64_t base = std::uint64_t{first[0]} | (std::uint64_t{first[1]} << 32);
   V64 k0[10], k1[10];
-  for (int round = 0; round < 10; ++round) {  // the key is bumped between rounds
-    k0[round] = hn::Set(d64, key[0] + static_cast<std::uint32_t>(round) * kPhiloxW0);
-    k1[round] = hn::Set(d64, key[1] + static_cast<std::uint32_t>(round) * kPhiloxW1);
-  }
+  PhiloxRoundKeys(d64, key, k0, k1);
   const V64 c2 = hn::Set(d64, first[2]), c3 = hn::Set(d64, first[3]);
   // Four independent vectors per step keep four chains of multiplies in flight
   // (on Zen 4: 0.375 ns per word, against 0.44 with two and 0.95 with eight,
-  // which spill); the rest one vector at a time, so a short batch computes no
-  // more than one vector it does not need.
+  // which spill); the last one to four vectors (the last one partial) side by
+  // side as well, so a short batch computes no vector it does not need.
   std::size_t k = 0;
   for (; k + 4 * lanes <= blocks; k += 4 * lanes) PhiloxGroup<4>(d64, out, k, blocks, base, c2, c3, k0, k1);
-  for (; k < blocks; k += lanes) PhiloxGroup<1>(d64, out, k, blocks, base, c2, c3, k0, k1);
+  switch ((blocks - k + lanes - 1) / lanes) {  // the last 1-4 vectors side by side too
+    case 4: return PhiloxGroup<4>(d64, out, k, blocks, base, c2, c3, k0, k1);
+    case 3: return PhiloxGroup<3>(d64, out, k, blocks, base, c2, c3, k0, k1);
+    case 2: return PhiloxGroup<2>(d64, out, k, blocks, base, c2, c3, k0, k1);
+    case 1: return PhiloxGroup<1>(d64, out, k, blocks, base, c2, c3, k0, k1);
+    default: return;
+  }
 }
 
-// Elements per batch of mask draws (their 4 KiB of Philox words stay on the
-// stack, in L1) and per masked span of the backward.
+// Elements per span of a walk that applies a mask (its keep bits held at once).
 constexpr std::size_t kTile = 1024;
 
 // Lanes of the widest vector of any target: the size of the remainder buffers.
@@ -139,49 +151,98 @@ HWY_INLINE void StorePart(hn::Vec<D> v, D d, T* HWY_RESTRICT p, std::size_t coun
 #endif
 }
 
-// Keep words (simd.h) drawn per Philox batch: 1024 elements, 128 blocks.
-constexpr std::size_t kChunkWords = kTile / 64;
+// Keep words (simd.h) drawn per Philox batch: 2048 elements, 128 blocks (2 KiB
+// on the stack, in L1), with about 8 ties: one vector of 64-bit lanes for their
+// low bits on AVX-512. (Batches of 1024 elements: about 1.15x the time, Zen 4.)
+constexpr std::size_t kChunkWords = 32;
+
+// low[k] = the low 24 bits of the draw of element first + offsets[k], k <
+// count (dropout_draw): word e mod 4 of block e / 4 of the dropout_low stream,
+// shifted down by 8. Lanes(d64) elements per Philox evaluation, side by side.
+void DrawLowBits(std::uint32_t* HWY_RESTRICT low, std::uint64_t first, const std::uint16_t* HWY_RESTRICT offsets,
+                 std::size_t count, const DropoutMask& mask) {
+  const hn::ScalableTag<std::uint64_t> d64;
+  using V64 = hn::Vec<decltype(d64)>;
+  const std::size_t lanes = hn::Lanes(d64);
+  V64 k0[10], k1[10];
+  PhiloxRoundKeys(d64, mask.key, k0, k1);
+  const PhiloxCounter stream = philox_counter(0, mask.step, RandomStream::dropout_low);
+  for (std::size_t i = 0; i < count; i += lanes) {
+    const std::size_t n = std::min(lanes, count - i);
+    HWY_ALIGN std::uint64_t blocks[HWY_MAX_BYTES / sizeof(std::uint64_t)] = {};
+    for (std::size_t k = 0; k < n; ++k) blocks[k] = (first + offsets[i + k]) >> 2;
+    const V64 block = hn::Load(d64, blocks);
+    V64 c[1][4] = {{block, hn::ShiftRight<32>(block), hn::Set(d64, stream[2]), hn::Set(d64, stream[3])}};
+    Philox10<1>(d64, c, k0, k1);
+    HWY_ALIGN std::uint64_t words[4][HWY_MAX_BYTES / sizeof(std::uint64_t)];
+    for (int w = 0; w < 4; ++w) hn::Store(c[0][w], d64, words[w]);
+    for (std::size_t k = 0; k < n; ++k) {
+      low[i + k] = static_cast<std::uint32_t>(words[(first + offsets[i + k]) & 3][k]) >> 8;
+    }
+  }
+}
 
 // Keep words word0 .. word0 + count - 1, count <= kChunkWords, into out: each
-// draw's high half against the threshold's, and on a tie (one element in 65536)
-// the low half, drawn alone.
+// draw's high byte against the threshold's, and on a tie (one element in 256)
+// its low 24 bits, drawn for the chunk's ties together.
 void DrawKeepWords(std::uint64_t* HWY_RESTRICT out, std::uint64_t word0, std::size_t count,
                    const DropoutMask& mask) {
-  HWY_ALIGN std::uint32_t draws[kChunkWords * 32];  // 8 blocks of 4 words per keep word
-  PhiloxBlocks(draws, philox_counter(word0 * 8, mask.step, RandomStream::dropout), mask.key, count * 8);
-  // Element 64 * word0 + i's high half is 16-bit word i of the blocks (philox_half).
-  const auto* high = reinterpret_cast<const std::uint16_t*>(draws);
-  const auto threshold_high = static_cast<std::uint16_t>(mask.threshold >> 16);
-  // An element whose high half ties the threshold's is dropped when its low half
-  // is below the threshold's.
-  const auto tie_dropped = [&](std::uint64_t element) {
-    return philox_half(mask.key, mask.step, RandomStream::dropout_low, element) < (mask.threshold & 0xFFFFu);
-  };
-  const hn::ScalableTag<std::uint16_t> d16;
-  const std::size_t lanes = hn::Lanes(d16);
+  HWY_ALIGN std::uint32_t draws[kChunkWords * 16];  // 4 blocks of 4 words per keep word
+  PhiloxBlocks(draws, philox_counter(word0 * 4, mask.step, RandomStream::dropout), mask.key, count * 4);
+  // Element 64 * word0 + i's high byte is byte i of the blocks (philox_byte).
+  const auto* high = reinterpret_cast<const std::uint8_t*>(draws);
+  const auto threshold_high = static_cast<std::uint8_t>(mask.threshold >> 24);
+  // Each element's bit of tied (64 per word, as the keep words) is set where its
+  // high byte ties the threshold's; it is kept for now, and dropped below when
+  // its low bits are below the threshold's.
+  std::uint64_t tied[kChunkWords];
+  const hn::ScalableTag<std::uint8_t> d8;
+  const std::size_t lanes = hn::Lanes(d8);
   if (lanes < 8) {  // one lane: a plain loop
     for (std::size_t k = 0; k < count; ++k) {
-      std::uint64_t keep = 0;
+      std::uint64_t keep = 0, tie = 0;
       for (std::size_t j = 0; j < 64; ++j) {
-        const std::uint16_t h = high[64 * k + j];
-        keep |= std::uint64_t{h > threshold_high || (h == threshold_high && !tie_dropped(64 * (word0 + k) + j))} << j;
+        const std::uint8_t h = high[64 * k + j];
+        keep |= std::uint64_t{h >= threshold_high} << j;
+        tie |= std::uint64_t{h == threshold_high} << j;
       }
       out[k] = keep;
+      tied[k] = tie;
     }
-    return;
+  } else {
+    // Each vector's mask bits are whole bytes of the word, stored in place (x86:
+    // little-endian).
+    auto* keep_bytes = reinterpret_cast<std::uint8_t*>(out);
+    auto* tied_bytes = reinterpret_cast<std::uint8_t*>(tied);
+    const auto t = hn::Set(d8, threshold_high);
+    for (std::size_t i = 0; i < 64 * count; i += lanes) {
+      const auto v = hn::Load(d8, high + i);
+      hn::StoreMaskBits(d8, hn::Not(hn::Lt(v, t)), keep_bytes + i / 8);
+      hn::StoreMaskBits(d8, hn::Eq(v, t), tied_bytes + i / 8);
+    }
   }
-  // Each vector's mask bits are whole bytes of the word, stored in place (x86:
-  // little-endian). A tie is kept first and put right below, rarely.
-  auto* bytes = reinterpret_cast<std::uint8_t*>(out);
-  const auto t = hn::Set(d16, threshold_high);
-  for (std::size_t i = 0; i < 64 * count; i += lanes) {
-    const auto v = hn::Load(d16, high + i);
-    hn::StoreMaskBits(d16, hn::Not(hn::Lt(v, t)), bytes + i / 8);
-    if (HWY_UNLIKELY(!hn::AllFalse(d16, hn::Eq(v, t)))) {
-      for (std::size_t j = i; j < i + lanes; ++j) {
-        if (high[j] == threshold_high && tie_dropped(64 * word0 + j)) out[j / 64] &= ~(std::uint64_t{1} << (j % 64));
-      }
+  // The tied elements' offsets from element 64 * word0, without a branch on
+  // whether a word holds a tie (a fifth of them do: such a branch mispredicts):
+  // one offset written always, the count advanced by the true number, and a
+  // branch only for a second tie in a word (3% of words).
+  std::uint16_t ties[64 * kChunkWords + 1];
+  std::size_t tie_count = 0;
+  for (std::size_t k = 0; k < count; ++k) {
+    std::uint64_t bits = tied[k];
+    const auto n = static_cast<std::size_t>(std::popcount(bits));
+    std::uint16_t* to = ties + tie_count;
+    to[0] = static_cast<std::uint16_t>(64 * k + static_cast<std::size_t>(std::countr_zero(bits)));
+    for (std::size_t j = 1; HWY_UNLIKELY(j < n); ++j) {
+      bits &= bits - 1;
+      to[j] = static_cast<std::uint16_t>(64 * k + static_cast<std::size_t>(std::countr_zero(bits)));
     }
+    tie_count += n;
+  }
+  if (tie_count == 0) return;
+  std::uint32_t low[64 * kChunkWords];
+  DrawLowBits(low, 64 * word0, ties, tie_count, mask);
+  for (std::size_t k = 0; k < tie_count; ++k) {
+    if (low[k] < (mask.threshold & 0xFFFFFFu)) out[ties[k] / 64] &= ~(std::uint64_t{1} << (ties[k] % 64));
   }
 }
 
@@ -199,7 +260,7 @@ void DropoutKeepWords(std::uint64_t* HWY_RESTRICT out, std::uint64_t word0, std:
 // a vector's bits are one unaligned load and a shift (KeepSpan). A walk may
 // jump ahead (past the tokens another thread owns): the words skipped are not
 // drawn.
-constexpr std::size_t kBufferWords = 2 * kChunkWords + 2;  // a piece's words (<= 18) and a batch past them
+constexpr std::size_t kBufferWords = kTile / 64 + 2 + kChunkWords;  // a span's words (<= 18) and a batch past them
 static_assert(kMaxLanes <= 25, "KeepSpan::At returns at least 25 valid bits");
 struct KeepCursor {
   const std::uint64_t* given = nullptr;  // the words a forward kept; null: drawn here
@@ -426,9 +487,17 @@ void BackwardRows(const GradTable& token, const GradTable& position, std::uint8_
   // A walk over every token takes several short rows per step: one span of
   // keep bits for all of them (RowsPerSpan).
   const std::size_t group = !token.owner && !position.owner ? std::max<std::size_t>(1, RowsPerSpan(d, mask)) : 1;
+  const auto visits = [&](std::size_t t) { return owns(token, t) || owns(position, t); };
+  // Drawn keep words run to the end of the walk's run of tokens, as far as a
+  // batch reaches: whole batches of draws, none for a token it skips.
+  std::size_t run_end = 0;
   for (std::size_t r = 0; r < n; r += group) {
     const std::size_t last = std::min(r + group, n) - 1;  // the group's tokens: r .. last
-    if (group == 1 && !owns(token, r) && !owns(position, r)) continue;
+    if (group == 1 && !visits(r)) continue;
+    if (mask.active && !keep && run_end <= last) {
+      run_end = last + 1;
+      while (run_end < n && (run_end - r) * d < kChunkWords * 64 && visits(run_end)) ++run_end;
+    }
     // The tokens two steps ahead. A row its token writes fresh past the cache (a
     // streamed first use) is never read: fetching it would read lines that the
     // streaming stores then overwrite, and hold the core's few line-fill buffers
@@ -446,7 +515,7 @@ void BackwardRows(const GradTable& token, const GradTable& position, std::uint8_
     }
     for (std::size_t c0 = r * d; c0 < (last + 1) * d; c0 += kTile) {
       const std::size_t c1 = std::min((last + 1) * d, c0 + kTile);
-      if (mask.active) DrawThrough(cursor, c0, c1, c1, mask);
+      if (mask.active) DrawThrough(cursor, c0, c1, run_end * d, mask);
       for (std::size_t t = std::max(r, c0 / d); t <= last && t * d < c1; ++t) {
         const std::size_t f0 = std::max(c0, t * d), f1 = std::min(c1, (t + 1) * d);
         if (owns(token, t)) add(token, t, f0, f1);
