@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "posembed/core/error.h"
+#include "posembed/core/layer.h"  // assign_zeros_huge
 #include "posembed/core/parallel_for.h"
 #include "posembed/core/philox.h"
 #include "posembed/core/simd.h"
@@ -423,7 +424,13 @@ void embedding_backward(SparseRowGrad& grad, std::span<float> grad_position_tabl
     // touched rows; the first token of each row (in flat order) writes it, so
     // `values` needs no zeroing, and no allocation once its capacity is reached.
     grad.rows.assign(batch_rows.begin(), batch_rows.end());
-    grad.values.resize(grad.rows.size() * width);
+    // Rows are written in token order, scattered over `values`: on huge pages
+    // that costs no page walk a row (GPT-2 shape, Zen 4: 0.93x the backward).
+    if (grad.values.capacity() < grad.rows.size() * width) {
+      assign_zeros_huge(grad.values, grad.rows.size() * width);
+    } else {
+      grad.values.resize(grad.rows.size() * width);
+    }
     scratch.rank.resize(words);
     for (std::size_t w = 0, rank = 0; w < words; ++w) {
       scratch.rank[w] = static_cast<std::int64_t>(rank);

@@ -64,8 +64,8 @@ EmbeddingLayer make_embedding_layer(const EmbeddingConfig& config) {
   EmbeddingLayer layer;
   layer.config = config;
   const auto d = static_cast<std::size_t>(config.embed_dim);
-  layer.token_table.resize(static_cast<std::size_t>(config.vocab_size) * d);
-  layer.position_table.resize(static_cast<std::size_t>(config.max_seq_len) * d);
+  assign_zeros_huge(layer.token_table, static_cast<std::size_t>(config.vocab_size) * d);
+  assign_zeros_huge(layer.position_table, static_cast<std::size_t>(config.max_seq_len) * d);
   init_table(layer.token_table, config.token_init, config.embed_dim, config.seed,
              RandomStream::token_init);
   init_table(layer.position_table, config.position_init, config.embed_dim, config.seed,
