@@ -247,17 +247,25 @@ TEST(SimdKernels, ForwardAndBackwardMatchAFloatOracleOnEveryTargetAndThreadCount
           set_num_threads(threads);
           SCOPED_TRACE("d " + std::to_string(d) + ", p " + std::to_string(p) + ", " + std::to_string(threads) +
                        " threads");
-          // Buffers at offsets 5, 3 and 9 floats into a cache line.
-          std::vector<float> out_buffer(n * d + 5), tok_buffer(tok.size() + 3, 0.5f),
-              pos_buffer(pos.size() + 9, 0.25f);
-          const std::span<float> got_out(out_buffer.data() + 5, n * d), got_tok(tok_buffer.data() + 3, tok.size()),
-              got_pos(pos_buffer.data() + 9, pos.size());
+          // Gradients at offsets 3 and 9 floats into a cache line; the output at
+          // 0, 5 and 15 floats past a 64-byte boundary (where the forward's
+          // vectors fall across row ends differently), its neighbours checked.
+          std::vector<float> tok_buffer(tok.size() + 3, 0.5f), pos_buffer(pos.size() + 9, 0.25f);
+          const std::span<float> got_tok(tok_buffer.data() + 3, tok.size()), got_pos(pos_buffer.data() + 9, pos.size());
           // The mask's words, and one past them that must stay as it is.
           std::vector<std::uint64_t> kept(dropout_mask_words(s) + 1, 0x5A5A5A5A5A5A5A5Aull);
           const std::span<std::uint64_t> mask_bits(kept.data(), kept.size() - 1);
-          embedding_forward(got_out, c.tokens, c.positions, c.token_table, c.position_table, s, dropout,
-                            mask_bits);
-          ASSERT_EQ(as_bits({got_out.begin(), got_out.end()}), as_bits(out));
+          for (const std::size_t offset : {0, 5, 15}) {
+            std::vector<float> out_buffer(n * d + 48, 42.0f);
+            float* const base = out_buffer.data() + 16;
+            const std::size_t to_line = (64 - reinterpret_cast<std::uintptr_t>(base) % 64) % 64 / sizeof(float);
+            const std::span<float> got_out(base + to_line + offset, n * d);
+            embedding_forward(got_out, c.tokens, c.positions, c.token_table, c.position_table, s, dropout,
+                              mask_bits);
+            ASSERT_EQ(as_bits({got_out.begin(), got_out.end()}), as_bits(out)) << "output offset " << offset;
+            ASSERT_EQ(got_out.data()[-1], 42.0f) << "wrote before the output";
+            ASSERT_EQ(got_out.data()[n * d], 42.0f) << "wrote past the output";
+          }
           for (std::size_t i = 0; i < n * d; ++i) {
             ASSERT_EQ(kept[i / 64] >> (i % 64) & 1, dropout_draw(seed, step, i) >= dropout_threshold(p) ? 1u : 0u)
                 << "mask bit " << i;
