@@ -441,10 +441,11 @@ void embedding_backward(SparseRowGrad& grad, std::span<float> grad_position_tabl
       const std::uint64_t bit = std::uint64_t{1} << (id & 63);
       scratch.slot[i] = scratch.rank[id >> 6] + std::popcount(scratch.touched[id >> 6] & (bit - 1));
     }
-    // The first writes go past the cache: the next reader is the optimizer.
+    // A large gradient's first writes go past the cache (the next reader is
+    // the optimizer); a small one stays in it.
     mark_first_uses(scratch.first_use, scratch.seen, token_ids, shape.vocab_size);
     token.first = scratch.first_use.data();
-    token.stream = true;
+    token.stream = grad.values.size() * sizeof(float) >= kStreamBytes;
   } else {
     // Accumulating a second batch before zero_grad: merge the new rows in.
     merge_rows(grad, batch_rows);
