@@ -41,7 +41,7 @@ enum class RandomStream : std::uint32_t {
   model_init = 4,      // trainer: every other parameter of the model
   model_dropout = 5,   // trainer: residual and attention dropout
   data_sampling = 6,   // trainer: batch sampling
-  dropout_low = 7,     // the low halves of the layer's dropout draws (dropout_draw)
+  dropout_low = 7,     // the low 24 bits of the layer's dropout draws (dropout_draw)
 };
 
 // Counter layout, documented because it fixes every random bit posembed makes:

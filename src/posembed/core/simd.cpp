@@ -428,8 +428,8 @@ void AddInto(float* HWY_RESTRICT row, const float* HWY_RESTRICT grad, std::size_
 }
 
 // Rows that one span of a walk over every token takes: consecutive in flat
-// order, so that short rows share a batch of draws (d = 128 alone: 16 Philox
-// blocks, a single chain of multiplies).
+// order, so that short rows share a span of keep bits and a batch of draws
+// (d = 128 alone: 8 Philox blocks, one vector's chain of multiplies).
 std::size_t RowsPerSpan(std::size_t d, const DropoutMask& mask) {
   return mask.active && d <= kTile ? kTile / d : 0;  // 0: one row at a time
 }
