@@ -321,6 +321,12 @@ HWY_INLINE KeepSpan SpanOf(KeepCursor& c, std::uint64_t first, std::size_t n) {
   return {reinterpret_cast<const unsigned char*>(c.buffer), first - 64 * c.base};
 }
 
+// Elements of `p` before its first boundary of a vector of `lanes` floats.
+HWY_INLINE std::size_t ElementsBeforeVectorBoundary(const float* p, std::size_t lanes) {
+  const std::size_t vector_bytes = lanes * sizeof(float);
+  return (vector_bytes - reinterpret_cast<std::uintptr_t>(p) % vector_bytes) % vector_bytes / sizeof(float);
+}
+
 // Calls body(j, count, keep) over [0, n) in vectors of `lanes`, aligned so
 // that each full vector of `aligned` (the array written) starts on a vector
 // boundary: a partial head, full vectors, a partial tail. Aligned stores never
@@ -331,10 +337,7 @@ HWY_INLINE KeepSpan SpanOf(KeepCursor& c, std::uint64_t first, std::size_t n) {
 template <bool kMasked, class Body>
 HWY_INLINE void ForEachVector(std::size_t n, const float* aligned, std::uint64_t first, std::uint64_t limit,
                               const DropoutMask& mask, KeepCursor* cursor, std::size_t lanes, Body&& body) {
-  const std::size_t vector_bytes = lanes * sizeof(float);
-  const auto address = reinterpret_cast<std::uintptr_t>(aligned);
-  // Elements before the first vector boundary.
-  const std::size_t head = (vector_bytes - address % vector_bytes) % vector_bytes / sizeof(float);
+  const std::size_t head = ElementsBeforeVectorBoundary(aligned, lanes);
   // keep: the bits from element first + j0 on.
   const auto vectors = [&](std::size_t j0, std::size_t j1, KeepSpan keep) {
     std::size_t j = j0;
@@ -466,10 +469,8 @@ void ForwardRowsStitched(float* HWY_RESTRICT out, const float* HWY_RESTRICT toke
     return v;
   };
   const auto store_full = [&](V v, float* to) { stream ? hn::Stream(v, df, to) : hn::Store(v, df, to); };
-  const std::size_t vector_bytes = lanes * sizeof(float);
-  const auto address = reinterpret_cast<std::uintptr_t>(out + r0 * d);
   // Elements of row r already written by the vector across its start.
-  std::size_t s = (vector_bytes - address % vector_bytes) % vector_bytes / sizeof(float);
+  std::size_t s = ElementsBeforeVectorBoundary(out + r0 * d, lanes);
   if (s > 0) {  // the block's head: a partial vector
     const V v = hn::Add(LoadPart(df, token_row(r0), s), LoadPart(df, position_row(r0), s));
     StorePart(finish(v, kMasked ? keep_span(r0 * d, s).At(0) : 0u), df, out + r0 * d, s);
@@ -523,20 +524,13 @@ void ForwardRows(float* HWY_RESTRICT out, const float* HWY_RESTRICT token_table,
                  std::size_t r1, const DropoutMask& mask, bool stream, std::uint64_t* HWY_RESTRICT keep) {
   KeepCursor cursor;
   cursor.kept = keep;
-#if !HWY_MEM_OPS_MIGHT_FAULT
-  if (d >= hn::Lanes(hn::ScalableTag<float>())) {
-    if (mask.active) {
-      ForwardRowsStitched<true>(out, token_table, token_ids, position_table, position_ids, d, r0, r1, mask, stream,
-                                cursor);
-    } else {
-      ForwardRowsStitched<false>(out, token_table, token_ids, position_table, position_ids, d, r0, r1, mask, stream,
-                                 cursor);
-    }
-    if (stream) hwy::FlushStream();
-    return;
-  }
-#endif
   const auto rows = [&]<bool kMasked> {
+#if !HWY_MEM_OPS_MIGHT_FAULT
+    if (d >= hn::Lanes(hn::ScalableTag<float>())) {
+      return ForwardRowsStitched<kMasked>(out, token_table, token_ids, position_table, position_ids, d, r0, r1, mask,
+                                          stream, cursor);
+    }
+#endif
     for (std::size_t r = r0; r < r1; ++r) {
       if (r + 2 < r1) PrefetchRow(token_table + static_cast<std::size_t>(token_ids[r + 2]) * d, d);
       AddDropoutSpan<kMasked>(out + r * d, token_table + static_cast<std::size_t>(token_ids[r]) * d,
