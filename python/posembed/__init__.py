@@ -95,14 +95,16 @@ def backward(grad_out, input_ids, position_ids, *, grad_token_table=None, grad_p
 
 
 def backward_sparse(grad_out, input_ids, position_ids, *, grad_position_table=None, vocab_size,
-                    max_seq_len, dropout=0.0, seed=1337, step=0, padding_row=-1, mask_bits=None):
+                    max_seq_len, dropout=0.0, seed=1337, step=0, padding_row=-1, accumulate=True,
+                    mask_bits=None):
     """The token gradient as (rows, values): the touched rows ascending and their (R, d) sums.
 
-    Accumulates the position gradient into grad_position_table unless it is None. mask_bits: as
-    backward()'s.
+    Accumulates the position gradient into grad_position_table unless it is None, or with
+    ``accumulate=False`` writes it fresh, as backward() does. mask_bits: as backward()'s.
     """
     return _C.backward_sparse(grad_position_table, grad_out, input_ids, position_ids, vocab_size,
-                              max_seq_len, float(dropout), seed, step, padding_row, mask_bits)
+                              max_seq_len, float(dropout), seed, step, padding_row, bool(accumulate),
+                              mask_bits)
 
 
 def inspect(path, *, name=None, offset=None) -> dict:

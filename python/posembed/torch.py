@@ -106,11 +106,11 @@ class _Embedding(torch.autograd.Function):
             grad_positions = torch.empty(position_shape, dtype=torch.float32)
         vocab_size, max_seq_len = token_shape[0], position_shape[0]
         if need_tokens and sparse:
-            if grad_positions is not None:
-                _C.zero_grad(grad_positions)  # the sparse backward accumulates into it
+            # The position gradient written fresh, as the dense path's below.
             rows, values = _C.backward_sparse(grad_positions, grad_out, input_ids, position_ids,
                                               vocab_size, max_seq_len, p, seed, step,
-                                              position_padding_row, ctx.mask)
+                                              position_padding_row, accumulate=False,
+                                              mask_bits=ctx.mask)
             grad_tokens = _sparse_grad(rows, values, token_shape, padding_idx)
         else:
             if need_tokens:

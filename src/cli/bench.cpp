@@ -331,6 +331,8 @@ std::vector<Result> bench_shape(Workload& w, int reps, bool validate) {
   const double fwd_bytes = n * d * f + (Ut + Up) * d * f + 2 * n * id;
   const double bwd_dense_bytes = n * d * f + 2 * (Ut + Up) * d * f + 2 * n * id;
   const double bwd_sparse_bytes = n * d * f + (Ut + 2 * Up) * d * f + 2 * n * id;
+  // The same with a fresh position gradient: all its rows written, none read.
+  const double bwd_sparse_write_bytes = n * d * f + (Ut + P) * d * f + 2 * n * id;
   const double zero_dense_bytes = V * d * f;
   // A fresh dense gradient: both tables written once, grad_out and the ids read.
   const double bwd_write_bytes = n * d * f + (V + P) * d * f + 2 * n * id;
@@ -352,9 +354,12 @@ std::vector<Result> bench_shape(Workload& w, int reps, bool validate) {
     embedding_backward(w.grad_tok, w.grad_pos, w.grad_out, w.tokens, w.positions, w.s, train,
                        GradMode::write, w.mask_bits);
   };
-  const auto backward_sparse = [&] {
+  // The position gradient added to (backward_sparse), or written fresh as after
+  // PyTorch's zero_grad(set_to_none=True) (fwd_bwd_sparse).
+  const auto backward_sparse = [&](GradMode position_mode) {
     zero_grad(w.sparse);
-    embedding_backward(w.sparse, w.grad_pos, w.grad_out, w.tokens, w.positions, w.s, train, w.mask_bits);
+    embedding_backward(w.sparse, w.grad_pos, w.grad_out, w.tokens, w.positions, w.s, train, position_mode,
+                       w.mask_bits);
   };
   results.push_back({"forward_eval", "forward, eval (no dropout)",
                      time_it(reps, [&] { forward(eval); }), fwd_bytes, "forward_eval"});
@@ -368,17 +373,16 @@ std::vector<Result> bench_shape(Workload& w, int reps, bool validate) {
                      time_it(reps, backward_write), bwd_write_bytes + mask_bytes,
                      "backward_dense"});
   results.push_back({"backward_sparse", "backward, row-sparse token grad, p 0.1",
-                     time_it(reps, backward_sparse), bwd_sparse_bytes + mask_bytes,
+                     time_it(reps, [&] { backward_sparse(GradMode::accumulate); }), bwd_sparse_bytes + mask_bytes,
                      "backward_sparse"});
   results.push_back({"zero_grad_dense", "zero_grad of the dense (V, d) token grad",
                      time_it(reps, [&] { zero_grad(w.grad_tok); }), zero_dense_bytes, "zero_grad_dense"});
-  results.push_back({"fwd_bwd_sparse", "train fwd + zero_grad + bwd, row-sparse",
+  results.push_back({"fwd_bwd_sparse", "train fwd + bwd, row-sparse, fresh position grad",
                      time_it(reps, [&] {
                        forward(train);
-                       zero_grad(w.grad_pos);
-                       backward_sparse();
+                       backward_sparse(GradMode::write);
                      }),
-                     fwd_bytes + P * d * f + bwd_sparse_bytes + 2 * mask_bytes, "fwd_bwd_sparse"});
+                     fwd_bytes + bwd_sparse_write_bytes + 2 * mask_bytes, "fwd_bwd_sparse"});
   results.push_back({"fwd_bwd_dense", "train fwd + bwd writing fresh dense grads",
                      time_it(reps, [&] {
                        forward(train);

@@ -354,7 +354,7 @@ std::tuple<RowsArray, ValuesArray> backward_sparse(std::optional<Out> grad_posit
                                                    std::int64_t vocab_size,
                                                    std::int64_t max_seq_len, double p,
                                                    std::uint64_t seed, std::uint64_t step,
-                                                   std::int64_t padding_row,
+                                                   std::int64_t padding_row, bool accumulate,
                                                    std::optional<In> mask_bits) {
   const BackwardArgs a = backward_args(grad_position_table, grad_out, token_ids, position_ids,
                                        vocab_size, max_seq_len, padding_row);
@@ -369,7 +369,8 @@ std::tuple<RowsArray, ValuesArray> backward_sparse(std::optional<Out> grad_posit
   {
     nb::gil_scoped_release release;
     embedding_backward(*grad, a.grad_position, a.grad_out, a.batch.token_ids, a.batch.position_ids,
-                       a.batch.shape, {p, seed, step}, mask);
+                       a.batch.shape, {p, seed, step}, accumulate ? GradMode::accumulate : GradMode::write,
+                       mask);
   }
   const std::size_t rows = grad->rows.size();
   const auto d = static_cast<std::size_t>(grad->embed_dim);
@@ -573,9 +574,10 @@ NB_MODULE(_C, m) {
         "bits), or None");
   m.def("backward_sparse", &py::backward_sparse, "grad_position_table"_a.none(), "grad_out"_a,
         "input_ids"_a, "position_ids"_a, "vocab_size"_a, "max_seq_len"_a, "p"_a, "seed"_a, "step"_a,
-        "padding_row"_a = -1, "mask_bits"_a.none() = nb::none(),
+        "padding_row"_a = -1, "accumulate"_a = true, "mask_bits"_a.none() = nb::none(),
         "returns the token gradient as (rows, values), rows ascending; accumulates the "
-        "position gradient unless None. mask_bits: as backward_dense's");
+        "position gradient unless None, or with accumulate=False writes it (as "
+        "backward_dense). mask_bits: as backward_dense's");
   m.def("zero_grad", &py::zero_grad_array, "grad"_a, "fills a float32 array with zeros");
   m.def("empty_float32", &py::empty_float32, "rows"_a, "cols"_a,
         "an uninitialised float32 torch tensor whose memory posembed reuses once torch frees it");

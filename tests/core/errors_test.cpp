@@ -54,7 +54,8 @@ void expect_rejected(Fixture f, std::initializer_list<std::string> fragments) {
                        GradMode::accumulate, f.mask_bits);
   }, "backward given the mask");
   check([&] {
-    embedding_backward(sparse, f.grad_pos, f.grad_out, f.tokens, f.positions, f.shape, f.dropout, f.mask_bits);
+    embedding_backward(sparse, f.grad_pos, f.grad_out, f.tokens, f.positions, f.shape, f.dropout,
+                       GradMode::accumulate, f.mask_bits);
   }, "sparse backward given the mask");
   check([&] { embedding_backward(f.grad_tok, f.grad_pos, f.grad_out, f.tokens, f.positions, f.shape, f.dropout); },
         "backward");
@@ -174,7 +175,8 @@ TEST(Errors, MaskBitsOfTheWrongSize) {
                          GradMode::write, f.mask_bits);
     });
     check([&] {
-      embedding_backward(sparse, f.grad_pos, f.grad_out, f.tokens, f.positions, f.shape, f.dropout, f.mask_bits);
+      embedding_backward(sparse, f.grad_pos, f.grad_out, f.tokens, f.positions, f.shape, f.dropout,
+                         GradMode::write, f.mask_bits);
     });
     EXPECT_EQ(f.out, before.out);
     EXPECT_EQ(f.mask_bits, before.mask_bits);

@@ -288,19 +288,31 @@ TEST(SimdKernels, ForwardAndBackwardMatchAFloatOracleOnEveryTargetAndThreadCount
             ASSERT_EQ(as_bits({got_tok.begin(), got_tok.end()}), as_bits(tok_from_zero));
             ASSERT_EQ(as_bits({got_pos.begin(), got_pos.end()}), as_bits(pos_from_zero));
             ASSERT_TRUE(std::isnan(tok_buffer[2]) && std::isnan(pos_buffer[8])) << "wrote before the gradient";
-            SparseRowGrad sparse;
-            std::vector<float> no_pos;
-            embedding_backward(sparse, no_pos, c.grad_out, c.tokens, c.positions, s, dropout, bits);
-            ASSERT_EQ(sparse.rows, sparse_rows);
-            ASSERT_EQ(sparse.values.size(), sparse_rows.size() * d);
-            for (std::size_t k = 0; k < sparse.rows.size(); ++k) {
-              const auto row = static_cast<std::size_t>(sparse.rows[k]);
-              const std::vector<float> got(sparse.values.begin() + static_cast<std::ptrdiff_t>(k * d),
-                                           sparse.values.begin() + static_cast<std::ptrdiff_t>((k + 1) * d));
-              ASSERT_EQ(as_bits(got), as_bits({tok_from_zero.begin() + static_cast<std::ptrdiff_t>(row * d),
-                                               tok_from_zero.begin() + static_cast<std::ptrdiff_t>((row + 1) * d)}))
-                  << "sparse row " << row;
-            }
+            // The row-sparse token gradient with the position gradient frozen,
+            // written over NaNs, and added to.
+            const auto sparse_backward = [&](std::span<float> grad_pos, GradMode position_mode) {
+              SparseRowGrad sparse;
+              embedding_backward(sparse, grad_pos, c.grad_out, c.tokens, c.positions, s, dropout, position_mode,
+                                 bits);
+              ASSERT_EQ(sparse.rows, sparse_rows);
+              ASSERT_EQ(sparse.values.size(), sparse_rows.size() * d);
+              for (std::size_t k = 0; k < sparse.rows.size(); ++k) {
+                const auto row = static_cast<std::size_t>(sparse.rows[k]);
+                const std::vector<float> got(sparse.values.begin() + static_cast<std::ptrdiff_t>(k * d),
+                                             sparse.values.begin() + static_cast<std::ptrdiff_t>((k + 1) * d));
+                ASSERT_EQ(as_bits(got), as_bits({tok_from_zero.begin() + static_cast<std::ptrdiff_t>(row * d),
+                                                 tok_from_zero.begin() + static_cast<std::ptrdiff_t>((row + 1) * d)}))
+                    << "sparse row " << row;
+              }
+            };
+            sparse_backward({}, GradMode::accumulate);
+            std::fill(pos_buffer.begin(), pos_buffer.end(), std::numeric_limits<float>::quiet_NaN());
+            sparse_backward(got_pos, GradMode::write);
+            ASSERT_EQ(as_bits({got_pos.begin(), got_pos.end()}), as_bits(pos_from_zero)) << "sparse, write";
+            ASSERT_TRUE(std::isnan(pos_buffer[8])) << "wrote before the gradient";
+            std::fill(pos_buffer.begin(), pos_buffer.end(), 0.25f);
+            sparse_backward(got_pos, GradMode::accumulate);
+            ASSERT_EQ(as_bits({got_pos.begin(), got_pos.end()}), as_bits(pos)) << "sparse, accumulate";
           }
         }
       });

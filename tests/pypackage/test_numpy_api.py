@@ -140,6 +140,12 @@ def test_backward_that_writes_ignores_what_the_tables_held_and_equals_zeros_plus
     assert w_pos.tobytes() == acc_pos.tobytes()
     untouched = np.setdiff1d(np.arange(V), ids)
     assert untouched.size > 0 and np.all(w_tok[untouched] == 0)
+    # The row-sparse backward writes its position gradient the same way.
+    s_pos = np.full_like(pos, np.nan)
+    rows, values = posembed.backward_sparse(g, ids, pids, grad_position_table=s_pos,
+                                            accumulate=False, **kw)
+    assert s_pos.tobytes() == acc_pos.tobytes()
+    assert values.tobytes() == acc_tok[rows].tobytes()
 
 
 def test_same_bits_on_one_and_two_threads():

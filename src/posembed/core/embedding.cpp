@@ -175,6 +175,23 @@ void zero_untouched_rows(float* grad, const std::vector<std::uint64_t>& touched,
   });
 }
 
+// Readies one table for a fresh gradient (GradMode::write): marks each row's
+// first token, which writes its row (0 + v, the same bits) without reading it,
+// and zeroes the rows no token touches, past the cache from kStreamBytes on.
+// Row `skip` (the padding row, -1: none) counts as untouched. The scratch (a
+// byte per token, a bit per row; `k` picks one of two sets, one per table)
+// stays with the calling thread, so later calls allocate nothing.
+void prepare_fresh(simd::GradTable& table, std::size_t k, std::span<const std::int64_t> ids, std::int64_t rows,
+                   std::int64_t d, std::int64_t skip) {
+  thread_local std::vector<std::uint8_t> first[2];
+  thread_local std::vector<std::uint64_t> seen[2];
+  if (!table.grad) return;
+  mark_first_uses(first[k], seen[k], ids, rows, skip);
+  table.first = first[k].data();
+  table.stream = static_cast<std::size_t>(rows * d) * sizeof(float) >= kStreamBytes;
+  zero_untouched_rows(table.grad, seen[k], rows, d, table.stream);
+}
+
 // Merges sorted unique `batch_rows` into grad.rows in place, from the back: an
 // old row k only moves to a position >= k, so none is overwritten before it has
 // moved. New rows start at zero.
@@ -364,25 +381,11 @@ void embedding_backward(std::span<float> grad_token_table, std::span<float> grad
                            position_ids.data()};
   if (mode == GradMode::write) {
     // A fresh gradient in one pass: rows no token touches are zeroed, each touched
-    // row is written by its first token (0 + v) and added to by the rest. Tables
-    // past kStreamBytes are written past the cache, as zero_grad clears them.
-    // The scratch (a byte per token, a bit per row) stays with the calling
-    // thread, so later calls allocate nothing.
-    thread_local std::vector<std::uint8_t> first[2];
-    thread_local std::vector<std::uint64_t> seen[2];
-    const std::int64_t d = shape.embed_dim;
-    const auto prepare = [&](simd::GradTable& table, std::size_t k, std::span<const std::int64_t> ids,
-                             std::int64_t rows, std::int64_t skip) {
-      if (!table.grad) return;
-      mark_first_uses(first[k], seen[k], ids, rows, skip);
-      table.first = first[k].data();
-      table.stream = static_cast<std::size_t>(rows * d) * sizeof(float) >= kStreamBytes;
-      zero_untouched_rows(table.grad, seen[k], rows, d, table.stream);
-    };
-    prepare(token, 0, token_ids, shape.vocab_size, -1);
+    // row is written by its first token (0 + v) and added to by the rest.
+    prepare_fresh(token, 0, token_ids, shape.vocab_size, shape.embed_dim, -1);
     // The padding row counts as untouched: zeroed here, then put back as zeros
     // after its tokens added to it.
-    prepare(position, 1, position_ids, shape.max_seq_len, shape.position_padding_row);
+    prepare_fresh(position, 1, position_ids, shape.max_seq_len, shape.embed_dim, shape.position_padding_row);
   }
   backward_rows(token, position, shape.vocab_size, grad_out, position_ids, shape, dropout, mask_bits);
 }
@@ -390,7 +393,8 @@ void embedding_backward(std::span<float> grad_token_table, std::span<float> grad
 void embedding_backward(SparseRowGrad& grad, std::span<float> grad_position_table,
                         std::span<const float> grad_out, std::span<const std::int64_t> token_ids,
                         std::span<const std::int64_t> position_ids, const EmbeddingShape& shape,
-                        const DropoutSpec& dropout, std::span<const std::uint64_t> mask_bits) {
+                        const DropoutSpec& dropout, GradMode position_mode,
+                        std::span<const std::uint64_t> mask_bits) {
   validate_backward(0, grad_position_table, grad_out, token_ids, position_ids, shape,
                     dropout, mask_bits);
   const std::int64_t d = shape.embed_dim;
@@ -454,8 +458,10 @@ void embedding_backward(SparseRowGrad& grad, std::span<float> grad_position_tabl
     }
   }
   token.grad = grad.values.empty() ? nullptr : grad.values.data();
-  const simd::GradTable position{
-      grad_position_table.empty() ? nullptr : grad_position_table.data(), position_ids.data()};
+  simd::GradTable position{grad_position_table.empty() ? nullptr : grad_position_table.data(), position_ids.data()};
+  if (position_mode == GradMode::write) {
+    prepare_fresh(position, 1, position_ids, shape.max_seq_len, d, shape.position_padding_row);
+  }
   backward_rows(token, position, static_cast<std::int64_t>(grad.rows.size()), grad_out, position_ids, shape,
                 dropout, mask_bits);
 }

@@ -96,11 +96,14 @@ void embedding_backward(std::span<float> grad_token_table, std::span<float> grad
                         std::span<const std::uint64_t> mask_bits = {});
 
 // The same with a row-sparse token gradient: only the rows in this batch are
-// written, never all vocab_size x d values.
+// written, never all vocab_size x d values. The token gradient accumulates
+// until zero_grad; `position_mode` says what happens to the dense position
+// gradient, as `mode` above (GradMode::write: no zero_grad of it needed first).
 void embedding_backward(SparseRowGrad& grad_token_table, std::span<float> grad_position_table,
                         std::span<const float> grad_out, std::span<const std::int64_t> token_ids,
                         std::span<const std::int64_t> position_ids, const EmbeddingShape& shape,
-                        const DropoutSpec& dropout, std::span<const std::uint64_t> mask_bits = {});
+                        const DropoutSpec& dropout, GradMode position_mode = GradMode::accumulate,
+                        std::span<const std::uint64_t> mask_bits = {});
 
 // Throws posembed::Error unless grad is a well-formed row-sparse gradient of a
 // table with `table_rows` rows: rows strictly increasing and inside the table,
