@@ -83,8 +83,8 @@ def backward(grad_out, input_ids, position_ids, *, grad_token_table=None, grad_p
              accumulate=True, mask_bits=None):
     """Accumulates (+=) the gradients of forward() into the given float32 tables; None skips one.
 
-    Each gradient row is summed over the batch in flat token order: the same bits on any thread
-    count. Zeroing is up to the caller (``np.zeros`` or ``_C.zero_grad``), or pass
+    Each gradient row is summed over the batch in one order (its tokens by position id, then flat
+    index): the same bits on any thread count. Zeroing is up to the caller (``np.zeros`` or ``_C.zero_grad``), or pass
     ``accumulate=False`` to write fresh gradients: what the tables held is ignored (``np.empty``
     will do), rows no token touches become zeros, and the bits are those of zeros + accumulate,
     with one pass over the tables less. mask_bits: the words forward() filled, or None.

@@ -6,10 +6,12 @@
 
 #include <hwy/targets.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <set>
 #include <span>
 #include <string>
@@ -224,15 +226,25 @@ TEST(SimdKernels, ForwardAndBackwardMatchAFloatOracleOnEveryTargetAndThreadCount
       const std::set<std::int64_t> token_set(c.tokens.begin(), c.tokens.end());
       const std::vector<std::int64_t> sparse_rows(token_set.begin(), token_set.end());
       ASSERT_GT(sparse_rows.size(), 1u);
-      // The oracle: forward, and the backward accumulated in flat order into
-      // gradients that start at 0.5 / 0.25 (dense) and at 0 (row-sparse).
+      // The oracle: forward, and the backward accumulated into gradients that
+      // start at 0.5 / 0.25 (dense) and at 0 (row-sparse), in the backward's
+      // order: tokens by position id, then in flat order.
       std::vector<float> out(n * d), tok(c.token_table.size(), 0.5f), tok_from_zero(c.token_table.size(), 0.0f),
           pos(c.position_table.size(), 0.25f), pos_from_zero(c.position_table.size(), 0.0f);
       for (std::size_t r = 0; r < n; ++r) {
         const auto t = static_cast<std::size_t>(c.tokens[r]), q = static_cast<std::size_t>(c.positions[r]);
         for (std::size_t j = 0; j < d; ++j) {
+          out[r * d + j] = masked(r * d + j, c.token_table[t * d + j] + c.position_table[q * d + j]);
+        }
+      }
+      std::vector<std::size_t> order(n);
+      std::iota(order.begin(), order.end(), std::size_t{0});
+      std::stable_sort(order.begin(), order.end(),
+                       [&](std::size_t a, std::size_t b) { return c.positions[a] < c.positions[b]; });
+      for (const std::size_t r : order) {
+        const auto t = static_cast<std::size_t>(c.tokens[r]), q = static_cast<std::size_t>(c.positions[r]);
+        for (std::size_t j = 0; j < d; ++j) {
           const std::size_t i = r * d + j;
-          out[i] = masked(i, c.token_table[t * d + j] + c.position_table[q * d + j]);
           const float g = masked(i, c.grad_out[i]);
           tok[t * d + j] += g;
           tok_from_zero[t * d + j] += g;

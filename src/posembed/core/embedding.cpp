@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <string>
 #include <type_traits>
@@ -93,62 +94,97 @@ void mark_first_uses(std::vector<std::uint8_t>& first, std::vector<std::uint64_t
 }
 
 // Backward by rows: each row of each gradient table is owned by one thread,
-// which adds the masked grad_out rows of its tokens in flat order. So each
-// gradient element is summed in the same order for any thread count, with no
-// atomics and no sort of the tokens. A position row belongs to the thread of
-// its range of position ids, a token row to the thread of the position of the
-// row's first token: so the thread that owns a token's position row mostly
-// owns its token row too, and reads its grad_out row for both (each thread
-// reads whole rows; with rows split into column strips instead, both threads
-// walked every token over half a row and took 1.04-1.2x as long at the GPT-2
-// shape). Each table comes with the row of each token (its id, or its
-// slot in a row-sparse gradient; token_rows of them) and, optionally, the
-// tokens whose rows start at zero and have no earlier token (written, not read).
+// which adds the masked grad_out rows of its tokens to it in the order of
+// simd::BackwardPlan: by position id, then flat index. So each gradient
+// element is summed in the same order for any thread count, with no atomics.
+// Position ids are owned in blocks of kPositionBlock dealt to the threads in
+// turn, and a token row by the thread of its first token's position: so the
+// thread that owns a token's position row mostly owns its token row too, and
+// reads its grad_out row once for both; and the first tokens of the rows,
+// which come early in the order, fall to every thread alike. (With rows split
+// into column strips instead, both threads walked every token over half a row
+// and took 1.04-1.2x as long at the GPT-2 shape.) Each table comes with the
+// row of each token (its id, or its slot in a row-sparse gradient; token_rows
+// of them) and, optionally, the tokens whose rows start at zero (token.first,
+// any value: they are marked here again as the first of their rows in the
+// plan's order, which then writes the row, 0 + v, without reading it).
+constexpr std::int64_t kPositionBlock = 16;
+
 void backward_rows(simd::GradTable token, simd::GradTable position, std::int64_t token_rows,
                    std::span<const float> grad_out, std::span<const std::int64_t> position_ids,
                    const EmbeddingShape& shape, const DropoutSpec& dropout, std::span<const std::uint64_t> mask_bits) {
   if (!token.grad && !position.grad) return;  // both tables frozen
   const std::int64_t d = shape.embed_dim;
   const auto n = static_cast<std::int64_t>(token_count(shape));
+  if (n == 0) return;
   const std::int64_t threads = std::clamp<std::int64_t>(n * d / kGrainElements, 1, num_threads());
-  // Rows of at least 256 columns (1 KiB) per thread: shorter rows draw their
-  // mask in batches too short for Philox's four chains unless one walk takes
-  // several rows at a time, which only a single thread does (measured with
-  // column strips at d = 128: 0.35 ms on one thread, 0.6-1.2 ms on two).
+  // Rows of at least 256 columns (1 KiB) per thread: with shorter rows, the
+  // split's rows owned across threads cost more than the second thread gives
+  // (B 32, T 128, d 128, Zen 4: 1.2x the time of one thread).
   const std::int64_t parts = std::clamp<std::int64_t>(d / 256, 1, std::min<std::int64_t>(threads, 255));
-  // Owners: a byte per token for each table, and per token-table row (set at
-  // the row's first token), kept with the calling thread with the first-token
-  // marks when the caller has none.
+  // Scratch kept with the calling thread (later calls allocate nothing).
   thread_local std::vector<std::uint8_t> token_owner, position_owner, row_owner, first;
-  thread_local std::vector<std::uint64_t> seen;
+  thread_local std::vector<std::uint64_t> seen, drawn;
+  thread_local std::vector<std::uint32_t> head, next;
+  const auto un = static_cast<std::size_t>(n);
+  // The plan: each position id's tokens, chained in flat order.
+  const auto [low, high] = std::minmax_element(position_ids.begin(), position_ids.end());
+  const auto positions = static_cast<std::size_t>(*high - *low + 1);
+  head.assign(positions, static_cast<std::uint32_t>(un));
+  next.resize(un);
+  for (std::size_t i = un; i-- > 0;) {
+    const auto p = static_cast<std::size_t>(position_ids[i] - *low);
+    next[i] = head[p];
+    head[p] = static_cast<std::uint32_t>(i);
+  }
+  // The plan's order visits each token row's tokens from its first: the
+  // row's owner, and the first tokens of a fresh gradient.
   if (parts > 1) {
-    const auto [low, high] = std::minmax_element(position_ids.begin(), position_ids.end());
-    const std::int64_t span = *high - *low + 1;
-    position_owner.resize(static_cast<std::size_t>(n));
-    for (std::int64_t i = 0; i < n; ++i) {
-      position_owner[static_cast<std::size_t>(i)] =
-          static_cast<std::uint8_t>((position_ids[static_cast<std::size_t>(i)] - *low) * parts / span);
-    }
-    if (token.grad) {
-      // A fresh gradient's first tokens are marked already (GradMode::write, a
-      // row-sparse gradient after zero_grad).
-      const std::uint8_t* is_first = token.first;
-      if (!is_first) {
-        mark_first_uses(first, seen, {token.rows, static_cast<std::size_t>(n)}, token_rows);
-        is_first = first.data();
-      }
-      token_owner.resize(static_cast<std::size_t>(n));
-      row_owner.resize(static_cast<std::size_t>(token_rows));
-      for (std::size_t i = 0; i < static_cast<std::size_t>(n); ++i) {
-        const auto row = static_cast<std::size_t>(token.rows[i]);
-        if (is_first[i]) row_owner[row] = position_owner[i];
-        token_owner[i] = row_owner[row];
-      }
-      token.owner = token_owner.data();
+    position_owner.resize(un);
+    for (std::size_t i = 0; i < un; ++i) {
+      position_owner[i] = static_cast<std::uint8_t>((position_ids[i] - *low) / kPositionBlock % parts);
     }
     if (position.grad) position.owner = position_owner.data();
   }
+  if (token.grad && (parts > 1 || token.first)) {
+    seen.assign((static_cast<std::size_t>(token_rows) + 63) / 64, 0);
+    if (parts > 1) {
+      token_owner.resize(un);
+      row_owner.resize(static_cast<std::size_t>(token_rows));
+    }
+    if (token.first) first.resize(un);
+    for (std::size_t p = 0; p < positions; ++p) {
+      for (std::size_t t = head[p]; t != un; t = next[t]) {
+        const auto row = static_cast<std::size_t>(token.rows[t]);
+        const std::uint64_t bit = std::uint64_t{1} << (row & 63);
+        const bool is_first = (seen[row >> 6] & bit) == 0;
+        seen[row >> 6] |= bit;
+        if (token.first) first[t] = is_first;
+        if (parts > 1) {
+          if (is_first) row_owner[row] = position_owner[t];
+          token_owner[t] = row_owner[row];
+        }
+      }
+    }
+    if (token.first) token.first = first.data();
+    if (parts > 1) token.owner = token_owner.data();
+  }
+  const simd::BackwardPlan plan{head.data(), next.data(), positions};
   const simd::DropoutMask mask = dropout_mask(dropout);
+  // The walk reads keep words: the forward's, or drawn here first (in parallel,
+  // whole batches of draws; the same bits).
+  const std::uint64_t* keep = mask_bits.empty() ? nullptr : mask_bits.data();
+  if (mask.active && !keep) {
+    const std::size_t words = dropout_mask_words(shape);
+    drawn.resize(words);
+    std::uint64_t* out = drawn.data();
+    const auto per_block = static_cast<std::size_t>(std::max<std::int64_t>(1, kGrainElements / 64));
+    parallel_for(static_cast<std::int64_t>((words + per_block - 1) / per_block), [&](std::int64_t b) {
+      const std::size_t w0 = static_cast<std::size_t>(b) * per_block;
+      simd::dropout_keep_words(out + w0, w0, std::min(per_block, words - w0), mask);
+    });
+    keep = out;
+  }
   // The padding row is put back afterwards rather than skipped in the SIMD loop:
   // d floats of copying instead of a branch per token.
   float* padding_row = position.grad && shape.position_padding_row >= 0
@@ -157,8 +193,8 @@ void backward_rows(simd::GradTable token, simd::GradTable position, std::int64_t
   std::vector<float> saved_padding_row;
   if (padding_row) saved_padding_row.assign(padding_row, padding_row + d);
   parallel_for(parts, [&](std::int64_t s) {
-    simd::backward_rows(token, position, static_cast<std::uint8_t>(s), grad_out.data(), static_cast<std::size_t>(d),
-                        static_cast<std::size_t>(n), mask, mask_bits.empty() ? nullptr : mask_bits.data());
+    simd::backward_rows(token, position, plan, static_cast<std::uint8_t>(s), grad_out.data(),
+                        static_cast<std::size_t>(d), un, mask, keep);
   });
   if (padding_row) std::copy(saved_padding_row.begin(), saved_padding_row.end(), padding_row);
 }
@@ -239,6 +275,12 @@ void validate_backward(std::size_t grad_token_size, std::span<float> grad_positi
   validate_embedding_inputs(token_ids, position_ids, vocab_values, position_values, shape, dropout);
   check_size("grad_out", grad_out.size(), values(token_count(shape), shape.embed_dim, "B x T x d"),
              [&] { return shape_text(shape, true); });
+  // The backward's plan numbers tokens in 32 bits (simd::BackwardPlan).
+  if (token_count(shape) >= std::numeric_limits<std::uint32_t>::max()) {
+    throw Error("backward of " + std::to_string(token_count(shape)) + " tokens (" + shape_text(shape, false) +
+                "): at most " + std::to_string(std::numeric_limits<std::uint32_t>::max() - 1) +
+                " tokens per call; split the batch into several backwards (they accumulate)");
+  }
   // An empty gradient means "frozen table, skip it".
   if (grad_token_size != 0) {
     check_size("grad_token_table", grad_token_size, vocab_values, "(vocab_size, embed_dim)");
@@ -425,8 +467,9 @@ void embedding_backward(SparseRowGrad& grad, std::span<float> grad_position_tabl
   simd::GradTable token{nullptr, scratch.slot.data()};
   if (grad.rows.empty()) {
     // The usual case, right after zero_grad. A row's slot is its rank among the
-    // touched rows; the first token of each row (in flat order) writes it, so
-    // `values` needs no zeroing, and no allocation once its capacity is reached.
+    // touched rows; the first token of each row (in the backward's order)
+    // writes it, so `values` needs no zeroing, and no allocation once its
+    // capacity is reached.
     grad.rows.assign(batch_rows.begin(), batch_rows.end());
     // Rows are written in token order, scattered over `values`: on huge pages
     // that costs no page walk a row (GPT-2 shape, Zen 4: 0.93x the backward).

@@ -82,7 +82,8 @@ enum class GradMode {
 
 // The vector-Jacobian product of embedding_forward, into both tables' gradients
 // (accumulated or written, by `mode`). Each gradient row is summed over the
-// batch in flat token order, whatever the thread count; no atomics. An empty
+// batch in one order whatever the thread count, no atomics: its tokens by
+// position id, and those with the same position id in flat order. An empty
 // span skips that table (frozen).
 // grad_token_table: (vocab_size, d) owned by the caller, for instance shared with
 // a tied output layer; grad_position_table: (max_seq_len, d); grad_out: (B, T, d);

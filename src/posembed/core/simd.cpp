@@ -309,16 +309,27 @@ struct KeepSpan {
 };
 HWY_INLINE KeepSpan SpanOf(KeepCursor& c, std::uint64_t first, std::size_t n) {
   if (c.given) {
-    // Read in place, unless a 4-byte load would pass the end (the batch's last
-    // bytes): then the span's words are copied into the buffer first.
+    // Read in place, unless a 4-byte load would pass the end (the last bytes):
+    // then from the copy of the last words (GiveKeep).
     if (((first + n - 1) >> 3) + sizeof(std::uint32_t) <= c.given_bytes) {
       return {reinterpret_cast<const unsigned char*>(c.given), first};
     }
-    c.base = first >> 6;
-    const std::uint64_t words = ((first + n - 1) >> 6) + 1 - c.base;
-    std::memcpy(c.buffer, c.given + c.base, words * sizeof(std::uint64_t));
   }
   return {reinterpret_cast<const unsigned char*>(c.buffer), first - 64 * c.base};
+}
+
+// Makes the cursor read the keep words of `elements` elements in place. Their
+// last words are copied into the buffer once, for the spans near the end: a
+// span (at most kTile + kMaxLanes elements, so 19 words) that would read past
+// the words ends in their last 3 bytes, so it starts in the last 20 words.
+constexpr std::size_t kTailWords = (kTile + kMaxLanes) / 64 + 3;
+static_assert(kTailWords <= kBufferWords, "the tail fits the buffer");
+HWY_INLINE void GiveKeep(KeepCursor& c, const std::uint64_t* HWY_RESTRICT keep, std::size_t elements) {
+  const std::size_t words = (elements + 63) / 64;
+  c.given = keep;
+  c.given_bytes = words * sizeof(std::uint64_t);
+  c.base = words > kTailWords ? words - kTailWords : 0;
+  std::memcpy(c.buffer, keep + c.base, (words - c.base) * sizeof(std::uint64_t));
 }
 
 // Elements of `p` before its first boundary of a vector of `lanes` floats.
@@ -425,16 +436,12 @@ void AddInto(float* HWY_RESTRICT row, const float* HWY_RESTRICT grad, std::size_
     auto v = LoadPart(df, grad + j, count);
     if constexpr (kMasked) v = ApplyKeep(df, v, keep.At(j), scale);
     const auto sum = hn::Add(row_is_zero ? hn::Zero(df) : LoadPart(df, row + j, count), v);
-    if (stream && count == lanes) return hn::Stream(sum, df, row + j);  // aligned: after the head
+    // Only a fresh row is streamed: a row added to again stays in the cache for
+    // its next token (a streamed store followed by a load of its line waits for
+    // the store to reach memory).
+    if (stream && row_is_zero && count == lanes) return hn::Stream(sum, df, row + j);  // aligned: after the head
     StorePart(sum, df, row + j, count);
   });
-}
-
-// Rows that one span of a walk over every token takes: consecutive in flat
-// order, so that short rows share a span of keep bits and a batch of draws
-// (d = 128 alone: 8 Philox blocks, one vector's chain of multiplies).
-std::size_t RowsPerSpan(std::size_t d, const DropoutMask& mask) {
-  return mask.active && d <= kTile ? kTile / d : 0;  // 0: one row at a time
 }
 
 #if !HWY_MEM_OPS_MIGHT_FAULT
@@ -548,69 +555,182 @@ void ForwardRows(float* HWY_RESTRICT out, const float* HWY_RESTRICT token_table,
   if (stream) hwy::FlushStream();
 }
 
-// Thread `self`'s share of the backward: every token r it owns, in flat order,
-// adds its masked gradient row to its row of each table it owns r for. Whole
-// rows: each row of a table is written by one thread only.
-void BackwardRows(const GradTable& token, const GradTable& position, std::uint8_t self,
-                  const float* HWY_RESTRICT grad_out, std::size_t d, std::size_t n, const DropoutMask& mask,
+// Members of a group added per pass over its position row.
+constexpr std::size_t kGroupBlock = 8;
+
+// One block of a group's members (AddGroup) over n columns: grad, token_row
+// (null: another thread's), token_is_zero, token_stream, keep: per member, kCount
+// of them (a constant, so that the compiler unrolls the members and keeps the
+// position row's vector in a register across them).
+template <bool kMasked, std::size_t kCount>
+HWY_INLINE void GroupBlock(const float* aligned, float* HWY_RESTRICT row, bool row_is_zero, std::size_t n,
+                           float scale, const float* const* grad, float* const* token_row, const bool* token_is_zero,
+                           const bool* token_stream, const KeepSpan* keep) {
+  const hn::ScalableTag<float> df;
+  const std::size_t lanes = hn::Lanes(df);
+  // Columns [j, j + n_j): kFull, a whole vector aligned to `aligned` (plain
+  // loads and stores, no test of n_j: 1.3x the time with those tests at the
+  // GPT-2 shape, Zen 4); else a partial one.
+  const auto columns = [&]<bool kFull>(std::size_t j, std::size_t n_j) {
+    const auto load = [&](const float* p) { return kFull ? hn::LoadU(df, p) : LoadPart(df, p, n_j); };
+    const auto store = [&](hn::Vec<decltype(df)> v, float* p) {
+      if constexpr (kFull) {
+        hn::StoreU(v, df, p);
+      } else {
+        StorePart(v, df, p, n_j);
+      }
+    };
+    auto sum = row_is_zero ? hn::Zero(df) : load(row + j);
+    for (std::size_t k = 0; k < kCount; ++k) {
+      auto v = load(grad[k] + j);
+      if constexpr (kMasked) v = ApplyKeep(df, v, keep[k].At(j), scale);
+      if (token_row[k]) {
+        const auto to = hn::Add(token_is_zero[k] ? hn::Zero(df) : load(token_row[k] + j), v);
+        if (kFull && token_stream[k]) {
+          hn::Stream(to, df, token_row[k] + j);
+        } else {
+          store(to, token_row[k] + j);
+        }
+      }
+      sum = hn::Add(sum, v);
+    }
+    store(sum, row + j);
+  };
+  const std::size_t head = std::min(n, ElementsBeforeVectorBoundary(aligned, lanes));
+  if (head > 0) columns.template operator()<false>(0, head);
+  std::size_t j = head;
+  for (; j + lanes <= n; j += lanes) columns.template operator()<true>(j, lanes);
+  if (j < n) columns.template operator()<false>(j, n - j);
+}
+
+// GroupBlock with kCount = count (1 <= count <= kGroupBlock).
+template <bool kMasked, std::size_t kCount = kGroupBlock, class... Args>
+HWY_INLINE void GroupBlockOf(std::size_t count, Args... args) {
+  if constexpr (kCount > 1) {
+    if (count < kCount) return GroupBlockOf<kMasked, kCount - 1>(count, args...);
+  }
+  GroupBlock<kMasked, kCount>(args...);
+}
+
+// The group of tokens led by `leader` (BackwardPlan): their masked gradient
+// rows added to the position row in flat order, kGroupBlock tokens per pass,
+// each vector of the row held in a register across them (not a load and a
+// store per token); the gradient of a member whose token row this thread owns
+// is added to that row in the same pass. Vectors are aligned to the first such
+// token row when they are streamed (aligned stores only; the position row is
+// in the cache), else to the position row; a token row at another offset in a
+// vector is written with plain stores.
+template <bool kMasked, class OwnsToken>
+void AddGroup(const GradTable& token, const GradTable& position, const BackwardPlan& plan, std::size_t leader,
+              const float* HWY_RESTRICT grad_out, std::size_t d, std::size_t n, float scale, KeepCursor& cursor,
+              const OwnsToken& owns_token) {
+  const std::size_t vector_bytes = hn::Lanes(hn::ScalableTag<float>()) * sizeof(float);
+  float* HWY_RESTRICT row = position.grad + static_cast<std::size_t>(position.rows[leader]) * d;
+  bool row_is_zero = position.first && position.first[leader];
+  for (std::size_t m = leader; m != n;) {
+    std::size_t members[kGroupBlock];
+    std::size_t count = 0;
+    for (; m != n && count < kGroupBlock; m = plan.next[m]) members[count++] = m;
+    for (std::size_t c0 = 0; c0 < d; c0 += kTile) {
+      const std::size_t c1 = std::min(d, c0 + kTile);
+      const float* grad[kGroupBlock];
+      float* token_row[kGroupBlock];
+      bool token_is_zero[kGroupBlock], token_stream[kGroupBlock];
+      KeepSpan keep[kGroupBlock];
+      const float* aligned = nullptr;
+      for (std::size_t k = 0; k < count; ++k) {
+        const std::size_t t = members[k];
+        grad[k] = grad_out + t * d + c0;
+        token_row[k] = owns_token(t) ? token.grad + static_cast<std::size_t>(token.rows[t]) * d + c0 : nullptr;
+        token_is_zero[k] = token.first && token.first[t];
+        if (token.stream && token_is_zero[k] && token_row[k] && !aligned) aligned = token_row[k];
+        if constexpr (kMasked) keep[k] = SpanOf(cursor, t * d + c0, c1 - c0);
+      }
+      if (!aligned) aligned = row + c0;
+      // Streamed: a fresh row's write, aligned to the vectors, unless a later
+      // member adds to the same row in this pass (its load would wait for the
+      // streamed store to reach memory; a frequent token at one position in
+      // several sequences: 1.6x the time of the whole backward, Zen 4).
+      for (std::size_t k = 0; k < count; ++k) {
+        const auto offset = reinterpret_cast<std::uintptr_t>(token_row[k]) - reinterpret_cast<std::uintptr_t>(aligned);
+        token_stream[k] = token.stream && token_row[k] && token_is_zero[k] && offset % vector_bytes == 0;
+        for (std::size_t later = k + 1; later < count && token_stream[k]; ++later) {
+          token_stream[k] = token_row[later] != token_row[k];
+        }
+      }
+      GroupBlockOf<kMasked>(count, aligned, row + c0, row_is_zero, c1 - c0, scale,
+                            static_cast<const float* const*>(grad),
+                            static_cast<float* const*>(token_row), static_cast<const bool*>(token_is_zero),
+                            static_cast<const bool*>(token_stream), static_cast<const KeepSpan*>(keep));
+    }
+    row_is_zero = false;
+  }
+}
+
+// Thread `self`'s share of the backward (backward_rows): the groups in the
+// plan's order; the whole pass of each group whose position row it owns, and
+// of the others the token rows it owns.
+template <bool kMasked>
+void BackwardWalk(const GradTable& token, const GradTable& position, const BackwardPlan& plan, std::uint8_t self,
+                  const float* HWY_RESTRICT grad_out, std::size_t d, std::size_t n, float scale,
                   const std::uint64_t* HWY_RESTRICT keep) {
   KeepCursor cursor;
-  cursor.given = keep;
-  cursor.given_bytes = (n * d + 63) / 64 * sizeof(std::uint64_t);
-  const auto owns = [&](const GradTable& table, std::size_t r) {
-    return table.grad && (!table.owner || table.owner[r] == self);
+  if constexpr (kMasked) GiveKeep(cursor, keep, n * d);
+  const auto owns = [&](const GradTable& table, std::size_t t) {
+    return table.grad && (!table.owner || table.owner[t] == self);
   };
-  // Adds the masked gradient of flat elements [c0, c1), inside token r's row, to
-  // the table's row of r.
-  const auto add = [&](const GradTable& table, std::size_t r, std::size_t c0, std::size_t c1) {
-    float* row = table.grad + static_cast<std::size_t>(table.rows[r]) * d + (c0 - r * d);
-    const bool row_is_zero = table.first && table.first[r];
-    if (mask.active) {
-      AddInto<true>(row, grad_out + c0, c1 - c0, SpanOf(cursor, c0, c1 - c0), mask.scale, row_is_zero, table.stream);
-    } else {
-      AddInto<false>(row, grad_out + c0, c1 - c0, {}, 1.0f, row_is_zero, table.stream);
-    }
-  };
-  // A walk over every token takes several short rows per step: one span of
-  // keep bits for all of them (RowsPerSpan).
-  const std::size_t group = !token.owner && !position.owner ? std::max<std::size_t>(1, RowsPerSpan(d, mask)) : 1;
-  const auto visits = [&](std::size_t t) { return owns(token, t) || owns(position, t); };
-  // Drawn keep words run to the end of the walk's run of tokens, as far as a
-  // batch reaches: whole batches of draws, none for a token it skips.
-  std::size_t run_end = 0;
-  for (std::size_t r = 0; r < n; r += group) {
-    const std::size_t last = std::min(r + group, n) - 1;  // the group's tokens: r .. last
-    if (group == 1 && !visits(r)) continue;
-    if (mask.active && !keep && run_end <= last) {
-      run_end = last + 1;
-      while (run_end < n && (run_end - r) * d < kChunkWords * 64 && visits(run_end)) ++run_end;
-    }
-    // The tokens two steps ahead. A row its token writes fresh past the cache (a
-    // streamed first use) is never read: fetching it would read lines that the
-    // streaming stores then overwrite, and hold the core's few line-fill buffers
-    // that they and grad_out need (Xeon with AVX-512, GPT-2 shape, p 0: the
-    // row-sparse backward 6.7 -> 4.7 ms on one thread, 3.7 -> 3.3 ms on two). A
-    // fresh row written through the cache is still fetched: its plain stores
-    // read each line first.
-    for (std::size_t t = r + 2 * group; t < std::min(r + 3 * group, n); ++t) {
-      const bool tok = owns(token, t);
-      if (!tok && !owns(position, t)) continue;
-      if (tok && !(token.stream && token.first && token.first[t])) {
-        PrefetchRow</*kForWrite=*/true>(token.grad + static_cast<std::size_t>(token.rows[t]) * d, d);
+  const auto owns_token = [&](std::size_t t) { return owns(token, t); };
+  // Two groups ahead: the rows this thread will read and add to. A token row
+  // written fresh past the cache (a streamed first use) is not fetched: that
+  // would read lines that the streaming stores then overwrite, and hold the
+  // core's few line-fill buffers that they and grad_out need (Xeon with
+  // AVX-512, GPT-2 shape, p 0: the row-sparse backward 6.7 -> 4.7 ms on one
+  // thread). A fresh row written through the cache is fetched: its plain
+  // stores read each line first.
+  const auto fetch = [&](std::size_t leader) {
+    const bool whole = owns(position, leader);
+    std::size_t fetched = 0;
+    for (std::size_t m = leader; m != n && fetched < kGroupBlock; m = plan.next[m]) {
+      const bool tok = owns(token, m);
+      if (!whole && !tok) continue;
+      ++fetched;
+      PrefetchRow(grad_out + m * d, d);
+      if (tok && !(token.stream && token.first && token.first[m])) {
+        PrefetchRow</*kForWrite=*/true>(token.grad + static_cast<std::size_t>(token.rows[m]) * d, d);
       }
-      PrefetchRow(grad_out + t * d, d);
     }
-    for (std::size_t c0 = r * d; c0 < (last + 1) * d; c0 += kTile) {
-      const std::size_t c1 = std::min((last + 1) * d, c0 + kTile);
-      if (mask.active) DrawThrough(cursor, c0, c1, run_end * d, mask);
-      for (std::size_t t = std::max(r, c0 / d); t <= last && t * d < c1; ++t) {
-        const std::size_t f0 = std::max(c0, t * d), f1 = std::min(c1, (t + 1) * d);
-        if (owns(token, t)) add(token, t, f0, f1);
-        if (owns(position, t)) add(position, t, f0, f1);
+  };
+  for (std::size_t p = 0; p < plan.positions; ++p) {
+    if (p + 2 < plan.positions && plan.head[p + 2] != n) fetch(plan.head[p + 2]);
+    const std::size_t leader = plan.head[p];
+    if (leader == n) continue;
+    if (owns(position, leader)) {
+      AddGroup<kMasked>(token, position, plan, leader, grad_out, d, n, scale, cursor, owns_token);
+      continue;
+    }
+    for (std::size_t t = leader; t != n; t = plan.next[t]) {
+      if (!owns(token, t)) continue;
+      float* HWY_RESTRICT row = token.grad + static_cast<std::size_t>(token.rows[t]) * d;
+      const bool row_is_zero = token.first && token.first[t];
+      for (std::size_t c0 = 0; c0 < d; c0 += kTile) {
+        const std::size_t c1 = std::min(d, c0 + kTile);
+        AddInto<kMasked>(row + c0, grad_out + t * d + c0, c1 - c0,
+                         kMasked ? SpanOf(cursor, t * d + c0, c1 - c0) : KeepSpan{}, scale, row_is_zero,
+                         token.stream);
       }
     }
   }
   if (token.stream || position.stream) hwy::FlushStream();
+}
+
+void BackwardRows(const GradTable& token, const GradTable& position, const BackwardPlan& plan, std::uint8_t self,
+                  const float* HWY_RESTRICT grad_out, std::size_t d, std::size_t n, const DropoutMask& mask,
+                  const std::uint64_t* HWY_RESTRICT keep) {
+  if (mask.active) {
+    BackwardWalk<true>(token, position, plan, self, grad_out, d, n, mask.scale, keep);
+  } else {
+    BackwardWalk<false>(token, position, plan, self, grad_out, d, n, 1.0f, nullptr);
+  }
 }
 
 // out[j] = 0, j < n, with non-temporal stores; no fence (the caller's).
@@ -910,9 +1030,10 @@ void forward_rows(float* out, const float* token_table, const std::int64_t* toke
                                     r1, mask, stream, keep);
 }
 
-void backward_rows(const GradTable& token, const GradTable& position, std::uint8_t self, const float* grad_out,
-                   std::size_t d, std::size_t n, const DropoutMask& mask, const std::uint64_t* keep) {
-  HWY_DYNAMIC_DISPATCH(BackwardRows)(token, position, self, grad_out, d, n, mask, keep);
+void backward_rows(const GradTable& token, const GradTable& position, const BackwardPlan& plan, std::uint8_t self,
+                   const float* grad_out, std::size_t d, std::size_t n, const DropoutMask& mask,
+                   const std::uint64_t* keep) {
+  HWY_DYNAMIC_DISPATCH(BackwardRows)(token, position, plan, self, grad_out, d, n, mask, keep);
 }
 
 void stream_zeros(float* out, std::size_t n) { HWY_DYNAMIC_DISPATCH(StreamZeros)(out, n); }

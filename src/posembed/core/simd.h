@@ -73,11 +73,25 @@ struct GradTable {
   bool stream = false;  // those first writes go past the cache (a table much larger than it)
 };
 
-// Thread `self`'s share of the backward: the tokens r = 0 .. n-1 it owns, in
-// flat order, into both tables. keep: null (the mask is drawn again), or the
-// keep words the forward wrote. grad_out: (n, d), keep: (ceil(n * d / 64))
-void backward_rows(const GradTable& token, const GradTable& position, std::uint8_t self, const float* grad_out,
-                   std::size_t d, std::size_t n, const DropoutMask& mask, const std::uint64_t* keep = nullptr);
+// The order of backward_rows' adds: the tokens by position id, and tokens
+// with the same position id in flat order. So a group of tokens sharing a
+// position row is added to it in one pass, each vector of the row held in a
+// register across them, instead of a load and a store of the row per token;
+// a member's token row is added to in the same pass when the same thread
+// owns it. Every gradient row is so summed in the same order on any thread
+// count.
+struct BackwardPlan {
+  const std::uint32_t* head = nullptr;  // (positions): each position id's first token, or n
+  const std::uint32_t* next = nullptr;  // (n): the next token with this token's position id, or n
+  std::size_t positions = 0;            // position ids low .. low + positions - 1, in order
+};
+
+// Thread `self`'s share of the backward, into both tables, in the plan's
+// order. keep: the mask's keep words (the forward's, or drawn again by the
+// caller), or null without a mask. grad_out: (n, d), keep: (ceil(n * d / 64))
+void backward_rows(const GradTable& token, const GradTable& position, const BackwardPlan& plan, std::uint8_t self,
+                   const float* grad_out, std::size_t d, std::size_t n, const DropoutMask& mask,
+                   const std::uint64_t* keep);
 
 // out[j] = 0, j < n, with non-temporal stores past the cache, then a store fence.
 void stream_zeros(float* out, std::size_t n);
