@@ -118,8 +118,8 @@ def main():
 
     def kernels_step_sparse():
         kernels_forward()
-        _C.zero_grad(gpos)
-        _C.backward_sparse(gpos, grad_out, ids, pids, V, T, P, 1337, 0, -1, mask)
+        _C.backward_sparse(gpos, grad_out, ids, pids, V, T, P, 1337, 0, -1, accumulate=False,
+                           mask_bits=mask)
 
     cases = {
         "training forward": {"torch": torch_forward, "posembed": lambda: ours(ids),
