@@ -97,8 +97,9 @@ void mark_first_uses(std::vector<std::uint8_t>& first, std::vector<std::uint64_t
 // which adds the masked grad_out rows of its tokens to it in the order of
 // simd::BackwardPlan: by position id, then flat index. So each gradient
 // element is summed in the same order for any thread count, with no atomics.
-// Position ids are owned in blocks of kPositionBlock dealt to the threads in
-// turn, and a token row by the thread of its first token's position: so the
+// Position ids are owned in blocks of up to kPositionBlock (at least four per
+// thread) dealt to the threads in turn, and a token row by the thread of its
+// first token's position: so the
 // thread that owns a token's position row mostly owns its token row too, and
 // reads its grad_out row once for both; and the first tokens of the rows,
 // which come early in the order, fall to every thread alike. (With rows split
@@ -140,9 +141,11 @@ void backward_rows(simd::GradTable token, simd::GradTable position, std::int64_t
   // The plan's order visits each token row's tokens from its first: the
   // row's owner, and the first tokens of a fresh gradient.
   if (parts > 1) {
+    const std::int64_t block =
+        std::clamp<std::int64_t>(static_cast<std::int64_t>(positions) / (4 * parts), 1, kPositionBlock);
     position_owner.resize(un);
     for (std::size_t i = 0; i < un; ++i) {
-      position_owner[i] = static_cast<std::uint8_t>((position_ids[i] - *low) / kPositionBlock % parts);
+      position_owner[i] = static_cast<std::uint8_t>((position_ids[i] - *low) / block % parts);
     }
     if (position.grad) position.owner = position_owner.data();
   }
