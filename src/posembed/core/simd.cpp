@@ -156,45 +156,92 @@ HWY_INLINE void StorePart(hn::Vec<D> v, D d, T* HWY_RESTRICT p, std::size_t coun
 // low bits on AVX-512. (Batches of 1024 elements: about 1.15x the time, Zen 4.)
 constexpr std::size_t kChunkWords = 32;
 
-// low[k] = the low 24 bits of the draw of element first + offsets[k], k <
-// count (dropout_draw): word e mod 4 of block e / 4 of the dropout_low stream,
-// shifted down by 8. Lanes(d64) elements per Philox evaluation, side by side.
-void DrawLowBits(std::uint32_t* HWY_RESTRICT low, std::uint64_t first, const std::uint16_t* HWY_RESTRICT offsets,
-                 std::size_t count, const DropoutMask& mask) {
+// Elements whose keep bit waits on the low 24 bits of their draw: its high
+// byte ties the threshold's (one element in 256). They are kept for now and
+// dropped by ResolveTies where those bits fall below the threshold's. Ties
+// gather over chunks until there are kTiesResolved and are resolved together,
+// four vectors of Philox side by side: one vector for each chunk's ~8 ties
+// was a chain of dependent multiplies that took 16% of the keep words' time
+// (Zen 4). Offsets count from the first element of a batch of kTieBatchWords
+// keep words, whose ties are all resolved at its end.
+constexpr std::size_t kTieBatchWords = 8 * kChunkWords;   // 16384 elements: offsets fit 16 bits
+constexpr std::size_t kTiesResolved = 32;                  // four vectors of 8 lanes (AVX-512)
+constexpr std::size_t kTieCapacity = kTiesResolved + 64 * kChunkWords;  // room for a chunk's
+struct Ties {
+  std::size_t count = 0;
+  std::uint16_t offset[kTieCapacity];  // elements from the batch's first (64 * its first word)
+};
+
+// Ties i .. i + min(kWays * lanes, ties.count - i) - 1 of ResolveTies: the
+// draws of element e come from word e mod 4 of block e / 4 of the dropout_low
+// stream (dropout_draw), shifted down by 8.
+template <int kWays, class D64, class V64 = hn::Vec<D64>>
+HWY_INLINE void ResolveTieGroup(D64 d64, std::uint64_t* HWY_RESTRICT out, std::uint64_t first, const Ties& ties,
+                                std::size_t i, const PhiloxCounter& stream, std::uint32_t threshold_low,
+                                const V64 (&k0)[10], const V64 (&k1)[10]) {
+  constexpr std::size_t kMaxLanes64 = HWY_MAX_BYTES / sizeof(std::uint64_t);
+  const std::size_t lanes = hn::Lanes(d64);
+  const std::size_t n = std::min(kWays * lanes, ties.count - i);
+  HWY_ALIGN std::uint64_t blocks[kWays * kMaxLanes64] = {};
+  for (std::size_t k = 0; k < n; ++k) blocks[k] = (first + ties.offset[i + k]) >> 2;
+  V64 c[kWays][4];
+  for (int w = 0; w < kWays; ++w) {
+    const V64 block = hn::Load(d64, blocks + static_cast<std::size_t>(w) * lanes);
+    c[w][0] = block;
+    c[w][1] = hn::ShiftRight<32>(block);
+    c[w][2] = hn::Set(d64, stream[2]);
+    c[w][3] = hn::Set(d64, stream[3]);
+  }
+  Philox10<kWays>(d64, c, k0, k1);
+  HWY_ALIGN std::uint64_t words[kWays][4][kMaxLanes64];
+  for (int w = 0; w < kWays; ++w) {
+    for (int j = 0; j < 4; ++j) hn::Store(c[w][j], d64, words[w][j]);
+  }
+  for (std::size_t k = 0; k < n; ++k) {
+    const std::uint16_t e = ties.offset[i + k];
+    const auto low = static_cast<std::uint32_t>(words[k / lanes][(first + e) & 3][k % lanes]) >> 8;
+    if (low < threshold_low) out[e / 64] &= ~(std::uint64_t{1} << (e % 64));
+  }
+}
+
+// Resolves the ties of keep words word0.. (out[0] is word word0) and empties
+// the list.
+void ResolveTies(std::uint64_t* HWY_RESTRICT out, std::uint64_t word0, Ties& ties, const DropoutMask& mask) {
+  if (ties.count == 0) return;
   const hn::ScalableTag<std::uint64_t> d64;
   using V64 = hn::Vec<decltype(d64)>;
   const std::size_t lanes = hn::Lanes(d64);
   V64 k0[10], k1[10];
   PhiloxRoundKeys(d64, mask.key, k0, k1);
   const PhiloxCounter stream = philox_counter(0, mask.step, RandomStream::dropout_low);
-  for (std::size_t i = 0; i < count; i += lanes) {
-    const std::size_t n = std::min(lanes, count - i);
-    HWY_ALIGN std::uint64_t blocks[HWY_MAX_BYTES / sizeof(std::uint64_t)] = {};
-    for (std::size_t k = 0; k < n; ++k) blocks[k] = (first + offsets[i + k]) >> 2;
-    const V64 block = hn::Load(d64, blocks);
-    V64 c[1][4] = {{block, hn::ShiftRight<32>(block), hn::Set(d64, stream[2]), hn::Set(d64, stream[3])}};
-    Philox10<1>(d64, c, k0, k1);
-    HWY_ALIGN std::uint64_t words[4][HWY_MAX_BYTES / sizeof(std::uint64_t)];
-    for (int w = 0; w < 4; ++w) hn::Store(c[0][w], d64, words[w]);
-    for (std::size_t k = 0; k < n; ++k) {
-      low[i + k] = static_cast<std::uint32_t>(words[(first + offsets[i + k]) & 3][k]) >> 8;
-    }
+  const std::uint64_t first = 64 * word0;
+  const std::uint32_t threshold_low = mask.threshold & 0xFFFFFFu;
+  std::size_t i = 0;
+  for (; i + 4 * lanes <= ties.count; i += 4 * lanes) {
+    ResolveTieGroup<4>(d64, out, first, ties, i, stream, threshold_low, k0, k1);
   }
+  switch ((ties.count - i + lanes - 1) / lanes) {  // the last 1-4 vectors side by side too
+    case 4: ResolveTieGroup<4>(d64, out, first, ties, i, stream, threshold_low, k0, k1); break;
+    case 3: ResolveTieGroup<3>(d64, out, first, ties, i, stream, threshold_low, k0, k1); break;
+    case 2: ResolveTieGroup<2>(d64, out, first, ties, i, stream, threshold_low, k0, k1); break;
+    case 1: ResolveTieGroup<1>(d64, out, first, ties, i, stream, threshold_low, k0, k1); break;
+    default: break;
+  }
+  ties.count = 0;
 }
 
 // Keep words word0 .. word0 + count - 1, count <= kChunkWords, into out: each
-// draw's high byte against the threshold's, and on a tie (one element in 256)
-// its low 24 bits, drawn for the chunk's ties together.
-void DrawKeepWords(std::uint64_t* HWY_RESTRICT out, std::uint64_t word0, std::size_t count,
-                   const DropoutMask& mask) {
+// draw's high byte against the threshold's. An element whose byte ties it is
+// kept and added to `ties` at offset `tie_offset` + its element from 64 * word0.
+void DrawKeepWords(std::uint64_t* HWY_RESTRICT out, std::uint64_t word0, std::size_t count, const DropoutMask& mask,
+                   Ties& ties, std::size_t tie_offset) {
   HWY_ALIGN std::uint32_t draws[kChunkWords * 16];  // 4 blocks of 4 words per keep word
   PhiloxBlocks(draws, philox_counter(word0 * 4, mask.step, RandomStream::dropout), mask.key, count * 4);
   // Element 64 * word0 + i's high byte is byte i of the blocks (philox_byte).
   const auto* high = reinterpret_cast<const std::uint8_t*>(draws);
   const auto threshold_high = static_cast<std::uint8_t>(mask.threshold >> 24);
   // Each element's bit of tied (64 per word, as the keep words) is set where its
-  // high byte ties the threshold's; it is kept for now, and dropped below when
-  // its low bits are below the threshold's.
+  // high byte ties the threshold's.
   std::uint64_t tied[kChunkWords];
   const hn::ScalableTag<std::uint8_t> d8;
   const std::size_t lanes = hn::Lanes(d8);
@@ -221,51 +268,49 @@ void DrawKeepWords(std::uint64_t* HWY_RESTRICT out, std::uint64_t word0, std::si
       hn::StoreMaskBits(d8, hn::Eq(v, t), tied_bytes + i / 8);
     }
   }
-  // The tied elements' offsets from element 64 * word0, without a branch on
-  // whether a word holds a tie (a fifth of them do: such a branch mispredicts):
-  // one offset written always, the count advanced by the true number, and a
-  // branch only for a second tie in a word (3% of words).
-  std::uint16_t ties[64 * kChunkWords + 1];
-  std::size_t tie_count = 0;
+  // The tied elements' offsets, without a branch on whether a word holds a tie
+  // (a fifth of them do: such a branch mispredicts): one offset written always,
+  // the count advanced by the true number, and a branch only for a second tie
+  // in a word (3% of words). The list has room for a chunk's 64 * count + 1.
   for (std::size_t k = 0; k < count; ++k) {
     std::uint64_t bits = tied[k];
     const auto n = static_cast<std::size_t>(std::popcount(bits));
-    std::uint16_t* to = ties + tie_count;
-    to[0] = static_cast<std::uint16_t>(64 * k + static_cast<std::size_t>(std::countr_zero(bits)));
+    std::uint16_t* to = ties.offset + ties.count;
+    const std::size_t word_offset = tie_offset + 64 * k;
+    to[0] = static_cast<std::uint16_t>(word_offset + static_cast<std::size_t>(std::countr_zero(bits)));
     for (std::size_t j = 1; HWY_UNLIKELY(j < n); ++j) {
       bits &= bits - 1;
-      to[j] = static_cast<std::uint16_t>(64 * k + static_cast<std::size_t>(std::countr_zero(bits)));
+      to[j] = static_cast<std::uint16_t>(word_offset + static_cast<std::size_t>(std::countr_zero(bits)));
     }
-    tie_count += n;
-  }
-  if (tie_count == 0) return;
-  std::uint32_t low[64 * kChunkWords];
-  DrawLowBits(low, 64 * word0, ties, tie_count, mask);
-  for (std::size_t k = 0; k < tie_count; ++k) {
-    if (low[k] < (mask.threshold & 0xFFFFFFu)) out[ties[k] / 64] &= ~(std::uint64_t{1} << (ties[k] % 64));
+    ties.count += n;
   }
 }
 
 void DropoutKeepWords(std::uint64_t* HWY_RESTRICT out, std::uint64_t word0, std::size_t count,
                       const DropoutMask& mask) {
-  for (std::size_t k = 0; k < count; k += kChunkWords) {
-    DrawKeepWords(out + k, word0 + k, std::min(kChunkWords, count - k), mask);
+  Ties ties;
+  for (std::size_t b = 0; b < count; b += kTieBatchWords) {
+    const std::size_t words = std::min(kTieBatchWords, count - b);
+    for (std::size_t k = 0; k < words; k += kChunkWords) {
+      DrawKeepWords(out + b + k, word0 + b + k, std::min(kChunkWords, words - k), mask, ties, 64 * k);
+      if (ties.count >= kTiesResolved) ResolveTies(out + b, word0 + b, ties, mask);
+    }
+    ResolveTies(out + b, word0 + b, ties, mask);
   }
 }
 
 // Where a kernel finds the keep bits of the elements it walks, in ascending
-// order: the keep words a forward kept (read in place), or words drawn as the
-// walk reaches them, kChunkWords at a time, into a small buffer on the stack
-// (and copied out to the forward's keep words when it keeps them). Either way
-// a vector's bits are one unaligned load and a shift (KeepSpan). A walk may
+// order: keep words read in place (a forward's, drawn before its walk), or
+// words drawn as the walk reaches them, kChunkWords at a time, into a small
+// buffer on the stack. Either way a vector's bits are one unaligned load and a
+// shift (KeepSpan). A walk may
 // jump ahead (past the tokens another thread owns): the words skipped are not
 // drawn.
 constexpr std::size_t kBufferWords = kTile / 64 + 2 + kChunkWords;  // a span's words (<= 18) and a batch past them
 static_assert(kMaxLanes <= 25, "KeepSpan::At returns at least 25 valid bits");
 struct KeepCursor {
-  const std::uint64_t* given = nullptr;  // the words a forward kept; null: drawn here
-  std::size_t given_bytes = 0;           // their size, at least 8 when there are any
-  std::uint64_t* kept = nullptr;         // where drawn words are copied out, or null
+  const std::uint64_t* given = nullptr;  // the words read in place; null: drawn here
+  std::size_t given_bytes = 0;           // bytes up to the end of the last one read
   std::uint64_t base = 0, end = 0;       // buffer holds words [base, end)
   // One word more than it holds: KeepSpan::At loads 4 bytes from the last word held.
   std::uint64_t buffer[kBufferWords + 1] = {};
@@ -288,8 +333,9 @@ void DrawThrough(KeepCursor& c, std::uint64_t e0, std::uint64_t e1, std::uint64_
     const auto count = static_cast<std::size_t>(
         std::min<std::uint64_t>({kChunkWords, limit_words - c.end, kBufferWords - (c.end - c.base)}));
     std::uint64_t* at = c.buffer + (c.end - c.base);
-    DrawKeepWords(at, c.end, count, mask);
-    if (c.kept) std::memcpy(c.kept + c.end, at, count * sizeof(std::uint64_t));
+    Ties ties;
+    DrawKeepWords(at, c.end, count, mask, ties, 0);
+    ResolveTies(at, c.end, ties, mask);
     c.end += count;
   }
 }
@@ -318,18 +364,18 @@ HWY_INLINE KeepSpan SpanOf(KeepCursor& c, std::uint64_t first, std::size_t n) {
   return {reinterpret_cast<const unsigned char*>(c.buffer), first - 64 * c.base};
 }
 
-// Makes the cursor read the keep words of `elements` elements in place. Their
-// last words are copied into the buffer once, for the spans near the end: a
-// span (at most kTile + kMaxLanes elements, so 19 words) that would read past
-// the words ends in their last 3 bytes, so it starts in the last 20 words.
+// Makes the cursor read keep words w0 .. w1 - 1 in place (the walk reads no
+// others). Their last words are copied into the buffer once, for the spans
+// near the end: a span (at most kTile + kMaxLanes elements, so 19 words) that
+// would read past w1 ends in their last 3 bytes, so it starts in the last 20
+// words.
 constexpr std::size_t kTailWords = (kTile + kMaxLanes) / 64 + 3;
 static_assert(kTailWords <= kBufferWords, "the tail fits the buffer");
-HWY_INLINE void GiveKeep(KeepCursor& c, const std::uint64_t* HWY_RESTRICT keep, std::size_t elements) {
-  const std::size_t words = (elements + 63) / 64;
+HWY_INLINE void GiveKeep(KeepCursor& c, const std::uint64_t* HWY_RESTRICT keep, std::size_t w0, std::size_t w1) {
   c.given = keep;
-  c.given_bytes = words * sizeof(std::uint64_t);
-  c.base = words > kTailWords ? words - kTailWords : 0;
-  std::memcpy(c.buffer, keep + c.base, (words - c.base) * sizeof(std::uint64_t));
+  c.given_bytes = w1 * sizeof(std::uint64_t);
+  c.base = w1 - w0 > kTailWords ? w1 - kTailWords : w0;
+  std::memcpy(c.buffer, keep + c.base, (w1 - c.base) * sizeof(std::uint64_t));
 }
 
 // Elements of `p` before its first boundary of a vector of `lanes` floats.
@@ -523,14 +569,22 @@ void ForwardRowsStitched(float* HWY_RESTRICT out, const float* HWY_RESTRICT toke
 #endif
 
 // Rows [r0, r1) of the fused forward, prefetching the token row two ahead. The
-// keep words are drawn across row ends (short rows share a batch), into `keep`
-// when given.
+// keep words are drawn across row ends (short rows share a batch): all of them
+// first, into `keep`, when given; else as the walk goes.
 void ForwardRows(float* HWY_RESTRICT out, const float* HWY_RESTRICT token_table,
                  const std::int64_t* HWY_RESTRICT token_ids, const float* HWY_RESTRICT position_table,
                  const std::int64_t* HWY_RESTRICT position_ids, std::size_t d, std::size_t r0,
                  std::size_t r1, const DropoutMask& mask, bool stream, std::uint64_t* HWY_RESTRICT keep) {
   KeepCursor cursor;
-  cursor.kept = keep;
+  if (mask.active && keep) {
+    // The block's keep words drawn first, in one batch, and read in place by
+    // the walk: the draws' arithmetic does not overlap the walk's loads either
+    // way, and the walk skips the cursor's checks (GPT-2 shape, Zen 4: 0.96-0.97x
+    // the time of drawing as the walk goes).
+    const std::size_t w0 = r0 * d / 64, w1 = (r1 * d + 63) / 64;
+    DropoutKeepWords(keep + w0, w0, w1 - w0, mask);
+    GiveKeep(cursor, keep, w0, w1);
+  }
   const auto rows = [&]<bool kMasked> {
 #if !HWY_MEM_OPS_MIGHT_FAULT
     if (d >= hn::Lanes(hn::ScalableTag<float>())) {
@@ -675,7 +729,7 @@ void BackwardWalk(const GradTable& token, const GradTable& position, const Backw
                   const float* HWY_RESTRICT grad_out, std::size_t d, std::size_t n, float scale,
                   const std::uint64_t* HWY_RESTRICT keep) {
   KeepCursor cursor;
-  if constexpr (kMasked) GiveKeep(cursor, keep, n * d);
+  if constexpr (kMasked) GiveKeep(cursor, keep, 0, (n * d + 63) / 64);
   const auto owns = [&](const GradTable& table, std::size_t t) {
     return table.grad && (!table.owner || table.owner[t] == self);
   };
