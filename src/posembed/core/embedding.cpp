@@ -77,19 +77,37 @@ simd::DropoutMask dropout_mask(const DropoutSpec& dropout) {
           dropout_scale(dropout.p), dropout.p > 0.0};
 }
 
-// Marks the first token of each row in flat order: first[i] = 1 when no token
-// before i has row ids[i]; `seen` ends as the bitmap of the rows the tokens
-// touch. Tokens of row `skip` (-1: none) are never first and leave no bit.
-// first: (n), seen: (table_rows / 64), ids: (n)
-void mark_first_uses(std::vector<std::uint8_t>& first, std::vector<std::uint64_t>& seen,
-                     std::span<const std::int64_t> ids, std::int64_t table_rows, std::int64_t skip = -1) {
-  first.resize(ids.size());
-  seen.assign((static_cast<std::size_t>(table_rows) + 63) / 64, 0);
+// touched ends as the bitmap of the rows the tokens touch, except row `skip`
+// (-1: none). touched: (table_rows / 64), ids: (n)
+void mark_touched_rows(std::vector<std::uint64_t>& touched, std::span<const std::int64_t> ids,
+                       std::int64_t table_rows, std::int64_t skip = -1) {
+  touched.assign((static_cast<std::size_t>(table_rows) + 63) / 64, 0);
+  for (const std::int64_t id : ids) {
+    if (id != skip) touched[static_cast<std::size_t>(id) >> 6] |= std::uint64_t{1} << (id & 63);
+  }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// Built with and without the popcnt instruction, and the loader picks the one
+// this CPU runs (GCC's target_clones): baseline x86-64 has none, and a count
+// was a library call (30 us of the row-sparse backward at the GPT-2 shape).
+#define POPCNT_CLONES __attribute__((target_clones("popcnt", "default")))
+#else
+#define POPCNT_CLONES
+#endif
+
+// slot[i] = the rank of row ids[i] among the rows set in `touched`.
+// slot: (n), rank: scratch (touched.size()), ids: (n), each row set in touched
+POPCNT_CLONES void rank_slots(std::span<std::int64_t> slot, std::span<std::int64_t> rank,
+                              std::span<const std::uint64_t> touched, std::span<const std::int64_t> ids) {
+  for (std::size_t w = 0, count = 0; w < touched.size(); ++w) {
+    rank[w] = static_cast<std::int64_t>(count);
+    count += static_cast<std::size_t>(std::popcount(touched[w]));
+  }
   for (std::size_t i = 0; i < ids.size(); ++i) {
     const auto id = static_cast<std::size_t>(ids[i]);
-    const std::uint64_t bit = std::uint64_t{1} << (id & 63);
-    first[i] = ids[i] != skip && (seen[id >> 6] & bit) == 0;
-    if (ids[i] != skip) seen[id >> 6] |= bit;
+    const std::uint64_t below = (std::uint64_t{1} << (id & 63)) - 1;
+    slot[i] = rank[id >> 6] + std::popcount(touched[id >> 6] & below);
   }
 }
 
@@ -106,14 +124,15 @@ void mark_first_uses(std::vector<std::uint8_t>& first, std::vector<std::uint64_t
 // into column strips instead, both threads walked every token over half a row
 // and took 1.04-1.2x as long at the GPT-2 shape.) Each table comes with the
 // row of each token (its id, or its slot in a row-sparse gradient; token_rows
-// of them) and, optionally, the tokens whose rows start at zero (token.first,
-// any value: they are marked here again as the first of their rows in the
-// plan's order, which then writes the row, 0 + v, without reading it).
+// of them). A table in GradMode::write holds zeros in every row a token
+// touches (prepare_fresh): the first token of each row in the plan's order is
+// marked here, and writes its row (0 + v, the same bits) without reading it.
 constexpr std::int64_t kPositionBlock = 16;
 
 void backward_rows(simd::GradTable token, simd::GradTable position, std::int64_t token_rows,
                    std::span<const float> grad_out, std::span<const std::int64_t> position_ids,
-                   const EmbeddingShape& shape, const DropoutSpec& dropout, std::span<const std::uint64_t> mask_bits) {
+                   const EmbeddingShape& shape, const DropoutSpec& dropout, std::span<const std::uint64_t> mask_bits,
+                   GradMode token_mode, GradMode position_mode) {
   if (!token.grad && !position.grad) return;  // both tables frozen
   const std::int64_t d = shape.embed_dim;
   const auto n = static_cast<std::int64_t>(token_count(shape));
@@ -127,12 +146,13 @@ void backward_rows(simd::GradTable token, simd::GradTable position, std::int64_t
   // once: each use of a thread_local vector in a shared library goes through
   // a call that checks its construction.
   struct Scratch {
-    std::vector<std::uint8_t> token_owner, position_owner, owner_of_position, row_owner, first;
+    std::vector<std::uint8_t> token_owner, position_owner, owner_of_position, row_owner, first, position_first;
     std::vector<std::uint64_t> seen, drawn;
     std::vector<std::uint32_t> head, next;
   };
   thread_local Scratch scratch;
-  auto& [token_owner, position_owner, owner_of_position, row_owner, first, seen, drawn, head, next] = scratch;
+  auto& [token_owner, position_owner, owner_of_position, row_owner, first, position_first, seen, drawn, head, next] =
+      scratch;
   const auto un = static_cast<std::size_t>(n);
   // The plan: each position id's tokens, chained in flat order.
   const auto [low, high] = std::minmax_element(position_ids.begin(), position_ids.end());
@@ -144,8 +164,17 @@ void backward_rows(simd::GradTable token, simd::GradTable position, std::int64_t
     next[i] = head[p];
     head[p] = static_cast<std::uint32_t>(i);
   }
+  // A position id's first token in the plan's order leads its group.
+  if (position.grad && position_mode == GradMode::write) {
+    position_first.assign(un, 0);
+    for (std::size_t p = 0; p < positions; ++p) {
+      if (head[p] != un) position_first[head[p]] = 1;
+    }
+    position.first = position_first.data();
+  }
   // The plan's order visits each token row's tokens from its first: the
   // row's owner, and the first tokens of a fresh gradient.
+  const bool token_fresh = token_mode == GradMode::write;
   if (parts > 1) {
     // Per position id first: two divisions a token took 0.1 ms at the GPT-2 shape.
     const auto block = static_cast<std::size_t>(
@@ -160,27 +189,27 @@ void backward_rows(simd::GradTable token, simd::GradTable position, std::int64_t
     }
     if (position.grad) position.owner = position_owner.data();
   }
-  if (token.grad && (parts > 1 || token.first)) {
+  if (token.grad && (parts > 1 || token_fresh)) {
     seen.assign((static_cast<std::size_t>(token_rows) + 63) / 64, 0);
     if (parts > 1) {
       token_owner.resize(un);
       row_owner.resize(static_cast<std::size_t>(token_rows));
     }
-    if (token.first) first.resize(un);
+    if (token_fresh) first.resize(un);
     for (std::size_t p = 0; p < positions; ++p) {
       for (std::size_t t = head[p]; t != un; t = next[t]) {
         const auto row = static_cast<std::size_t>(token.rows[t]);
         const std::uint64_t bit = std::uint64_t{1} << (row & 63);
         const bool is_first = (seen[row >> 6] & bit) == 0;
         seen[row >> 6] |= bit;
-        if (token.first) first[t] = is_first;
+        if (token_fresh) first[t] = is_first;
         if (parts > 1) {
           if (is_first) row_owner[row] = position_owner[t];
           token_owner[t] = row_owner[row];
         }
       }
     }
-    if (token.first) token.first = first.data();
+    if (token_fresh) token.first = first.data();
     if (parts > 1) token.owner = token_owner.data();
   }
   const simd::BackwardPlan plan{head.data(), next.data(), positions};
@@ -225,21 +254,18 @@ void zero_untouched_rows(float* grad, const std::vector<std::uint64_t>& touched,
   });
 }
 
-// Readies one table for a fresh gradient (GradMode::write): marks each row's
-// first token, which writes its row (0 + v, the same bits) without reading it,
-// and zeroes the rows no token touches, past the cache from kStreamBytes on.
-// Row `skip` (the padding row, -1: none) counts as untouched. The scratch (a
-// byte per token, a bit per row; `k` picks one of two sets, one per table)
+// Readies one table for a fresh gradient (GradMode::write): zeroes the rows no
+// token touches, past the cache from kStreamBytes on (backward_rows then has
+// each touched row's first token write it). Row `skip` (the padding row, -1:
+// none) counts as untouched. The bitmap (`k` picks one of two, one per table)
 // stays with the calling thread, so later calls allocate nothing.
 void prepare_fresh(simd::GradTable& table, std::size_t k, std::span<const std::int64_t> ids, std::int64_t rows,
                    std::int64_t d, std::int64_t skip) {
-  thread_local std::vector<std::uint8_t> first[2];
-  thread_local std::vector<std::uint64_t> seen[2];
+  thread_local std::vector<std::uint64_t> touched[2];
   if (!table.grad) return;
-  mark_first_uses(first[k], seen[k], ids, rows, skip);
-  table.first = first[k].data();
+  mark_touched_rows(touched[k], ids, rows, skip);
   table.stream = static_cast<std::size_t>(rows * d) * sizeof(float) >= kStreamBytes;
-  zero_untouched_rows(table.grad, seen[k], rows, d, table.stream);
+  zero_untouched_rows(table.grad, touched[k], rows, d, table.stream);
 }
 
 // Merges sorted unique `batch_rows` into grad.rows in place, from the back: an
@@ -443,7 +469,7 @@ void embedding_backward(std::span<float> grad_token_table, std::span<float> grad
     // after its tokens added to it.
     prepare_fresh(position, 1, position_ids, shape.max_seq_len, shape.embed_dim, shape.position_padding_row);
   }
-  backward_rows(token, position, shape.vocab_size, grad_out, position_ids, shape, dropout, mask_bits);
+  backward_rows(token, position, shape.vocab_size, grad_out, position_ids, shape, dropout, mask_bits, mode, mode);
 }
 
 void embedding_backward(SparseRowGrad& grad, std::span<float> grad_position_table,
@@ -466,10 +492,7 @@ void embedding_backward(SparseRowGrad& grad, std::span<float> grad_position_tabl
   // The batch's rows as a bitmap over the vocabulary: sorted and unique in
   // O(B*T + V/64), with no sort.
   const std::size_t words = (static_cast<std::size_t>(shape.vocab_size) + 63) / 64;
-  scratch.touched.assign(words, 0);
-  for (const std::int64_t id : token_ids) {
-    scratch.touched[static_cast<std::size_t>(id) >> 6] |= std::uint64_t{1} << (id & 63);
-  }
+  mark_touched_rows(scratch.touched, token_ids, shape.vocab_size);
   std::vector<std::int64_t>& batch_rows = scratch.batch_rows;
   batch_rows.clear();
   for (std::size_t w = 0; w < words; ++w) {
@@ -479,7 +502,9 @@ void embedding_backward(SparseRowGrad& grad, std::span<float> grad_position_tabl
   }
   scratch.slot.resize(n);
   simd::GradTable token{nullptr, scratch.slot.data()};
-  if (grad.rows.empty()) {
+  // Right after zero_grad the batch's rows are written fresh; else added to.
+  const GradMode token_mode = grad.rows.empty() ? GradMode::write : GradMode::accumulate;
+  if (token_mode == GradMode::write) {
     // The usual case, right after zero_grad. A row's slot is its rank among the
     // touched rows; the first token of each row (in the backward's order)
     // writes it, so `values` needs no zeroing, and no allocation once its
@@ -493,19 +518,9 @@ void embedding_backward(SparseRowGrad& grad, std::span<float> grad_position_tabl
       grad.values.resize(grad.rows.size() * width);
     }
     scratch.rank.resize(words);
-    for (std::size_t w = 0, rank = 0; w < words; ++w) {
-      scratch.rank[w] = static_cast<std::int64_t>(rank);
-      rank += static_cast<std::size_t>(std::popcount(scratch.touched[w]));
-    }
-    for (std::size_t i = 0; i < n; ++i) {
-      const auto id = static_cast<std::size_t>(token_ids[i]);
-      const std::uint64_t bit = std::uint64_t{1} << (id & 63);
-      scratch.slot[i] = scratch.rank[id >> 6] + std::popcount(scratch.touched[id >> 6] & (bit - 1));
-    }
+    rank_slots(scratch.slot, scratch.rank, scratch.touched, token_ids);
     // A large gradient's first writes go past the cache (the next reader is
     // the optimizer); a small one stays in it.
-    mark_first_uses(scratch.first_use, scratch.seen, token_ids, shape.vocab_size);
-    token.first = scratch.first_use.data();
     token.stream = grad.values.size() * sizeof(float) >= kStreamBytes;
   } else {
     // Accumulating a second batch before zero_grad: merge the new rows in.
@@ -520,7 +535,7 @@ void embedding_backward(SparseRowGrad& grad, std::span<float> grad_position_tabl
     prepare_fresh(position, 1, position_ids, shape.max_seq_len, d, shape.position_padding_row);
   }
   backward_rows(token, position, static_cast<std::int64_t>(grad.rows.size()), grad_out, position_ids, shape,
-                dropout, mask_bits);
+                dropout, mask_bits, token_mode, position_mode);
 }
 
 void validate_sparse_grad(const SparseRowGrad& grad, std::int64_t table_rows) {

@@ -45,9 +45,7 @@ struct SparseRowGrad {
   // Scratch of embedding_backward, kept between calls.
   struct Scratch {
     std::vector<std::int64_t> slot;       // (B*T): row of `values` each token adds to
-    std::vector<std::uint8_t> first_use;  // (B*T): 1 where a token is its row's first
     std::vector<std::uint64_t> touched;   // (vocab_size / 64): bitmap of the batch's rows
-    std::vector<std::uint64_t> seen;      // (vocab_size / 64): rows seen so far in flat order
     std::vector<std::int64_t> rank;       // (vocab_size / 64): touched rows in earlier words
     std::vector<std::int64_t> batch_rows; // (R'): the batch's rows, when merging
   } scratch;
