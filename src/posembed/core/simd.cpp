@@ -200,7 +200,8 @@ HWY_INLINE void ResolveTieGroup(D64 d64, std::uint64_t* HWY_RESTRICT out, std::u
   for (std::size_t k = 0; k < n; ++k) {
     const std::uint16_t e = ties.offset[i + k];
     const auto low = static_cast<std::uint32_t>(words[k / lanes][(first + e) & 3][k % lanes]) >> 8;
-    if (low < threshold_low) out[e / 64] &= ~(std::uint64_t{1} << (e % 64));
+    // Without a branch: most ties on either side of it (p 0.1: 60% dropped).
+    out[e / 64] &= ~(std::uint64_t{low < threshold_low} << (e % 64));
   }
 }
 
