@@ -135,7 +135,8 @@ TEST(SimdDropout, KeepWordsMatchTheMaskDefinitionBitForBit) {
   // Words whose blocks cross 2^32 (4 blocks a word: a carry into c1) and one
   // past 2^40, thresholds of p = 0.1 and 0.5 and ones that tie chosen elements'
   // high bytes, decided by the low 24 bits (the tie's element dropped when the
-  // threshold is one above). Counts across batches of draws (32 words). Every
+  // threshold is one above). Counts across batches of draws (32 words) and of
+  // ties resolved together (after 32 ties, and at every 256 words). Every
   // threshold ties one element in 256; the test checks that words with two or
   // more ties were among those compared.
   const std::uint64_t seed = 0xFEEDFACECAFEBEEFull, step = 5;
@@ -150,7 +151,7 @@ TEST(SimdDropout, KeepWordsMatchTheMaskDefinitionBitForBit) {
       }
       for (const std::uint32_t threshold : thresholds) {
         const simd::DropoutMask mask{philox_key(seed), step, threshold, 2.0f, true};
-        for (const std::size_t count : {1, 3, 16, 17, 32, 33, 70}) {
+        for (const std::size_t count : {1, 3, 16, 17, 32, 33, 70, 257, 600}) {
           std::vector<std::uint64_t> words(count + 1, 0x0123456789ABCDEFull);
           simd::dropout_keep_words(words.data(), word0, count, mask);
           for (std::size_t k = 0; k < count; ++k) {

@@ -77,8 +77,9 @@ interrupt)
   #
   # About 3 runs in 100 of the whole MPI set (2 vCPUs, Open MPI 4.1) ended with
   # the right status but without rank 0's last line in mpirun's output; the
-  # cause was not found. Such a run is reported here and run once more, and
-  # the second must give the line.
+  # cause was not found. Such a run's output is printed (CTest keeps it in its
+  # log, Testing/Temporary/LastTest.log) and the run made once more; the second
+  # must pass every check.
   stop_run() {  # signal out_dir: the run's status in $rc, its output in out_dir.txt
     rm -rf "$2"
     # The first checkpoint (step 3) says the loop runs, its handlers installed.

@@ -124,9 +124,10 @@ POPCNT_CLONES void rank_slots(std::span<std::int64_t> slot, std::span<std::int64
 // into column strips instead, both threads walked every token over half a row
 // and took 1.04-1.2x as long at the GPT-2 shape.) Each table comes with the
 // row of each token (its id, or its slot in a row-sparse gradient; token_rows
-// of them). A table in GradMode::write holds zeros in every row a token
-// touches (prepare_fresh): the first token of each row in the plan's order is
-// marked here, and writes its row (0 + v, the same bits) without reading it.
+// of them). In a table in GradMode::write, every row a token touches counts as
+// zero, whatever it holds (prepare_fresh zeroes the others): the first token of
+// each row in the plan's order is marked here, and writes its row (0 + v, the
+// same bits as adding to zeros) without reading it.
 constexpr std::int64_t kPositionBlock = 16;
 
 void backward_rows(simd::GradTable token, simd::GradTable position, std::int64_t token_rows,

@@ -152,8 +152,8 @@ HWY_INLINE void StorePart(hn::Vec<D> v, D d, T* HWY_RESTRICT p, std::size_t coun
 }
 
 // Keep words (simd.h) drawn per Philox batch: 2048 elements, 128 blocks (2 KiB
-// on the stack, in L1), with about 8 ties: one vector of 64-bit lanes for their
-// low bits on AVX-512. (Batches of 1024 elements: about 1.15x the time, Zen 4.)
+// on the stack, in L1), with about 8 ties. (Batches of 1024 elements: about
+// 1.15x the time, Zen 4.)
 constexpr std::size_t kChunkWords = 32;
 
 // Elements whose keep bit waits on the low 24 bits of their draw: its high
@@ -163,10 +163,13 @@ constexpr std::size_t kChunkWords = 32;
 // four vectors of Philox side by side: one vector for each chunk's ~8 ties
 // was a chain of dependent multiplies that took 16% of the keep words' time
 // (Zen 4). Offsets count from the first element of a batch of kTieBatchWords
-// keep words, whose ties are all resolved at its end.
-constexpr std::size_t kTieBatchWords = 8 * kChunkWords;   // 16384 elements: offsets fit 16 bits
-constexpr std::size_t kTiesResolved = 32;                  // four vectors of 8 lanes (AVX-512)
-constexpr std::size_t kTieCapacity = kTiesResolved + 64 * kChunkWords;  // room for a chunk's
+// keep words, whose ties are all resolved at its end. A chunk is drawn with
+// fewer than kTiesResolved ties waiting, so the list holds all it can add.
+// (DrawThrough, for a walk that draws as it goes, resolves each chunk's own.)
+constexpr std::size_t kTieBatchWords = 8 * kChunkWords;
+static_assert(64 * kTieBatchWords <= 65536, "a batch's offsets fit 16 bits");
+constexpr std::size_t kTiesResolved = 32;  // four vectors of 8 lanes (AVX-512)
+constexpr std::size_t kTieCapacity = kTiesResolved + 64 * kChunkWords;
 struct Ties {
   std::size_t count = 0;
   std::uint16_t offset[kTieCapacity];  // elements from the batch's first (64 * its first word)
@@ -304,9 +307,8 @@ void DropoutKeepWords(std::uint64_t* HWY_RESTRICT out, std::uint64_t word0, std:
 // order: keep words read in place (a forward's, drawn before its walk), or
 // words drawn as the walk reaches them, kChunkWords at a time, into a small
 // buffer on the stack. Either way a vector's bits are one unaligned load and a
-// shift (KeepSpan). A walk may
-// jump ahead (past the tokens another thread owns): the words skipped are not
-// drawn.
+// shift (KeepSpan). A walk may jump ahead (past the tokens another thread
+// owns): the words skipped are not drawn.
 constexpr std::size_t kBufferWords = kTile / 64 + 2 + kChunkWords;  // a span's words (<= 18) and a batch past them
 static_assert(kMaxLanes <= 25, "KeepSpan::At returns at least 25 valid bits");
 struct KeepCursor {
