@@ -173,6 +173,126 @@ TEST(SimdDropout, KeepWordsMatchTheMaskDefinitionBitForBit) {
   EXPECT_GT(words_with_several_ties, 0u);
 }
 
+// The forward's row walk with and without running ahead (simd::forward_rows:
+// keep words drawn a step at a time between its vectors, ties resolved as they
+// gather), against the mask's definition, on every instruction set. Whole
+// batches and batches split where threads would split them, each long enough
+// for the draws to run ahead of the walk through several tie batches; widths
+// of whole vectors (768), with row tails (100, 1030) and below a vector (8);
+// thresholds that tie chosen elements' high bytes. Words outside a call's rows
+// are left as they are.
+TEST(SimdForward, RunningAheadMatchesTheMaskDefinition) {
+  const std::uint64_t seed = 77, step = 4;
+  struct Shape {
+    std::size_t d, n;
+  };
+  for (const Shape shape : {Shape{768, 64}, Shape{1030, 96}, Shape{100, 500}, Shape{8, 6000}}) {
+    const std::size_t d = shape.d, n = shape.n, words = (n * d + 63) / 64;
+    const std::size_t vocab = 53, positions = 29;
+    const auto tokens = test::random_ids(n, static_cast<std::int64_t>(vocab), 5);
+    const auto position_ids = test::random_ids(n, static_cast<std::int64_t>(positions), 6);
+    const auto token_table = test::random_floats(vocab * d, 7),
+               position_table = test::random_floats(positions * d, 8);
+    // Splits on mask words, as embedding_forward's blocks fall: thirds of the
+    // batch rounded to whole words.
+    const std::size_t word_rows = 64 / std::gcd(d, std::size_t{64});
+    const std::size_t third = (n / 3 + word_rows - 1) / word_rows * word_rows;
+    ASSERT_LT(2 * third, n);
+    const std::vector<std::vector<std::size_t>> splits = {{0, n}, {0, third, 2 * third, n}};
+    std::vector<std::uint32_t> thresholds = {dropout_threshold(0.1)};
+    for (const std::uint64_t chosen : {n * d / 2 + 3, n * d - 2}) {
+      thresholds.push_back(dropout_draw(seed, step, chosen));
+      thresholds.push_back(dropout_draw(seed, step, chosen) + 1);
+    }
+    for (const std::uint32_t threshold : thresholds) {
+      const simd::DropoutMask mask{philox_key(seed), step, threshold, 1.25f, true};
+      std::vector<float> want(n * d);
+      std::vector<std::uint64_t> want_words(words, 0);
+      for (std::size_t r = 0; r < n; ++r) {
+        const auto t = static_cast<std::size_t>(tokens[r]),
+                   q = static_cast<std::size_t>(position_ids[r]);
+        for (std::size_t j = 0; j < d; ++j) {
+          const std::size_t i = r * d + j;
+          const bool keep = dropout_draw(seed, step, i) >= threshold;
+          want[i] = keep ? (token_table[t * d + j] + position_table[q * d + j]) * mask.scale : 0.0f;
+          want_words[i / 64] |= std::uint64_t{keep} << (i % 64);
+        }
+      }
+      for_each_target([&] {
+        for (const bool ahead : {false, true}) {
+          for (const auto& split : splits) {
+            SCOPED_TRACE("d " + std::to_string(d) + ", threshold " + std::to_string(threshold) +
+                         (ahead ? ", ahead, " : ", not ahead, ") +
+                         std::to_string(split.size() - 1) + " part(s)");
+            std::vector<float> out(n * d, 42.0f);
+            std::vector<std::uint64_t> kept(words + 1, 0x5A5A5A5A5A5A5A5Aull);
+            for (std::size_t k = 0; k + 1 < split.size(); ++k) {
+              simd::forward_rows(out.data(), token_table.data(), tokens.data(),
+                                 position_table.data(), position_ids.data(), d, split[k],
+                                 split[k + 1], mask, ahead, ahead, kept.data());
+              // Words past this part's rows are untouched (the next part's first word, unless
+              // shared).
+              const std::size_t end_word = (split[k + 1] * d + 63) / 64;
+              ASSERT_EQ(kept[end_word], 0x5A5A5A5A5A5A5A5Aull)
+                  << "wrote past part " << k << "'s words";
+            }
+            ASSERT_EQ(as_bits(out), as_bits(want));
+            // The bits of elements past the batch in its last word are not specified.
+            if (n * d % 64 != 0) kept[words - 1] &= (std::uint64_t{1} << (n * d % 64)) - 1;
+            ASSERT_EQ(std::vector<std::uint64_t>(kept.begin(), kept.end() - 1), want_words);
+          }
+        }
+      });
+    }
+  }
+}
+
+// A batch large enough that embedding_forward runs ahead (an output of 8 MiB
+// or more, each thread's share one walk), against the mask's definition, with
+// and without keeping the mask and without dropout, on 1, 2 and 3 threads.
+TEST(SimdForward, ALargeBatchMatchesTheMaskOnEveryThreadCount) {
+  const EmbeddingShape s{2, 1024, 97, 1024, 1030};
+  const auto n = static_cast<std::size_t>(s.batch * s.seq_len),
+             d = static_cast<std::size_t>(s.embed_dim);
+  ASSERT_GE(n * d * sizeof(float), std::size_t{8} << 20);
+  const auto tokens = test::random_ids(n, s.vocab_size, 21),
+             positions = test::random_ids(n, s.max_seq_len, 22);
+  const auto token_table = test::random_floats(static_cast<std::size_t>(s.vocab_size) * d, 23);
+  const auto position_table = test::random_floats(static_cast<std::size_t>(s.max_seq_len) * d, 24);
+  for (const double p : {0.1, 0.0}) {
+    const DropoutSpec dropout{p, 99, 2};
+    std::vector<float> want(n * d);
+    std::vector<std::uint64_t> want_words(dropout_mask_words(s), 0);
+    for (std::size_t r = 0; r < n; ++r) {
+      const auto t = static_cast<std::size_t>(tokens[r]),
+                 q = static_cast<std::size_t>(positions[r]);
+      for (std::size_t j = 0; j < d; ++j) {
+        const std::size_t i = r * d + j;
+        const float sum = token_table[t * d + j] + position_table[q * d + j];
+        const bool keep =
+            p == 0 || dropout_draw(dropout.seed, dropout.step, i) >= dropout_threshold(p);
+        want[i] = p == 0 ? sum : keep ? sum * dropout_scale(p) : 0.0f;
+        want_words[i / 64] |= std::uint64_t{keep} << (i % 64);
+      }
+    }
+    for (const int threads : {1, 2, 3}) {
+      set_num_threads(threads);
+      for (const bool keep_mask : {true, false}) {
+        SCOPED_TRACE("p " + std::to_string(p) + ", " + std::to_string(threads) + " threads" +
+                     (keep_mask ? ", mask kept" : ""));
+        std::vector<float> out(n * d, 42.0f);
+        std::vector<std::uint64_t> kept(keep_mask ? dropout_mask_words(s) : 0, 0);
+        embedding_forward(out, tokens, positions, token_table, position_table, s, dropout, kept);
+        ASSERT_EQ(as_bits(out), as_bits(want));
+        if (keep_mask && p > 0) {
+          ASSERT_EQ(kept, want_words);
+        }
+      }
+    }
+    set_num_threads(0);
+  }
+}
+
 // The layer's kernels through the public API on every instruction set and on 1,
 // 2 and 3 threads, against a float oracle that does the same operations in the
 // same order (so: bit for bit). Shapes where the backward splits into strips

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include <omp.h>
+
 #include "posembed/core/parallel.h"
 
 namespace posembed {
@@ -23,6 +25,20 @@ void parallel_for(std::int64_t n, Body&& body, std::int64_t grain = 1) {
       std::clamp<std::int64_t>(n / std::max<std::int64_t>(grain, 1), 1, num_threads()));
 #pragma omp parallel for schedule(static) num_threads(team) if (team > 1)
   for (std::int64_t i = 0; i < n; ++i) body(i);
+}
+
+// Calls body(begin, end) once per thread, over [0, n) split into contiguous
+// ranges as parallel_for's static schedule splits it, for a kernel that keeps
+// work in flight from one iteration to the next.
+template <class Body>
+void parallel_ranges(std::int64_t n, Body&& body) {
+  const int team = static_cast<int>(std::clamp<std::int64_t>(n, 1, num_threads()));
+#pragma omp parallel num_threads(team) if (team > 1)
+  {
+    const std::int64_t self = omp_get_thread_num(), threads = omp_get_num_threads();
+    const std::int64_t begin = n * self / threads, end = n * (self + 1) / threads;
+    if (begin < end) body(begin, end);
+  }
 }
 
 }  // namespace posembed

@@ -93,15 +93,13 @@ HWY_INLINE void PhiloxRoundKeys(D64 d64, PhiloxKey key, V64 (&k0)[10], V64 (&k1)
   }
 }
 
-void PhiloxBlocks(std::uint32_t* HWY_RESTRICT out, PhiloxCounter first, PhiloxKey key,
-                  std::size_t blocks) {
-  const hn::ScalableTag<std::uint64_t> d64;
-  using V64 = hn::Vec<decltype(d64)>;
+// PhiloxBlocks with its round keys made: blocks base .. base + blocks - 1,
+// counter words 2 and 3 c2 and c3.
+template <class D64, class V64 = hn::Vec<D64>>
+HWY_INLINE void PhiloxBlocksKeyed(D64 d64, std::uint32_t* HWY_RESTRICT out, std::uint64_t base,
+                                  V64 c2, V64 c3, const V64 (&k0)[10], const V64 (&k1)[10],
+                                  std::size_t blocks) {
   const std::size_t lanes = hn::Lanes(d64);
-  const std::uint64_t base = std::uint64_t{first[0]} | (std::uint64_t{first[1]} << 32);
-  V64 k0[10], k1[10];
-  PhiloxRoundKeys(d64, key, k0, k1);
-  const V64 c2 = hn::Set(d64, first[2]), c3 = hn::Set(d64, first[3]);
   // Four independent vectors per step keep four chains of multiplies in flight
   // (on Zen 4: 0.375 ns per word, against 0.44 with two and 0.95 with eight,
   // which spill); the last one to four vectors (the last one partial) side by
@@ -115,6 +113,16 @@ void PhiloxBlocks(std::uint32_t* HWY_RESTRICT out, PhiloxCounter first, PhiloxKe
     case 1: return PhiloxGroup<1>(d64, out, k, blocks, base, c2, c3, k0, k1);
     default: return;
   }
+}
+
+void PhiloxBlocks(std::uint32_t* HWY_RESTRICT out, PhiloxCounter first, PhiloxKey key,
+                  std::size_t blocks) {
+  const hn::ScalableTag<std::uint64_t> d64;
+  using V64 = hn::Vec<decltype(d64)>;
+  V64 k0[10], k1[10];
+  PhiloxRoundKeys(d64, key, k0, k1);
+  PhiloxBlocksKeyed(d64, out, std::uint64_t{first[0]} | (std::uint64_t{first[1]} << 32),
+                    hn::Set(d64, first[2]), hn::Set(d64, first[3]), k0, k1, blocks);
 }
 
 // Elements per span of a walk that applies a mask (its keep bits held at once).
@@ -234,15 +242,11 @@ void ResolveTies(std::uint64_t* HWY_RESTRICT out, std::uint64_t word0, Ties& tie
   ties.count = 0;
 }
 
-// Keep words word0 .. word0 + count - 1, count <= kChunkWords, into out: each
-// draw's high byte against the threshold's. An element whose byte ties it is
-// kept and added to `ties` at offset `tie_offset` + its element from 64 * word0.
-void DrawKeepWords(std::uint64_t* HWY_RESTRICT out, std::uint64_t word0, std::size_t count, const DropoutMask& mask,
-                   Ties& ties, std::size_t tie_offset) {
-  HWY_ALIGN std::uint32_t draws[kChunkWords * 16];  // 4 blocks of 4 words per keep word
-  PhiloxBlocks(draws, philox_counter(word0 * 4, mask.step, RandomStream::dropout), mask.key, count * 4);
-  // Element 64 * word0 + i's high byte is byte i of the blocks (philox_byte).
-  const auto* high = reinterpret_cast<const std::uint8_t*>(draws);
+// DrawKeepWords' keep words from its words' Philox blocks: element 64 * word0
+// + i's high byte is byte i of the blocks (philox_byte).
+HWY_INLINE void KeepFromDraws(std::uint64_t* HWY_RESTRICT out,
+                              const std::uint8_t* HWY_RESTRICT high, std::size_t count,
+                              const DropoutMask& mask, Ties& ties, std::size_t tie_offset) {
   const auto threshold_high = static_cast<std::uint8_t>(mask.threshold >> 24);
   // Each element's bit of tied (64 per word, as the keep words) is set where its
   // high byte ties the threshold's.
@@ -288,6 +292,17 @@ void DrawKeepWords(std::uint64_t* HWY_RESTRICT out, std::uint64_t word0, std::si
     }
     ties.count += n;
   }
+}
+
+// Keep words word0 .. word0 + count - 1, count <= kChunkWords, into out: each
+// draw's high byte against the threshold's. An element whose byte ties it is
+// kept and added to `ties` at offset `tie_offset` + its element from 64 * word0.
+void DrawKeepWords(std::uint64_t* HWY_RESTRICT out, std::uint64_t word0, std::size_t count,
+                   const DropoutMask& mask, Ties& ties, std::size_t tie_offset) {
+  HWY_ALIGN std::uint32_t draws[kChunkWords * 16];  // 4 blocks of 4 words per keep word
+  PhiloxBlocks(draws, philox_counter(word0 * 4, mask.step, RandomStream::dropout), mask.key,
+               count * 4);
+  KeepFromDraws(out, reinterpret_cast<const std::uint8_t*>(draws), count, mask, ties, tie_offset);
 }
 
 void DropoutKeepWords(std::uint64_t* HWY_RESTRICT out, std::uint64_t word0, std::size_t count,
@@ -381,6 +396,88 @@ HWY_INLINE void GiveKeep(KeepCursor& c, const std::uint64_t* HWY_RESTRICT keep, 
   std::memcpy(c.buffer, keep + c.base, (w1 - c.base) * sizeof(std::uint64_t));
 }
 
+// Keep words drawn into place a step at a time, just ahead of a walk that
+// reads them there (a training forward that keeps its mask): the walk takes a
+// step between its vectors, with a few lines of the row it fetches, so the
+// draws' multiplies run while its loads wait on memory. Drawn all before a
+// block's walk, or a batch whenever the walk reached one, they did not overlap
+// the loads (GPT-2 shape, Zen 4: 0.79-0.87x the time of drawing each block's
+// words first on 2 threads, 0.82-0.9x on one; fetching whole rows, 0.94x).
+// Ties are listed from the first word not yet final (`ready`) and resolved
+// kTiesResolved at a time, so the draws run about a tie batch ahead of the walk
+// (kLeadWords).
+// A step: 512 elements, 32 Philox blocks (four AVX-512 vectors side by side).
+// Steps of 2 and 4 words took 1.05-1.19x the time at the GPT-2 shape, 16 and 32
+// words 1.05-1.2x (Zen 4).
+constexpr std::size_t kStepWords = 8;
+static_assert(kStepWords <= kChunkWords, "a step's ties fit the list");
+static_assert(64 * (kTieBatchWords + kStepWords) <= 65536, "tie offsets fit 16 bits");
+constexpr std::size_t kStepElements = 64 * kStepWords;
+constexpr std::size_t kLeadWords = kTieBatchWords + 2 * kTailWords;
+template <class D64>
+struct KeepAhead {
+  std::uint64_t* out = nullptr;  // the keep words, out[w] word w
+  const DropoutMask* mask = nullptr;
+  KeepCursor* cursor = nullptr;             // reads them in place; GiveKeep once all are final
+  std::uint64_t w0 = 0, next = 0, end = 0;  // words [w0, end), [next, end) not drawn yet
+  std::uint64_t ready = 0;                  // words before it are final; ties count from it
+  Ties ties;
+  hn::Vec<D64> k0[10], k1[10], c2, c3;  // round keys and the dropout stream's counter words
+};
+
+template <class D64>
+HWY_INLINE void ResolveAhead(KeepAhead<D64>& a) {
+  ResolveTies(a.out + a.ready, a.ready, a.ties, *a.mask);
+  a.ready = a.next;
+  if (a.next == a.end) GiveKeep(*a.cursor, a.out, a.w0, a.end);
+}
+
+// Draws the next kStepWords words, if any are left and they are less than
+// kLeadWords ahead of the walk's element `at`.
+template <class D64>
+HWY_INLINE void DrawAhead(KeepAhead<D64>& a, std::uint64_t at) {
+  if (a.next >= a.end || a.next >= at / 64 + kLeadWords) return;
+  const std::size_t words =
+      static_cast<std::size_t>(std::min<std::uint64_t>(kStepWords, a.end - a.next));
+  HWY_ALIGN std::uint32_t draws[kStepWords * 16];  // 4 blocks of 4 words per keep word
+  PhiloxBlocksKeyed(D64(), draws, 4 * a.next, a.c2, a.c3, a.k0, a.k1, 4 * words);
+  KeepFromDraws(a.out + a.next, reinterpret_cast<const std::uint8_t*>(draws), words, *a.mask,
+                a.ties, 64 * static_cast<std::size_t>(a.next - a.ready));
+  a.next += words;
+  if (a.ties.count >= kTiesResolved || a.next - a.ready >= kTieBatchWords || a.next == a.end)
+    ResolveAhead(a);
+}
+
+// Makes words w0 .. w1 - 1 of `keep` drawn ahead into place, and the cursor
+// read them there; draws the first kLeadWords.
+template <class D64>
+HWY_INLINE void StartAhead(KeepAhead<D64>& a, std::uint64_t* HWY_RESTRICT keep, std::uint64_t w0,
+                           std::uint64_t w1, const DropoutMask& mask, KeepCursor& cursor) {
+  const D64 d64;
+  a.out = keep;
+  a.mask = &mask;
+  a.cursor = &cursor;
+  a.w0 = a.next = a.ready = w0;
+  a.end = w1;
+  PhiloxRoundKeys(d64, mask.key, a.k0, a.k1);
+  const PhiloxCounter stream = philox_counter(0, mask.step, RandomStream::dropout);
+  a.c2 = hn::Set(d64, stream[2]);
+  a.c3 = hn::Set(d64, stream[3]);
+  cursor.given = keep;
+  cursor.given_bytes = w1 * sizeof(std::uint64_t);
+  while (a.next < std::min(w1, w0 + kLeadWords)) DrawAhead(a, 64 * w0);
+}
+
+// Makes the keep bits of elements e .. e + n - 1 final, and those that a
+// KeepSpan of them reads past e + n - 1 (its 4-byte loads) drawn.
+template <class D64>
+HWY_INLINE void ReadyThrough(KeepAhead<D64>& a, std::uint64_t e, std::size_t n) {
+  const std::uint64_t last_bit = ((e + n - 1) & ~std::uint64_t{7}) + 31;
+  const std::uint64_t w = std::min(a.end - 1, last_bit >> 6);
+  while (a.next <= w) DrawAhead(a, 64 * w);
+  if (a.ready <= w) ResolveAhead(a);
+}
+
 // Elements of `p` before its first boundary of a vector of `lanes` floats.
 HWY_INLINE std::size_t ElementsBeforeVectorBoundary(const float* p, std::size_t lanes) {
   const std::size_t vector_bytes = lanes * sizeof(float);
@@ -424,8 +521,11 @@ HWY_INLINE void ForEachVector(std::size_t n, const float* aligned, std::uint64_t
 // table, so the hardware prefetcher sees each one too late. Into L2, not L1: a
 // row is dozens of lines, and once L1's few miss buffers are full the prefetch
 // instruction itself stalls (on Zen 4 at the GPT-2 shape: eval forward 1.44 ->
-// 1.2 ms, dense backward 4.0 -> 3.4 ms). kForWrite: the row will be written, so
-// ask for it exclusive.
+// 1.2 ms, dense backward 4.0 -> 3.4 ms). A walk that runs ahead asks for a
+// few lines of the row at a time between its vectors instead: a whole row's
+// prefetches at once stall on the full L2 miss queue, and while they wait the
+// draws' arithmetic behind them waits too. kForWrite: the row will be written,
+// so ask for it exclusive.
 template <bool kForWrite = false>
 HWY_INLINE void PrefetchRow(const float* row, std::size_t n) {
   for (std::size_t j = 0; j < n; j += 64 / sizeof(float)) __builtin_prefetch(row + j, kForWrite ? 1 : 0, 1);
@@ -503,11 +603,13 @@ void AddInto(float* HWY_RESTRICT row, const float* HWY_RESTRICT grad, std::size_
 // are shared with other blocks). With per-row vectors instead, rows that start
 // 16 bytes past a line (malloc's large blocks) cost 1.1x the training forward
 // on Zen 4: two partial stores a row, the line between them read first.
-template <bool kMasked>
+template <bool kMasked, bool kAhead, class Ahead>
 void ForwardRowsStitched(float* HWY_RESTRICT out, const float* HWY_RESTRICT token_table,
-                         const std::int64_t* HWY_RESTRICT token_ids, const float* HWY_RESTRICT position_table,
-                         const std::int64_t* HWY_RESTRICT position_ids, std::size_t d, std::size_t r0,
-                         std::size_t r1, const DropoutMask& mask, bool stream, KeepCursor& cursor) {
+                         const std::int64_t* HWY_RESTRICT token_ids,
+                         const float* HWY_RESTRICT position_table,
+                         const std::int64_t* HWY_RESTRICT position_ids, std::size_t d,
+                         std::size_t r0, std::size_t r1, const DropoutMask& mask, bool stream,
+                         KeepCursor& cursor, Ahead* drawing) {
   const hn::ScalableTag<float> df;
   using V = hn::Vec<decltype(df)>;
   const std::size_t lanes = hn::Lanes(df);
@@ -517,7 +619,13 @@ void ForwardRowsStitched(float* HWY_RESTRICT out, const float* HWY_RESTRICT toke
   };
   // The keep bits of elements e .. e + n - 1 (n <= kTile + lanes), drawn as needed.
   const auto keep_span = [&](std::uint64_t e, std::size_t n) {
-    if constexpr (kMasked) DrawThrough(cursor, e, e + n, r1 * d, mask);
+    if constexpr (kMasked) {
+      if (kAhead && drawing) {
+        ReadyThrough(*drawing, e, n);
+      } else {
+        DrawThrough(cursor, e, e + n, r1 * d, mask);
+      }
+    }
     return kMasked ? SpanOf(cursor, e, n) : KeepSpan{};
   };
   const auto finish = [&](V v, std::uint32_t bits) {
@@ -532,7 +640,14 @@ void ForwardRowsStitched(float* HWY_RESTRICT out, const float* HWY_RESTRICT toke
     StorePart(finish(v, kMasked ? keep_span(r0 * d, s).At(0) : 0u), df, out + r0 * d, s);
   }
   for (std::size_t r = r0; r < r1; ++r) {
-    if (r + 2 < r1) PrefetchRow(token_row(r + 2), d);
+    // The row two ahead: in lines between the vectors (kAhead), else whole.
+    const float* fetch = kAhead && r + 2 < r1 ? token_row(r + 2) : nullptr;
+    if (fetch) {
+      __builtin_prefetch(fetch, 0, 1);
+      __builtin_prefetch(fetch + d - 1, 0, 1);
+    } else if (r + 2 < r1) {
+      PrefetchRow(token_row(r + 2), d);
+    }
     const float* HWY_RESTRICT a = token_row(r);
     const float* HWY_RESTRICT b = position_row(r);
     float* HWY_RESTRICT o = out + r * d;
@@ -540,8 +655,22 @@ void ForwardRowsStitched(float* HWY_RESTRICT out, const float* HWY_RESTRICT toke
     for (std::size_t t0 = s; t0 < full_end;) {
       const std::size_t t1 = std::min(full_end, t0 + kTile);
       const KeepSpan keep = keep_span(r * d + t0, t1 - t0);
-      for (std::size_t j = t0; j < t1; j += lanes) {
-        store_full(finish(hn::Add(hn::LoadU(df, a + j), hn::LoadU(df, b + j)), kMasked ? keep.At(j - t0) : 0u), o + j);
+      // kAhead: in steps, each with a draw and a few lines of the row two ahead.
+      constexpr std::size_t kGroup = kAhead ? kStepElements : kTile;
+      for (std::size_t g = t0; g < t1; g += kGroup) {
+        const std::size_t g1 = std::min(t1, g + kGroup);
+        if constexpr (kAhead) {
+          if (drawing) DrawAhead(*drawing, r * d + g);
+          if (fetch) {
+            for (std::size_t j = g; j < g1; j += 64 / sizeof(float))
+              __builtin_prefetch(fetch + j, 0, 1);
+          }
+        }
+        for (std::size_t j = g; j < g1; j += lanes) {
+          store_full(finish(hn::Add(hn::LoadU(df, a + j), hn::LoadU(df, b + j)),
+                            kMasked ? keep.At(j - t0) : 0u),
+                     o + j);
+        }
       }
       t0 = t1;
     }
@@ -572,30 +701,47 @@ void ForwardRowsStitched(float* HWY_RESTRICT out, const float* HWY_RESTRICT toke
 #endif
 
 // Rows [r0, r1) of the fused forward, prefetching the token row two ahead. The
-// keep words are drawn across row ends (short rows share a batch): all of them
-// first, into `keep`, when given; else as the walk goes.
+// keep words are drawn across row ends (short rows share a batch): into `keep`
+// when given, ahead of the walk in steps (ahead) or all of them first; else
+// as the walk goes.
 void ForwardRows(float* HWY_RESTRICT out, const float* HWY_RESTRICT token_table,
-                 const std::int64_t* HWY_RESTRICT token_ids, const float* HWY_RESTRICT position_table,
+                 const std::int64_t* HWY_RESTRICT token_ids,
+                 const float* HWY_RESTRICT position_table,
                  const std::int64_t* HWY_RESTRICT position_ids, std::size_t d, std::size_t r0,
-                 std::size_t r1, const DropoutMask& mask, bool stream, std::uint64_t* HWY_RESTRICT keep) {
+                 std::size_t r1, const DropoutMask& mask, bool stream, bool ahead,
+                 std::uint64_t* HWY_RESTRICT keep) {
   KeepCursor cursor;
+  KeepAhead<hn::ScalableTag<std::uint64_t>> ahead_words;
+  decltype(ahead_words)* drawing = nullptr;
   if (mask.active && keep) {
-    // The block's keep words drawn first, in one batch, and read in place by
-    // the walk: the draws' arithmetic does not overlap the walk's loads either
-    // way, and the walk skips the cursor's checks (GPT-2 shape, Zen 4: 0.96-0.97x
-    // the time of drawing as the walk goes).
     const std::size_t w0 = r0 * d / 64, w1 = (r1 * d + 63) / 64;
-    DropoutKeepWords(keep + w0, w0, w1 - w0, mask);
-    GiveKeep(cursor, keep, w0, w1);
+    if (ahead) {
+      StartAhead(ahead_words, keep, w0, w1, mask, cursor);
+      drawing = &ahead_words;
+    } else {
+      // Drawn first, in one batch, and read in place by the walk.
+      DropoutKeepWords(keep + w0, w0, w1 - w0, mask);
+      GiveKeep(cursor, keep, w0, w1);
+    }
   }
   const auto rows = [&]<bool kMasked> {
 #if !HWY_MEM_OPS_MIGHT_FAULT
     if (d >= hn::Lanes(hn::ScalableTag<float>())) {
-      return ForwardRowsStitched<kMasked>(out, token_table, token_ids, position_table, position_ids, d, r0, r1, mask,
-                                          stream, cursor);
+      if (ahead) {
+        return ForwardRowsStitched<kMasked, true>(out, token_table, token_ids, position_table,
+                                                  position_ids, d, r0, r1, mask, stream, cursor,
+                                                  drawing);
+      }
+      return ForwardRowsStitched<kMasked, false>(out, token_table, token_ids, position_table,
+                                                 position_ids, d, r0, r1, mask, stream, cursor,
+                                                 drawing);
     }
 #endif
     for (std::size_t r = r0; r < r1; ++r) {
+      if (kMasked && drawing) {
+        for (std::size_t j = 0; j < d; j += kStepElements) DrawAhead(*drawing, r * d + j);
+        ReadyThrough(*drawing, r * d, d);
+      }
       if (r + 2 < r1) PrefetchRow(token_table + static_cast<std::size_t>(token_ids[r + 2]) * d, d);
       AddDropoutSpan<kMasked>(out + r * d, token_table + static_cast<std::size_t>(token_ids[r]) * d,
                               position_table + static_cast<std::size_t>(position_ids[r]) * d, d, r * d, r1 * d,
@@ -1081,10 +1227,10 @@ void add_dropout(float* out, const float* a, const float* b, std::size_t n, std:
 
 void forward_rows(float* out, const float* token_table, const std::int64_t* token_ids,
                   const float* position_table, const std::int64_t* position_ids, std::size_t d,
-                  std::size_t r0, std::size_t r1, const DropoutMask& mask, bool stream,
+                  std::size_t r0, std::size_t r1, const DropoutMask& mask, bool stream, bool ahead,
                   std::uint64_t* keep) {
-  HWY_DYNAMIC_DISPATCH(ForwardRows)(out, token_table, token_ids, position_table, position_ids, d, r0,
-                                    r1, mask, stream, keep);
+  HWY_DYNAMIC_DISPATCH(ForwardRows)
+  (out, token_table, token_ids, position_table, position_ids, d, r0, r1, mask, stream, ahead, keep);
 }
 
 void backward_rows(const GradTable& token, const GradTable& position, const BackwardPlan& plan, std::uint8_t self,

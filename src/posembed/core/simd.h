@@ -54,11 +54,17 @@ void add_dropout(float* out, const float* a, const float* b, std::size_t n, std:
 // batch's keep words, of which this call writes those of elements r0 * d ..
 // r1 * d - 1 (with an active mask; r0 * d a multiple of 64 unless r0 is 0, so
 // that no word is shared with another call's rows).
+// ahead: for a walk that waits on memory (a large batch; [r0, r1) best a
+// thread's whole share): the token row two ahead is fetched a few lines at a
+// time between the walk's vectors, and the keep words are drawn into `keep` a
+// step at a time between them, so that their arithmetic overlaps the loads.
+// Else each row is fetched whole as the row two before it starts, and the keep
+// words are drawn first (faster where the walk stays in the cache).
 // out: (n, d), token_table: (V, d), position_table: (max_seq_len, d), ids: (n),
 // keep: (ceil(n * d / 64))
 void forward_rows(float* out, const float* token_table, const std::int64_t* token_ids,
                   const float* position_table, const std::int64_t* position_ids, std::size_t d,
-                  std::size_t r0, std::size_t r1, const DropoutMask& mask, bool stream,
+                  std::size_t r0, std::size_t r1, const DropoutMask& mask, bool stream, bool ahead,
                   std::uint64_t* keep = nullptr);
 
 // One gradient table of backward_rows. The masked grad_out row of token r is
