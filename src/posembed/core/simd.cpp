@@ -761,14 +761,42 @@ void ForwardRows(float* HWY_RESTRICT out, const float* HWY_RESTRICT token_table,
 // Members of a group added per pass over its position row.
 constexpr std::size_t kGroupBlock = 8;
 
+// The rows that the next group's walk reads (grad_out) and adds to (token
+// rows), for BackwardWalk to ask for early: a line of each per vector of this
+// group's pass (RowsAhead::Lines), or whole at once where no pass runs.
+struct RowsAhead {
+  const float* read[kGroupBlock];
+  float* write[kGroupBlock];
+  std::size_t reads = 0, writes = 0;
+
+  // Columns [j, j + one vector) of each row, from column block c0 on.
+  HWY_INLINE void Lines(std::size_t c0, std::size_t j) const {
+    for (std::size_t k = 0; k < reads; ++k) __builtin_prefetch(read[k] + c0 + j, 0, 1);
+    for (std::size_t k = 0; k < writes; ++k) __builtin_prefetch(write[k] + c0 + j, 1, 1);
+  }
+  // Each row's last line, which Lines may miss where a row is not aligned to
+  // the vectors.
+  HWY_INLINE void LastLines(std::size_t d) const {
+    for (std::size_t k = 0; k < reads; ++k) __builtin_prefetch(read[k] + d - 1, 0, 1);
+    for (std::size_t k = 0; k < writes; ++k) __builtin_prefetch(write[k] + d - 1, 1, 1);
+  }
+  void Whole(std::size_t d) const {
+    for (std::size_t k = 0; k < reads; ++k) PrefetchRow(read[k], d);
+    for (std::size_t k = 0; k < writes; ++k) PrefetchRow</*kForWrite=*/true>(write[k], d);
+  }
+};
+
 // One block of a group's members (AddGroup) over n columns: grad, token_row
 // (null: another thread's), token_is_zero, token_stream, keep: per member, kCount
 // of them (a constant, so that the compiler unrolls the members and keeps the
-// position row's vector in a register across them).
+// position row's vector in a register across them). ahead: null, or rows to
+// ask for a line at a time, column block c0.
 template <bool kMasked, std::size_t kCount>
-HWY_INLINE void GroupBlock(const float* aligned, float* HWY_RESTRICT row, bool row_is_zero, std::size_t n,
-                           float scale, const float* const* grad, float* const* token_row, const bool* token_is_zero,
-                           const bool* token_stream, const KeepSpan* keep) {
+HWY_INLINE void GroupBlock(const float* aligned, float* HWY_RESTRICT row, bool row_is_zero,
+                           std::size_t n, float scale, const float* const* grad,
+                           float* const* token_row, const bool* token_is_zero,
+                           const bool* token_stream, const KeepSpan* keep, const RowsAhead* ahead,
+                           std::size_t c0) {
   const hn::ScalableTag<float> df;
   const std::size_t lanes = hn::Lanes(df);
   // Columns [j, j + n_j): kFull, a whole vector aligned to `aligned` (plain
@@ -783,6 +811,7 @@ HWY_INLINE void GroupBlock(const float* aligned, float* HWY_RESTRICT row, bool r
         StorePart(v, df, p, n_j);
       }
     };
+    if (ahead) ahead->Lines(c0, j);
     auto sum = row_is_zero ? hn::Zero(df) : load(row + j);
     for (std::size_t k = 0; k < kCount; ++k) {
       auto v = load(grad[k] + j);
@@ -822,15 +851,19 @@ HWY_INLINE void GroupBlockOf(std::size_t count, Args... args) {
 // is added to that row in the same pass. Vectors are aligned to the first such
 // token row when they are streamed (aligned stores only; the position row is
 // in the cache), else to the position row; a token row at another offset in a
-// vector is written with plain stores.
+// vector is written with plain stores. The first pass asks for the rows of
+// `ahead` a line at a time.
 template <bool kMasked, class OwnsToken>
-void AddGroup(const GradTable& token, const GradTable& position, const BackwardPlan& plan, std::size_t leader,
-              const float* HWY_RESTRICT grad_out, std::size_t d, std::size_t n, float scale, KeepCursor& cursor,
-              const OwnsToken& owns_token) {
+void AddGroup(const GradTable& token, const GradTable& position, const BackwardPlan& plan,
+              std::size_t leader, const float* HWY_RESTRICT grad_out, std::size_t d, std::size_t n,
+              float scale, KeepCursor& cursor, const OwnsToken& owns_token,
+              const RowsAhead& ahead) {
   const std::size_t vector_bytes = hn::Lanes(hn::ScalableTag<float>()) * sizeof(float);
   float* HWY_RESTRICT row = position.grad + static_cast<std::size_t>(position.rows[leader]) * d;
   bool row_is_zero = position.first && position.first[leader];
-  for (std::size_t m = leader; m != n;) {
+  ahead.LastLines(d);
+  const RowsAhead* lines = &ahead;
+  for (std::size_t m = leader; m != n; lines = nullptr) {
     std::size_t members[kGroupBlock];
     std::size_t count = 0;
     for (; m != n && count < kGroupBlock; m = plan.next[m]) members[count++] = m;
@@ -861,10 +894,11 @@ void AddGroup(const GradTable& token, const GradTable& position, const BackwardP
           token_stream[k] = token_row[later] != token_row[k];
         }
       }
-      GroupBlockOf<kMasked>(count, aligned, row + c0, row_is_zero, c1 - c0, scale,
-                            static_cast<const float* const*>(grad),
-                            static_cast<float* const*>(token_row), static_cast<const bool*>(token_is_zero),
-                            static_cast<const bool*>(token_stream), static_cast<const KeepSpan*>(keep));
+      GroupBlockOf<kMasked>(
+          count, aligned, row + c0, row_is_zero, c1 - c0, scale,
+          static_cast<const float* const*>(grad), static_cast<float* const*>(token_row),
+          static_cast<const bool*>(token_is_zero), static_cast<const bool*>(token_stream),
+          static_cast<const KeepSpan*>(keep), lines, c0);
     }
     row_is_zero = false;
   }
@@ -883,34 +917,44 @@ void BackwardWalk(const GradTable& token, const GradTable& position, const Backw
     return table.grad && (!table.owner || table.owner[t] == self);
   };
   const auto owns_token = [&](std::size_t t) { return owns(token, t); };
-  // Two groups ahead: the rows this thread will read and add to. A token row
+  // The next group's rows that this thread will read and add to (two groups
+  // ahead, fetched whole, before they were asked for a line at a time: 1.02x
+  // the time at the GPT-2 shape, Zen 4). A token row
   // written fresh past the cache (a streamed first use) is not fetched: that
   // would read lines that the streaming stores then overwrite, and hold the
   // core's few line-fill buffers that they and grad_out need (Xeon with
   // AVX-512, GPT-2 shape, p 0: the row-sparse backward 6.7 -> 4.7 ms on one
   // thread). A fresh row written through the cache is fetched: its plain
   // stores read each line first.
-  const auto fetch = [&](std::size_t leader) {
+  const auto rows_ahead = [&](std::size_t leader) {
+    RowsAhead rows;
     const bool whole = owns(position, leader);
-    std::size_t fetched = 0;
-    for (std::size_t m = leader; m != n && fetched < kGroupBlock; m = plan.next[m]) {
+    for (std::size_t m = leader; m != n && rows.reads < kGroupBlock; m = plan.next[m]) {
       const bool tok = owns(token, m);
       if (!whole && !tok) continue;
-      ++fetched;
-      PrefetchRow(grad_out + m * d, d);
+      rows.read[rows.reads++] = grad_out + m * d;
       if (tok && !(token.stream && token.first && token.first[m])) {
-        PrefetchRow</*kForWrite=*/true>(token.grad + static_cast<std::size_t>(token.rows[m]) * d, d);
+        rows.write[rows.writes++] = token.grad + static_cast<std::size_t>(token.rows[m]) * d;
       }
     }
+    return rows;
   };
   for (std::size_t p = 0; p < plan.positions; ++p) {
-    if (p + 2 < plan.positions && plan.head[p + 2] != n) fetch(plan.head[p + 2]);
+    const RowsAhead ahead = p + 1 < plan.positions && plan.head[p + 1] != n
+                                ? rows_ahead(plan.head[p + 1])
+                                : RowsAhead{};
     const std::size_t leader = plan.head[p];
-    if (leader == n) continue;
-    if (owns(position, leader)) {
-      AddGroup<kMasked>(token, position, plan, leader, grad_out, d, n, scale, cursor, owns_token);
+    if (leader != n && owns(position, leader)) {
+      // A line of each between the pass's vectors: a whole row's requests at
+      // once stall on the core's full miss queue, and the pass behind them
+      // (GPT-2 shape, Zen 4: row-sparse 0.94-0.97x the time, dense accumulated
+      // 0.83-0.96x, small shape 1.0x).
+      AddGroup<kMasked>(token, position, plan, leader, grad_out, d, n, scale, cursor, owns_token,
+                        ahead);
       continue;
     }
+    ahead.Whole(d);
+    if (leader == n) continue;
     for (std::size_t t = leader; t != n; t = plan.next[t]) {
       if (!owns(token, t)) continue;
       float* HWY_RESTRICT row = token.grad + static_cast<std::size_t>(token.rows[t]) * d;
