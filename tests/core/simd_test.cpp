@@ -175,18 +175,19 @@ TEST(SimdDropout, KeepWordsMatchTheMaskDefinitionBitForBit) {
 
 // The forward's row walk with and without running ahead (simd::forward_rows:
 // keep words drawn a step at a time between its vectors, ties resolved as they
-// gather), against the mask's definition, on every instruction set. Whole
-// batches and batches split where threads would split them, each long enough
-// for the draws to run ahead of the walk through several tie batches; widths
-// of whole vectors (768), with row tails (100, 1030) and below a vector (8);
-// thresholds that tie chosen elements' high bytes. Words outside a call's rows
-// are left as they are.
+// gather), streamed or not, against the mask's definition, on every
+// instruction set. Whole batches and batches split where threads would split
+// them, long enough for the draws to run ahead of the walk through several tie
+// batches; widths of whole vectors (768), with row tails (100, 520, 1030) and
+// below a vector (8); thresholds that tie chosen elements' high bytes. Words
+// outside a call's rows are left as they are.
 TEST(SimdForward, RunningAheadMatchesTheMaskDefinition) {
   const std::uint64_t seed = 77, step = 4;
   struct Shape {
     std::size_t d, n;
   };
-  for (const Shape shape : {Shape{768, 64}, Shape{1030, 96}, Shape{100, 500}, Shape{8, 6000}}) {
+  for (const Shape shape :
+       {Shape{768, 64}, Shape{1030, 96}, Shape{520, 600}, Shape{100, 500}, Shape{8, 6000}}) {
     const std::size_t d = shape.d, n = shape.n, words = (n * d + 63) / 64;
     const std::size_t vocab = 53, positions = 29;
     const auto tokens = test::random_ids(n, static_cast<std::int64_t>(vocab), 5);
@@ -219,19 +220,19 @@ TEST(SimdForward, RunningAheadMatchesTheMaskDefinition) {
         }
       }
       for_each_target([&] {
-        for (const bool ahead : {false, true}) {
+        for (const int walk : {0, 1, 2, 3}) {
+          const bool ahead = walk & 1, stream = walk & 2;
           for (const auto& split : splits) {
             SCOPED_TRACE("d " + std::to_string(d) + ", threshold " + std::to_string(threshold) +
-                         (ahead ? ", ahead, " : ", not ahead, ") +
+                         (ahead ? ", ahead" : ", not ahead") + (stream ? ", streamed, " : ", ") +
                          std::to_string(split.size() - 1) + " part(s)");
             std::vector<float> out(n * d, 42.0f);
             std::vector<std::uint64_t> kept(words + 1, 0x5A5A5A5A5A5A5A5Aull);
             for (std::size_t k = 0; k + 1 < split.size(); ++k) {
               simd::forward_rows(out.data(), token_table.data(), tokens.data(),
                                  position_table.data(), position_ids.data(), d, split[k],
-                                 split[k + 1], mask, ahead, ahead, kept.data());
-              // Words past this part's rows are untouched (the next part's first word, unless
-              // shared).
+                                 split[k + 1], mask, stream, ahead, kept.data());
+              // Words past this part's rows are untouched (the next part's first word).
               const std::size_t end_word = (split[k + 1] * d + 63) / 64;
               ASSERT_EQ(kept[end_word], 0x5A5A5A5A5A5A5A5Aull)
                   << "wrote past part " << k << "'s words";

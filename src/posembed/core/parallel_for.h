@@ -28,8 +28,8 @@ void parallel_for(std::int64_t n, Body&& body, std::int64_t grain = 1) {
 }
 
 // Calls body(begin, end) once per thread, over [0, n) split into contiguous
-// ranges as parallel_for's static schedule splits it, for a kernel that keeps
-// work in flight from one iteration to the next.
+// ranges of about equal size, for a kernel that keeps work in flight from one
+// iteration to the next.
 template <class Body>
 void parallel_ranges(std::int64_t n, Body&& body) {
   const int team = static_cast<int>(std::clamp<std::int64_t>(n, 1, num_threads()));

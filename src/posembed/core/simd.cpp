@@ -399,7 +399,8 @@ HWY_INLINE void GiveKeep(KeepCursor& c, const std::uint64_t* HWY_RESTRICT keep, 
 // Keep words drawn into place a step at a time, just ahead of a walk that
 // reads them there (a training forward that keeps its mask): the walk takes a
 // step between its vectors, with a few lines of the row it fetches, so the
-// draws' multiplies run while its loads wait on memory. Drawn all before a
+// draws' multiplies run while its loads wait on memory (AVX-512's stitched
+// walk; the row walk of other targets draws ahead a row at a time). Drawn all before a
 // block's walk, or a batch whenever the walk reached one, they did not overlap
 // the loads (GPT-2 shape, Zen 4: 0.79-0.87x the time of drawing each block's
 // words first on 2 threads, 0.82-0.9x on one; fetching whole rows, 0.94x).
@@ -432,11 +433,9 @@ HWY_INLINE void ResolveAhead(KeepAhead<D64>& a) {
   if (a.next == a.end) GiveKeep(*a.cursor, a.out, a.w0, a.end);
 }
 
-// Draws the next kStepWords words, if any are left and they are less than
-// kLeadWords ahead of the walk's element `at`.
+// Draws kStepWords words at `next` (fewer at the end).
 template <class D64>
-HWY_INLINE void DrawAhead(KeepAhead<D64>& a, std::uint64_t at) {
-  if (a.next >= a.end || a.next >= at / 64 + kLeadWords) return;
+HWY_INLINE void DrawStep(KeepAhead<D64>& a) {
   const std::size_t words =
       static_cast<std::size_t>(std::min<std::uint64_t>(kStepWords, a.end - a.next));
   HWY_ALIGN std::uint32_t draws[kStepWords * 16];  // 4 blocks of 4 words per keep word
@@ -446,6 +445,14 @@ HWY_INLINE void DrawAhead(KeepAhead<D64>& a, std::uint64_t at) {
   a.next += words;
   if (a.ties.count >= kTiesResolved || a.next - a.ready >= kTieBatchWords || a.next == a.end)
     ResolveAhead(a);
+}
+
+// Draws steps until the words drawn reach kLeadWords past the walk's element
+// `at` (or the end): one step per kStepElements walked, so the lead holds
+// whatever the widths of the walk's pieces.
+template <class D64>
+HWY_INLINE void DrawAhead(KeepAhead<D64>& a, std::uint64_t at) {
+  while (a.next < a.end && a.next < at / 64 + kLeadWords) DrawStep(a);
 }
 
 // Makes words w0 .. w1 - 1 of `keep` drawn ahead into place, and the cursor
@@ -465,16 +472,19 @@ HWY_INLINE void StartAhead(KeepAhead<D64>& a, std::uint64_t* HWY_RESTRICT keep, 
   a.c3 = hn::Set(d64, stream[3]);
   cursor.given = keep;
   cursor.given_bytes = w1 * sizeof(std::uint64_t);
-  while (a.next < std::min(w1, w0 + kLeadWords)) DrawAhead(a, 64 * w0);
+  DrawAhead(a, 64 * w0);
 }
 
-// Makes the keep bits of elements e .. e + n - 1 final, and those that a
-// KeepSpan of them reads past e + n - 1 (its 4-byte loads) drawn.
+// Makes final every word that a KeepSpan of elements e .. e + n - 1 reads (its
+// 4-byte loads reach bit 31 past the byte of element e + n - 1). Where those
+// loads would pass the last word, the words through it are final, so GiveKeep
+// has copied the tail that SpanOf then reads. A guard: the lead (DrawAhead)
+// keeps the walk's words final before it gets there.
 template <class D64>
 HWY_INLINE void ReadyThrough(KeepAhead<D64>& a, std::uint64_t e, std::size_t n) {
   const std::uint64_t last_bit = ((e + n - 1) & ~std::uint64_t{7}) + 31;
   const std::uint64_t w = std::min(a.end - 1, last_bit >> 6);
-  while (a.next <= w) DrawAhead(a, 64 * w);
+  while (a.next <= w) DrawStep(a);
   if (a.ready <= w) ResolveAhead(a);
 }
 
@@ -739,7 +749,7 @@ void ForwardRows(float* HWY_RESTRICT out, const float* HWY_RESTRICT token_table,
 #endif
     for (std::size_t r = r0; r < r1; ++r) {
       if (kMasked && drawing) {
-        for (std::size_t j = 0; j < d; j += kStepElements) DrawAhead(*drawing, r * d + j);
+        DrawAhead(*drawing, r * d);
         ReadyThrough(*drawing, r * d, d);
       }
       if (r + 2 < r1) PrefetchRow(token_table + static_cast<std::size_t>(token_ids[r + 2]) * d, d);
@@ -769,8 +779,10 @@ struct RowsAhead {
   float* write[kGroupBlock];
   std::size_t reads = 0, writes = 0;
 
-  // Columns [j, j + one vector) of each row, from column block c0 on.
-  HWY_INLINE void Lines(std::size_t c0, std::size_t j) const {
+  // The line at column c0 + j of each row, once per 16 columns (vectors of
+  // `lanes` floats start at j).
+  HWY_INLINE void Lines(std::size_t c0, std::size_t j, std::size_t lanes) const {
+    if (j % (64 / sizeof(float)) >= lanes) return;
     for (std::size_t k = 0; k < reads; ++k) __builtin_prefetch(read[k] + c0 + j, 0, 1);
     for (std::size_t k = 0; k < writes; ++k) __builtin_prefetch(write[k] + c0 + j, 1, 1);
   }
@@ -811,7 +823,7 @@ HWY_INLINE void GroupBlock(const float* aligned, float* HWY_RESTRICT row, bool r
         StorePart(v, df, p, n_j);
       }
     };
-    if (ahead) ahead->Lines(c0, j);
+    if (ahead) ahead->Lines(c0, j, lanes);
     auto sum = row_is_zero ? hn::Zero(df) : load(row + j);
     for (std::size_t k = 0; k < kCount; ++k) {
       auto v = load(grad[k] + j);
