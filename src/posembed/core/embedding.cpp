@@ -23,8 +23,8 @@ namespace {
 constexpr std::size_t kStreamBytes = std::size_t{16} << 20;
 
 // A forward with an output from this size on waits on memory: simd::forward_rows
-// then runs ahead (AMD EPYC Zen 4, 2 threads, p 0.1: 0.85x the time at B 8, T
-// 1024, d 256 (8 MiB), 0.8-0.85x at the GPT-2 shape; 1.03-1.08x at 2-4 MiB).
+// then runs ahead (AMD EPYC Zen 4, 2 threads, p 0.1: 0.85-0.88x the time at B 8,
+// T 1024, d 256 (8 MiB), 0.79-0.87x at the GPT-2 shape; 1.03-1.13x at 2-4 MiB).
 constexpr std::size_t kAheadBytes = std::size_t{8} << 20;
 
 std::string where(std::size_t flat, std::int64_t seq_len) {

@@ -400,20 +400,21 @@ HWY_INLINE void GiveKeep(KeepCursor& c, const std::uint64_t* HWY_RESTRICT keep, 
 // reads them there (a training forward that keeps its mask): the walk takes a
 // step between its vectors, with a few lines of the row it fetches, so the
 // draws' multiplies run while its loads wait on memory (AVX-512's stitched
-// walk; the row walk of other targets draws ahead a row at a time). Drawn all before a
-// block's walk, or a batch whenever the walk reached one, they did not overlap
-// the loads (GPT-2 shape, Zen 4: 0.79-0.87x the time of drawing each block's
-// words first on 2 threads, 0.82-0.9x on one; fetching whole rows, 0.94x).
-// Ties are listed from the first word not yet final (`ready`) and resolved
-// kTiesResolved at a time, so the draws run about a tie batch ahead of the walk
-// (kLeadWords).
+// walk; the row walk of other targets draws ahead a row at a time). Drawn all
+// before a block's walk, or a batch whenever the walk reached one, they did not
+// overlap the loads (GPT-2 shape, Zen 4: 0.79-0.87x the time of drawing each
+// block's words first on 2 threads, 0.82-0.9x on one; fetching whole rows,
+// 0.94x). Ties are listed from the first word not yet final (`ready`) and
+// resolved kTiesResolved at a time, as DropoutKeepWords resolves them.
 // A step: 512 elements, 32 Philox blocks (four AVX-512 vectors side by side).
-// Steps of 2 and 4 words took 1.05-1.19x the time at the GPT-2 shape, 16 and 32
-// words 1.05-1.2x (Zen 4).
+// Steps of 2 words took 1.10-1.19x the time at the GPT-2 shape, of 16 words
+// 1.05-1.13x, of 4 words 0.94-1.05x (Zen 4).
 constexpr std::size_t kStepWords = 8;
 static_assert(kStepWords <= kChunkWords, "a step's ties fit the list");
 static_assert(64 * (kTieBatchWords + kStepWords) <= 65536, "tie offsets fit 16 bits");
 constexpr std::size_t kStepElements = 64 * kStepWords;
+// How far the draws run ahead of the walk: words become final up to a tie
+// batch after they are drawn, and a span of the walk reads up to kTailWords.
 constexpr std::size_t kLeadWords = kTieBatchWords + 2 * kTailWords;
 template <class D64>
 struct KeepAhead {
