@@ -672,10 +672,7 @@ void ForwardRowsStitched(float* HWY_RESTRICT out, const float* HWY_RESTRICT toke
         const std::size_t g1 = std::min(t1, g + kGroup);
         if constexpr (kAhead) {
           if (drawing) DrawAhead(*drawing, r * d + g);
-          if (fetch) {
-            for (std::size_t j = g; j < g1; j += 64 / sizeof(float))
-              __builtin_prefetch(fetch + j, 0, 1);
-          }
+          if (fetch) PrefetchRow(fetch + g, g1 - g);
         }
         for (std::size_t j = g; j < g1; j += lanes) {
           store_full(finish(hn::Add(hn::LoadU(df, a + j), hn::LoadU(df, b + j)),
@@ -930,9 +927,9 @@ void BackwardWalk(const GradTable& token, const GradTable& position, const Backw
     return table.grad && (!table.owner || table.owner[t] == self);
   };
   const auto owns_token = [&](std::size_t t) { return owns(token, t); };
-  // The next group's rows that this thread will read and add to (two groups
-  // ahead, fetched whole, before they were asked for a line at a time: 1.02x
-  // the time at the GPT-2 shape, Zen 4). A token row
+  // The next group's rows that this thread will read and add to (asked for a
+  // line at a time, two groups ahead took 1.02x the time of one at the GPT-2
+  // shape, Zen 4). A token row
   // written fresh past the cache (a streamed first use) is not fetched: that
   // would read lines that the streaming stores then overwrite, and hold the
   // core's few line-fill buffers that they and grad_out need (Xeon with
