@@ -131,6 +131,14 @@ constexpr std::size_t kTile = 1024;
 // Lanes of the widest vector of any target: the size of the remainder buffers.
 constexpr std::size_t kMaxLanes = HWY_MAX_BYTES / sizeof(float);
 
+// Whether a float vector may straddle the end of an array, its lanes past the
+// end masked off: masked loads of floats never fault on those lanes with
+// AVX-512 and with AVX2 (vmaskmovps). Highway's HWY_MEM_OPS_MIGHT_FAULT is set
+// on AVX2 for its 8- and 16-bit lanes, which it loads whole and blends, and on
+// every target in sanitizer builds, which would report the masked-off lanes.
+constexpr bool kFloatMaskedLoadsNeverFault =
+    !HWY_MEM_OPS_MIGHT_FAULT || (HWY_TARGET == HWY_AVX2 && !HWY_IS_ASAN && !HWY_IS_MSAN);
+
 // Partial vectors, the first count < Lanes(d) lanes. AVX-512's masked loads and
 // stores never fault on masked-off lanes, so there a partial vector is one masked
 // instruction; other targets copy through zero-padded stack buffers. Either way
@@ -399,12 +407,12 @@ HWY_INLINE void GiveKeep(KeepCursor& c, const std::uint64_t* HWY_RESTRICT keep, 
 // Keep words drawn into place a step at a time, just ahead of a walk that
 // reads them there (a training forward that keeps its mask): the walk takes a
 // step between its vectors, with a few lines of the row it fetches, so the
-// draws' multiplies run while its loads wait on memory (AVX-512's stitched
-// walk; the row walk of other targets draws ahead a row at a time). Drawn all
-// before a block's walk, or a batch whenever the walk reached one, they did not
-// overlap the loads (GPT-2 shape, Zen 4: 0.79-0.87x the time of drawing each
-// block's words first on 2 threads, 0.82-0.9x on one; fetching whole rows,
-// 0.94x). Ties are listed from the first word not yet final (`ready`) and
+// draws' multiplies run while its loads wait on memory (the stitched walk of
+// AVX-512 and AVX2; the row walk of other targets draws ahead a row at a
+// time). Drawn all before a block's walk, or a batch whenever the walk reached
+// one, they did not overlap the loads (GPT-2 shape, Zen 4: 0.79-0.87x the time
+// of drawing each block's words first on 2 threads, 0.82-0.9x on one; fetching
+// whole rows, 0.94x). Ties are listed from the first word not yet final (`ready`) and
 // resolved kTiesResolved at a time, as DropoutKeepWords resolves them.
 // A step: 512 elements, 32 Philox blocks (four AVX-512 vectors side by side).
 // Steps of 2 words took 1.10-1.19x the time at the GPT-2 shape, of 16 words
@@ -604,16 +612,17 @@ void AddInto(float* HWY_RESTRICT row, const float* HWY_RESTRICT grad, std::size_
   });
 }
 
-#if !HWY_MEM_OPS_MIGHT_FAULT
-// Rows [r0, r1) of the fused forward where masked loads never fault, for rows
-// of at least a vector. The rows lie end to end in `out`, and every store is a
-// full vector aligned to it, however the rows fall on vector boundaries: the
-// vector across a row end takes its lanes from both rows (two masked loads, the
-// second from before the next row's start, in lanes that are never read). Only
-// the block's first and last partial vectors are partial stores (their lines
-// are shared with other blocks). With per-row vectors instead, rows that start
-// 16 bytes past a line (malloc's large blocks) cost 1.1x the training forward
-// on Zen 4: two partial stores a row, the line between them read first.
+// Rows [r0, r1) of the fused forward where float masked loads never fault
+// (kFloatMaskedLoadsNeverFault: AVX-512, AVX2), for rows of at least a vector.
+// The rows lie end to end in `out`, and every store is a full vector aligned to
+// it, however the rows fall on vector boundaries: the vector across a row end
+// takes its lanes from both rows (two masked loads, the second from before the
+// next row's start, in lanes that are never read). Only the block's first and
+// last partial vectors are partial stores (their lines are shared with other
+// blocks). With per-row vectors instead, rows that start 16 bytes past a line
+// (malloc's large blocks) cost 1.1x the training forward on Zen 4: two partial
+// stores a row, the line between them read first. On AVX2 the row walk below
+// took 1.2-1.5x the time of this one (GPT-2 shape, Zen 4 with AVX-512 off).
 template <bool kMasked, bool kAhead, class Ahead>
 void ForwardRowsStitched(float* HWY_RESTRICT out, const float* HWY_RESTRICT token_table,
                          const std::int64_t* HWY_RESTRICT token_ids,
@@ -706,7 +715,6 @@ void ForwardRowsStitched(float* HWY_RESTRICT out, const float* HWY_RESTRICT toke
     s = lanes - tail;
   }
 }
-#endif
 
 // Rows [r0, r1) of the fused forward, prefetching the token row two ahead. The
 // keep words are drawn across row ends (short rows share a batch): into `keep`
@@ -733,18 +741,18 @@ void ForwardRows(float* HWY_RESTRICT out, const float* HWY_RESTRICT token_table,
     }
   }
   const auto rows = [&]<bool kMasked> {
-#if !HWY_MEM_OPS_MIGHT_FAULT
-    if (d >= hn::Lanes(hn::ScalableTag<float>())) {
-      if (ahead) {
-        return ForwardRowsStitched<kMasked, true>(out, token_table, token_ids, position_table,
-                                                  position_ids, d, r0, r1, mask, stream, cursor,
-                                                  drawing);
+    if constexpr (kFloatMaskedLoadsNeverFault) {
+      if (d >= hn::Lanes(hn::ScalableTag<float>())) {
+        if (ahead) {
+          return ForwardRowsStitched<kMasked, true>(out, token_table, token_ids, position_table,
+                                                    position_ids, d, r0, r1, mask, stream, cursor,
+                                                    drawing);
+        }
+        return ForwardRowsStitched<kMasked, false>(out, token_table, token_ids, position_table,
+                                                   position_ids, d, r0, r1, mask, stream, cursor,
+                                                   drawing);
       }
-      return ForwardRowsStitched<kMasked, false>(out, token_table, token_ids, position_table,
-                                                 position_ids, d, r0, r1, mask, stream, cursor,
-                                                 drawing);
     }
-#endif
     for (std::size_t r = r0; r < r1; ++r) {
       if (kMasked && drawing) {
         DrawAhead(*drawing, r * d);

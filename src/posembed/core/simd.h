@@ -55,13 +55,13 @@ void add_dropout(float* out, const float* a, const float* b, std::size_t n, std:
 // r1 * d - 1 (with an active mask; r0 * d a multiple of 64 unless r0 is 0, so
 // that no word is shared with another call's rows).
 // ahead: for a walk that waits on memory (a large batch; [r0, r1) best a
-// thread's whole share): with AVX-512, the token row two ahead is fetched a few
-// lines at a time between the walk's vectors, and the keep words are drawn into
-// `keep` a step at a time between them, a few hundred words ahead, so that their
-// arithmetic overlaps the loads; other instruction sets fetch rows whole and
-// draw the words ahead a row at a time. Else each row is fetched whole as the
-// row two before it starts, and the keep words are drawn first (faster where the
-// walk stays in the cache).
+// thread's whole share): with AVX-512 or AVX2, the token row two ahead is
+// fetched a few lines at a time between the walk's vectors, and the keep words
+// are drawn into `keep` a step at a time between them, a few hundred words
+// ahead, so that their arithmetic overlaps the loads; other instruction sets
+// fetch rows whole and draw the words ahead a row at a time. Else each row is
+// fetched whole as the row two before it starts, and the keep words are drawn
+// first (faster where the walk stays in the cache).
 // out: (n, d), token_table: (V, d), position_table: (max_seq_len, d), ids: (n),
 // keep: (ceil(n * d / 64))
 void forward_rows(float* out, const float* token_table, const std::int64_t* token_ids,
