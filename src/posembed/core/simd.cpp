@@ -807,7 +807,7 @@ struct RowsAhead {
 // One block of a group's members (AddGroup) over n columns: grad, token_row
 // (null: another thread's), token_is_zero, token_stream, keep: per member, kCount
 // of them (a constant, so that the compiler unrolls the members and keeps the
-// position row's vector in a register across them). ahead: null, or rows to
+// position row's vectors in registers across them). ahead: null, or rows to
 // ask for a line at a time, column block c0.
 template <bool kMasked, std::size_t kCount>
 HWY_INLINE void GroupBlock(const float* aligned, float* HWY_RESTRICT row, bool row_is_zero,
@@ -816,41 +816,64 @@ HWY_INLINE void GroupBlock(const float* aligned, float* HWY_RESTRICT row, bool r
                            const bool* token_stream, const KeepSpan* keep, const RowsAhead* ahead,
                            std::size_t c0) {
   const hn::ScalableTag<float> df;
+  using V = hn::Vec<decltype(df)>;
   const std::size_t lanes = hn::Lanes(df);
-  // Columns [j, j + n_j): kFull, a whole vector aligned to `aligned` (plain
-  // loads and stores, no test of n_j: 1.3x the time with those tests at the
-  // GPT-2 shape, Zen 4); else a partial one.
-  const auto columns = [&]<bool kFull>(std::size_t j, std::size_t n_j) {
+  // Columns [j, j + kVectors * lanes) (kFull: whole vectors aligned to
+  // `aligned`, plain loads and stores, no test of n_j: 1.3x the time with those
+  // tests at the GPT-2 shape, Zen 4), else [j, j + n_j), a partial vector. Each
+  // member adds its kVectors vectors before the next member's, so that its
+  // streamed token row gets whole lines in turn: with a vector of half a line
+  // (AVX2) and the members taking turns per vector, eight rows' lines waited
+  // half written in the core's few write-combining buffers (AVX2 on Zen 4,
+  // GPT-2 shape: the row-sparse backward 2.2x the time of AVX-512's).
+  const auto columns = [&]<bool kFull, std::size_t kVectors>(std::size_t j, std::size_t n_j) {
     const auto load = [&](const float* p) { return kFull ? hn::LoadU(df, p) : LoadPart(df, p, n_j); };
-    const auto store = [&](hn::Vec<decltype(df)> v, float* p) {
+    const auto store = [&](V v, float* p) {
       if constexpr (kFull) {
         hn::StoreU(v, df, p);
       } else {
         StorePart(v, df, p, n_j);
       }
     };
-    if (ahead) ahead->Lines(c0, j, lanes);
-    auto sum = row_is_zero ? hn::Zero(df) : load(row + j);
-    for (std::size_t k = 0; k < kCount; ++k) {
-      auto v = load(grad[k] + j);
-      if constexpr (kMasked) v = ApplyKeep(df, v, keep[k].At(j), scale);
-      if (token_row[k]) {
-        const auto to = hn::Add(token_is_zero[k] ? hn::Zero(df) : load(token_row[k] + j), v);
-        if (kFull && token_stream[k]) {
-          hn::Stream(to, df, token_row[k] + j);
-        } else {
-          store(to, token_row[k] + j);
-        }
-      }
-      sum = hn::Add(sum, v);
+    V sum[kVectors];
+    for (std::size_t i = 0; i < kVectors; ++i) {
+      if (ahead) ahead->Lines(c0, j + i * lanes, lanes);
+      sum[i] = row_is_zero ? hn::Zero(df) : load(row + j + i * lanes);
     }
-    store(sum, row + j);
+    for (std::size_t k = 0; k < kCount; ++k) {
+      for (std::size_t i = 0; i < kVectors; ++i) {
+        const std::size_t c = j + i * lanes;
+        auto v = load(grad[k] + c);
+        if constexpr (kMasked) v = ApplyKeep(df, v, keep[k].At(c), scale);
+        if (token_row[k]) {
+          const auto to = hn::Add(token_is_zero[k] ? hn::Zero(df) : load(token_row[k] + c), v);
+          if (kFull && token_stream[k]) {
+            hn::Stream(to, df, token_row[k] + c);
+          } else {
+            store(to, token_row[k] + c);
+          }
+        }
+        sum[i] = hn::Add(sum[i], v);
+      }
+    }
+    for (std::size_t i = 0; i < kVectors; ++i) store(sum[i], row + j + i * lanes);
   };
+  // Full vectors are taken a line at a time from the first line boundary of
+  // `aligned` on.
+  constexpr std::size_t kLine = 64 / sizeof(float);
+  constexpr std::size_t kLineVectors = kLine > kMaxLanes ? kLine / kMaxLanes : 1;
   const std::size_t head = std::min(n, ElementsBeforeVectorBoundary(aligned, lanes));
-  if (head > 0) columns.template operator()<false>(0, head);
+  if (head > 0) columns.template operator()<false, 1>(0, head);
   std::size_t j = head;
-  for (; j + lanes <= n; j += lanes) columns.template operator()<true>(j, lanes);
-  if (j < n) columns.template operator()<false>(j, n - j);
+  const std::size_t to_line = ElementsBeforeVectorBoundary(aligned + j, kLine);
+  for (const std::size_t j1 = std::min(n, j + to_line); j + lanes <= j1; j += lanes) {
+    columns.template operator()<true, 1>(j, lanes);
+  }
+  for (; j + kLineVectors * lanes <= n; j += kLineVectors * lanes) {
+    columns.template operator()<true, kLineVectors>(j, lanes);
+  }
+  for (; j + lanes <= n; j += lanes) columns.template operator()<true, 1>(j, lanes);
+  if (j < n) columns.template operator()<false, 1>(j, n - j);
 }
 
 // GroupBlock with kCount = count (1 <= count <= kGroupBlock).
