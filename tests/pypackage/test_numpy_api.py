@@ -1,5 +1,6 @@
 """The kernels and position schemes on NumPy arrays, against float64 NumPy references."""
 
+import os
 import subprocess
 import sys
 
@@ -294,3 +295,68 @@ def test_config_defaults_come_from_the_cpp_config_struct():
     assert list(defaults) == ["vocab_size", "max_seq_len", "embed_dim", "dropout", "seed",
                               "token_init", "position_init"]
     assert defaults["max_seq_len"] == "1024" and defaults["dropout"] == "0.1"
+
+
+# Highway's x86 targets, best first.
+TARGETS = ["AVX3_SPR", "AVX3_ZEN4", "AVX3_DL", "AVX3", "AVX2", "SSE4", "SSSE3", "SSE2", "EMU128",
+           "SCALAR"]
+
+# A forward that keeps its mask and both backwards, at a width that stitches vectors across
+# row ends (520) and at sizes below and above the forward's 8 MiB threshold; prints the SIMD
+# target and a digest of every output's bits.
+CAPABILITY_RUN = """
+import hashlib, numpy as np, posembed
+from posembed import positions
+digest = hashlib.sha256()
+for b, t, d in [(3, 17, 24), (8, 512, 520)]:
+    rng = np.random.default_rng(d)
+    V, P = 301, t
+    tok = rng.standard_normal((V, d)).astype(np.float32)
+    pos = rng.standard_normal((P, d)).astype(np.float32)
+    ids = rng.integers(0, V, size=(b, t))
+    pids = positions.contiguous(ids)
+    mask = np.zeros(posembed.dropout_mask_words(b, t, d), dtype=np.int64)
+    out = posembed.forward(ids, pids, tok, pos, dropout=0.1, seed=5, step=2, mask_bits=mask)
+    g = rng.standard_normal(out.shape).astype(np.float32)
+    common = dict(vocab_size=V, max_seq_len=P, dropout=0.1, seed=5, step=2, mask_bits=mask)
+    grads = [np.empty_like(tok), np.empty_like(pos)]
+    posembed.backward(g, ids, pids, grad_token_table=grads[0], grad_position_table=grads[1],
+                      accumulate=False, **common)
+    rows, values = posembed.backward_sparse(g, ids, pids, **common)
+    for a in [out, mask, grads[0], grads[1], rows, values]:
+        digest.update(a.tobytes())
+print(posembed.simd_target(), digest.hexdigest())
+"""
+
+
+def run_with_capability(value):
+    env = dict(os.environ)
+    env.pop("POSEMBED_CPU_CAPABILITY", None)
+    if value is not None:
+        env["POSEMBED_CPU_CAPABILITY"] = value
+    result = subprocess.run([sys.executable, "-c", CAPABILITY_RUN], capture_output=True, text=True,
+                            env=env)
+    assert result.returncode == 0, result.stderr
+    target, digest = result.stdout.split()
+    assert target in TARGETS, target
+    return target, digest, result.stderr
+
+
+def test_cpu_capability_caps_the_instruction_set_and_keeps_the_bits():
+    best, bits, _ = run_with_capability(None)
+    assert run_with_capability("avx512")[:2] == (best, bits)
+
+    def capped(cap):  # what a cap gives on this CPU: the cap, or the CPU's best if lower
+        return TARGETS[max(TARGETS.index(cap), TARGETS.index(best))]
+
+    for value, cap in [("avx2", "AVX2"), ("sse4", "SSE4")]:
+        target, digest, _ = run_with_capability(value)
+        assert target == capped(cap), (value, target, best)
+        assert digest == bits, f"{target} gave other bits than {best}"
+    baseline, digest, _ = run_with_capability("default")
+    assert TARGETS.index(baseline) >= TARGETS.index(capped("SSE4")), baseline
+    assert digest == bits, f"{baseline} gave other bits than {best}"
+    # A value it does not know: a warning that names it, and the best instruction set.
+    target, digest, warning = run_with_capability("avx1024")
+    assert (target, digest) == (best, bits)
+    assert "ignoring POSEMBED_CPU_CAPABILITY=avx1024: not one of avx512, avx2, sse4, default" in warning

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #undef HWY_TARGET_INCLUDE
@@ -1299,6 +1301,38 @@ HWY_EXPORT(SoftmaxRow);
 HWY_EXPORT(SoftmaxRowBackward);
 HWY_EXPORT(LayerNormRow);
 HWY_EXPORT(LayerNormRowBackward);
+
+namespace {
+// POSEMBED_CPU_CAPABILITY=avx2 (or sse4, or default: the baseline the library
+// was compiled for) caps the instruction set of these kernels below the best
+// the CPU has, as PyTorch's ATEN_CPU_CAPABILITY caps its kernels: to measure
+// what another machine's instruction set gives, or to compare targets (their
+// bits are the same). avx512, empty or unset: the best. Read once, as the
+// library loads; any other value is ignored with a warning, as PyTorch does.
+bool CapInstructionSet() {
+  const char* value = std::getenv("POSEMBED_CPU_CAPABILITY");
+  if (value == nullptr || *value == '\0' || std::strcmp(value, "avx512") == 0) return false;
+  // Highway's targets are bits, better ones lower: every bit below a target's
+  // is a better target.
+  std::int64_t better_than_cap = 0;
+  if (std::strcmp(value, "avx2") == 0) {
+    better_than_cap = HWY_AVX2 - 1;
+  } else if (std::strcmp(value, "sse4") == 0) {
+    better_than_cap = HWY_SSE4 - 1;
+  } else if (std::strcmp(value, "default") == 0) {
+    better_than_cap = ~std::int64_t{0};  // Highway keeps the static (baseline) target
+  } else {
+    std::fprintf(stderr,
+                 "posembed: ignoring POSEMBED_CPU_CAPABILITY=%s: not one of avx512, avx2, sse4, "
+                 "default; using the best instruction set of this CPU\n",
+                 value);
+    return false;
+  }
+  hwy::DisableTargets(better_than_cap);
+  return true;
+}
+[[maybe_unused]] const bool kCapped = CapInstructionSet();
+}  // namespace
 
 const char* target_name() { return HWY_DYNAMIC_DISPATCH(TargetName)(); }
 
