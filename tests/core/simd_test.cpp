@@ -3,6 +3,8 @@
 // over awkward lengths and start offsets that exercise the vector remainders,
 // Philox blocks cut in the middle and 32-bit counter carries.
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <hwy/targets.h>
 
@@ -246,6 +248,81 @@ TEST(SimdForward, RunningAheadMatchesTheMaskDefinition) {
       });
     }
   }
+}
+
+// `floats` floats that fill whole pages, with an unmapped page on either side:
+// any read or write past either end faults.
+class GuardedFloats {
+ public:
+  explicit GuardedFloats(std::size_t floats) : bytes_(floats * sizeof(float)) {
+    page_ = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+    EXPECT_EQ(bytes_ % page_, 0u) << "the array must fill whole pages";
+    base_ = mmap(nullptr, bytes_ + 2 * page_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    EXPECT_NE(base_, MAP_FAILED);
+    data_ = reinterpret_cast<float*>(static_cast<char*>(base_) + page_);
+    EXPECT_EQ(mprotect(data_, bytes_, PROT_READ | PROT_WRITE), 0);
+  }
+  ~GuardedFloats() { munmap(base_, bytes_ + 2 * page_); }
+  GuardedFloats(const GuardedFloats&) = delete;
+  GuardedFloats& operator=(const GuardedFloats&) = delete;
+  float* data() const { return data_; }
+
+ private:
+  std::size_t bytes_, page_ = 0;
+  void* base_ = nullptr;
+  float* data_ = nullptr;
+};
+
+// The stitched walk loads the vector across a row end from both rows, the
+// lanes of the other row masked off: those lanes may lie before the table's
+// first row or past its last. With the tables and the output between
+// unmapped pages, every target, walk and store kind must run without a fault
+// (a masked-off lane that faulted would end the test) and give the sum.
+TEST(SimdForward, TablesBetweenUnmappedPagesAreNeverReadPast) {
+  // Rows of 124 floats (not a whole vector on any target), 256 of them: 31 pages.
+  const std::size_t d = 124, rows = 256, n = 256;
+  GuardedFloats token_table(rows * d), position_table(rows * d), out(n * d);
+  const auto tokens_random = test::random_floats(rows * d, 31), positions_random = test::random_floats(rows * d, 32);
+  std::copy(tokens_random.begin(), tokens_random.end(), token_table.data());
+  std::copy(positions_random.begin(), positions_random.end(), position_table.data());
+  // Random rows, and the last row followed by the first from even and from odd
+  // rows (which rows end in a stitched vector depends on the vector width).
+  auto tokens = test::random_ids(n, static_cast<std::int64_t>(rows), 33);
+  auto position_ids = test::random_ids(n, static_cast<std::int64_t>(rows), 34);
+  for (std::size_t r = 0; r + 4 < n; r += 6) {
+    for (const std::size_t last : {r, r + 3}) {
+      tokens[last] = position_ids[last] = static_cast<std::int64_t>(rows - 1);
+      tokens[last + 1] = position_ids[last + 1] = 0;
+    }
+  }
+  std::vector<float> want(n * d);
+  for (std::size_t r = 0; r < n; ++r) {
+    for (std::size_t j = 0; j < d; ++j) {
+      want[r * d + j] = token_table.data()[static_cast<std::size_t>(tokens[r]) * d + j] +
+                        position_table.data()[static_cast<std::size_t>(position_ids[r]) * d + j];
+    }
+  }
+  for_each_target([&] {
+    for (const int walk : {0, 1, 2, 3}) {
+      const bool ahead = walk & 1, stream = walk & 2;
+      SCOPED_TRACE(std::string(ahead ? "ahead" : "not ahead") + (stream ? ", streamed" : ""));
+      std::fill_n(out.data(), n * d, 42.0f);
+      simd::forward_rows(out.data(), token_table.data(), tokens.data(), position_table.data(),
+                         position_ids.data(), d, 0, n, simd::DropoutMask{}, stream, ahead);
+      ASSERT_EQ(as_bits(std::vector<float>(out.data(), out.data() + n * d)), as_bits(want));
+      // With dropout, the same loads; every kept element is the scaled sum.
+      const simd::DropoutMask mask = mask_of({0.1, 5, 1});
+      std::vector<std::uint64_t> kept((n * d + 63) / 64);
+      simd::forward_rows(out.data(), token_table.data(), tokens.data(), position_table.data(),
+                         position_ids.data(), d, 0, n, mask, stream, ahead, kept.data());
+      for (std::size_t i = 0; i < n * d; ++i) {
+        const bool keep = (kept[i / 64] >> (i % 64)) & 1;
+        ASSERT_EQ(std::bit_cast<std::uint32_t>(out.data()[i]),
+                  std::bit_cast<std::uint32_t>(keep ? want[i] * mask.scale : 0.0f))
+            << "element " << i;
+      }
+    }
+  });
 }
 
 // A batch large enough that embedding_forward runs ahead (an output of 8 MiB

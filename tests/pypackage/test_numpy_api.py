@@ -301,16 +301,17 @@ def test_config_defaults_come_from_the_cpp_config_struct():
 TARGETS = ["AVX3_SPR", "AVX3_ZEN4", "AVX3_DL", "AVX3", "AVX2", "SSE4", "SSSE3", "SSE2", "EMU128",
            "SCALAR"]
 
-# A forward that keeps its mask and both backwards, at a width that stitches vectors across
-# row ends (520) and at sizes below and above the forward's 8 MiB threshold; prints the SIMD
-# target and a digest of every output's bits.
+# A forward that keeps its mask and both backwards, at widths that are no whole number of
+# vectors (so that rows end inside one), small and large (an output of 17 MB and a token table
+# of 17 MB: past the forward's and the backward's thresholds for running ahead and streaming);
+# prints the SIMD target and a digest of every output's bits.
 CAPABILITY_RUN = """
 import hashlib, numpy as np, posembed
 from posembed import positions
 digest = hashlib.sha256()
-for b, t, d in [(3, 17, 24), (8, 512, 520)]:
+for b, t, d, V in [(3, 17, 23, 301), (8, 1024, 523, 8192)]:
     rng = np.random.default_rng(d)
-    V, P = 301, t
+    P = t
     tok = rng.standard_normal((V, d)).astype(np.float32)
     pos = rng.standard_normal((P, d)).astype(np.float32)
     ids = rng.integers(0, V, size=(b, t))

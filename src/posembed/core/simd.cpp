@@ -135,11 +135,35 @@ constexpr std::size_t kMaxLanes = HWY_MAX_BYTES / sizeof(float);
 
 // Whether a float vector may straddle the end of an array, its lanes past the
 // end masked off: masked loads of floats never fault on those lanes with
-// AVX-512 and with AVX2 (vmaskmovps). Highway's HWY_MEM_OPS_MIGHT_FAULT is set
-// on AVX2 for its 8- and 16-bit lanes, which it loads whole and blends, and on
-// every target in sanitizer builds, which would report the masked-off lanes.
+// AVX-512 and with AVX2 (vmaskmovps; see MaskedLoadAcrossEnds). Highway sets
+// HWY_MEM_OPS_MIGHT_FAULT on AVX2 for its 8- and 16-bit lanes, which it loads
+// whole and blends, and on every target under clang's sanitizers (HWY_IS_ASAN,
+// HWY_IS_MSAN), which check masked loads; GCC's AddressSanitizer does not.
 constexpr bool kFloatMaskedLoadsNeverFault =
     !HWY_MEM_OPS_MIGHT_FAULT || (HWY_TARGET == HWY_AVX2 && !HWY_IS_ASAN && !HWY_IS_MSAN);
+
+// hn::MaskedLoad of floats where kFloatMaskedLoadsNeverFault, for a vector
+// whose masked-off lanes may lie outside the array. Intel defines AVX2's
+// vmaskmovps never to fault on those; AMD calls it implementation dependent
+// (none faulted on Zen 4), so on AVX2 a vector that crosses into another page
+// takes its lanes through a buffer instead (about one vector in 150).
+template <class D>
+HWY_INLINE hn::Vec<D> MaskedLoadAcrossEnds(hn::Mask<D> m, D d, const float* HWY_RESTRICT p) {
+  if constexpr (HWY_TARGET == HWY_AVX2) {
+    const auto first = reinterpret_cast<std::uintptr_t>(p);
+    const std::uintptr_t last = first + hn::Lanes(d) * sizeof(float) - 1;
+    if ((first ^ last) >= 4096) {
+      HWY_ALIGN float buf[kMaxLanes] = {};
+      std::uint8_t bits[8] = {};
+      hn::StoreMaskBits(d, m, bits);
+      for (std::size_t i = 0; i < hn::Lanes(d); ++i) {
+        if ((bits[i / 8] >> (i % 8)) & 1) buf[i] = p[i];
+      }
+      return hn::Load(d, buf);
+    }
+  }
+  return hn::MaskedLoad(m, d, p);
+}
 
 // Partial vectors, the first count < Lanes(d) lanes. AVX-512's masked loads and
 // stores never fault on masked-off lanes, so there a partial vector is one masked
@@ -709,10 +733,10 @@ void ForwardRowsStitched(float* HWY_RESTRICT out, const float* HWY_RESTRICT toke
     const auto before = [&](const float* row) {
       return reinterpret_cast<const float*>(reinterpret_cast<std::uintptr_t>(row) - tail * sizeof(float));
     };
-    const V va = hn::IfThenElse(here, hn::MaskedLoad(here, df, a + full_end),
-                                hn::MaskedLoad(hn::Not(here), df, before(token_row(r + 1))));
-    const V vb = hn::IfThenElse(here, hn::MaskedLoad(here, df, b + full_end),
-                                hn::MaskedLoad(hn::Not(here), df, before(position_row(r + 1))));
+    const V va = hn::IfThenElse(here, MaskedLoadAcrossEnds(here, df, a + full_end),
+                                MaskedLoadAcrossEnds(hn::Not(here), df, before(token_row(r + 1))));
+    const V vb = hn::IfThenElse(here, MaskedLoadAcrossEnds(here, df, b + full_end),
+                                MaskedLoadAcrossEnds(hn::Not(here), df, before(position_row(r + 1))));
     store_full(finish(hn::Add(va, vb), bits), o + full_end);
     s = lanes - tail;
   }
@@ -868,7 +892,7 @@ HWY_INLINE void GroupBlock(const float* aligned, float* HWY_RESTRICT row, bool r
   // Full vectors are taken a line at a time from the first line boundary of
   // `aligned` on.
   constexpr std::size_t kLine = 64 / sizeof(float);
-  constexpr std::size_t kLineVectors = kLine > kMaxLanes ? kLine / kMaxLanes : 1;
+  constexpr std::size_t kLineVectors = kLine > HWY_LANES(float) ? kLine / HWY_LANES(float) : 1;
   const std::size_t head = std::min(n, ElementsBeforeVectorBoundary(aligned, lanes));
   if (head > 0) columns.template operator()<false, 1>(0, head);
   std::size_t j = head;
@@ -877,7 +901,7 @@ HWY_INLINE void GroupBlock(const float* aligned, float* HWY_RESTRICT row, bool r
     columns.template operator()<true, 1>(j, lanes);
   }
   for (; j + kLineVectors * lanes <= n; j += kLineVectors * lanes) {
-    columns.template operator()<true, kLineVectors>(j, lanes);
+    columns.template operator()<true, kLineVectors>(j, kLineVectors * lanes);
   }
   for (; j + lanes <= n; j += lanes) columns.template operator()<true, 1>(j, lanes);
   if (j < n) columns.template operator()<false, 1>(j, n - j);
@@ -1029,10 +1053,10 @@ void BackwardRows(const GradTable& token, const GradTable& position, const Backw
 }
 
 // out[j] = 0, j < n, with non-temporal stores; no fence (the caller's). The
-// aligned full vectors in a loop of their own, two a pass (a line with AVX2):
-// through ForEachVector's test of each vector's count, AVX2's 32-byte stores
-// took 1.5x the time of AVX-512's (Zen 4, 154 MB), one a pass 1.0-1.5x
-// depending on where the loop fell in the code; two a pass, as long.
+// aligned full vectors in a loop of their own, two a pass: through
+// ForEachVector's test of each vector's count, AVX2's 32-byte stores took 1.5x
+// the time of AVX-512's (Zen 4, 154 MB), one a pass 1.0-1.5x depending on where
+// the loop fell in the code; two a pass, as fast as AVX-512's.
 void StreamZerosUnfenced(float* HWY_RESTRICT out, std::size_t n) {
   const hn::ScalableTag<float> df;
   const std::size_t lanes = hn::Lanes(df);
