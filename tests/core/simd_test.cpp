@@ -282,7 +282,8 @@ TEST(SimdForward, TablesBetweenUnmappedPagesAreNeverReadPast) {
   // Rows of 124 floats (not a whole vector on any target), 256 of them: 31 pages.
   const std::size_t d = 124, rows = 256, n = 256;
   GuardedFloats token_table(rows * d), position_table(rows * d), out(n * d);
-  const auto tokens_random = test::random_floats(rows * d, 31), positions_random = test::random_floats(rows * d, 32);
+  const auto tokens_random = test::random_floats(rows * d, 31),
+             positions_random = test::random_floats(rows * d, 32);
   std::copy(tokens_random.begin(), tokens_random.end(), token_table.data());
   std::copy(positions_random.begin(), positions_random.end(), position_table.data());
   // Random rows, and the last row followed by the first from even and from odd

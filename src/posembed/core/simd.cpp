@@ -1345,25 +1345,29 @@ namespace {
 // library loads; any other value is ignored with a warning, as PyTorch does.
 bool CapInstructionSet() {
   const char* value = std::getenv("POSEMBED_CPU_CAPABILITY");
-  if (value == nullptr || *value == '\0' || std::strcmp(value, "avx512") == 0) return false;
-  // Highway's targets are bits, better ones lower: every bit below a target's
-  // is a better target.
-  std::int64_t better_than_cap = 0;
-  if (std::strcmp(value, "avx2") == 0) {
-    better_than_cap = HWY_AVX2 - 1;
-  } else if (std::strcmp(value, "sse4") == 0) {
-    better_than_cap = HWY_SSE4 - 1;
-  } else if (std::strcmp(value, "default") == 0) {
-    better_than_cap = ~std::int64_t{0};  // Highway keeps the static (baseline) target
-  } else {
-    std::fprintf(stderr,
-                 "posembed: ignoring POSEMBED_CPU_CAPABILITY=%s: not one of avx512, avx2, sse4, "
-                 "default; using the best instruction set of this CPU\n",
-                 value);
-    return false;
+  if (value == nullptr || *value == '\0') return false;
+  // Highway's targets are bits, better ones lower: the targets a cap disables
+  // are the bits below its own. default: all of them (Highway keeps the static,
+  // baseline target).
+  struct Cap {
+    const char* name;
+    std::int64_t better_than_cap;
+  };
+  constexpr Cap kCaps[] = {
+      {"avx512", 0}, {"avx2", HWY_AVX2 - 1}, {"sse4", HWY_SSE4 - 1}, {"default", ~std::int64_t{0}}};
+  for (const Cap& cap : kCaps) {
+    if (std::strcmp(value, cap.name) != 0) continue;
+    if (cap.better_than_cap != 0) hwy::DisableTargets(cap.better_than_cap);
+    return cap.better_than_cap != 0;
   }
-  hwy::DisableTargets(better_than_cap);
-  return true;
+  std::fprintf(stderr, "posembed: ignoring POSEMBED_CPU_CAPABILITY=%s: not one of ", value);
+  const char* separator = "";
+  for (const Cap& cap : kCaps) {
+    std::fprintf(stderr, "%s%s", separator, cap.name);
+    separator = ", ";
+  }
+  std::fprintf(stderr, "; using the best instruction set of this CPU\n");
+  return false;
 }
 [[maybe_unused]] const bool kCapped = CapInstructionSet();
 }  // namespace
