@@ -5,13 +5,15 @@ The layer as a PyTorch user writes it: nn.Embedding + nn.Embedding + add +
 nn.Dropout, backward through autograd, torch.optim.AdamW. With --compile (and a
 torch that has it) the forward of forward_eval, forward_train and fwd_bwd_* is
 also timed under torch.compile, and each of those kernels reports the faster of
-the two ("variant": "eager" or "compile"). AdamW reports the fastest of PyTorch's
+the two ("variant": "eager" or "compile"). With --evict-bytes N (posembed bench
+--cold) N bytes are read before every timed run, untimed, so that no run finds
+its data in the cache (as Triton's do_bench). AdamW reports the fastest of PyTorch's
 for-loop, foreach and fused implementations ("variant": "fused" when the fused one
 won). Prints one JSON object on stdout:
-  {"format": "posembed-torch-bench/1", "torch": version, "threads": N, "compile": bool,
+  {"format": "posembed-torch-bench/1", "torch": version, "threads": N, "compile": bool, "evict_bytes": N,
    "shapes": {name: {kernel: {"median_ms": .., "min_ms": .., "reps": .., "variant": ..}}}}
 
-usage: torch_bench.py --threads N --reps R [--compile] --shape NAME:B:T:D:V:MAXT [--shape ...]
+usage: torch_bench.py --threads N --reps R [--compile] [--evict-bytes N] --shape NAME:B:T:D:V:MAXT [--shape ...]
 """
 import argparse
 import json
@@ -24,6 +26,8 @@ from torch import nn
 
 FORMAT = "posembed-torch-bench/1"
 P = 0.1
+# Runs untimed before every timed run (--evict-bytes), or None.
+EVICT = None
 
 
 def timed(fn, reps, setup=None, warmup=2):
@@ -32,6 +36,8 @@ def timed(fn, reps, setup=None, warmup=2):
     for i in range(warmup + reps):
         if setup is not None:
             setup()
+        if EVICT is not None:
+            EVICT()
         t0 = time.perf_counter()
         fn()
         t1 = time.perf_counter()
@@ -128,17 +134,25 @@ def main():
                         help="NAME:B:T:D:V:MAXT, repeatable")
     parser.add_argument("--compile", action="store_true",
                         help="also time the forwards under torch.compile, where torch has it")
+    parser.add_argument("--evict-bytes", type=int, default=0,
+                        help="read this many bytes before every timed run (posembed bench --cold)")
     args = parser.parse_args()
     compile_too = args.compile and hasattr(torch, "compile")
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    if args.evict_bytes > 0:
+        global EVICT
+        # A read of every cache line (as posembed bench's): a float32 tensor, one
+        # element a line summed, in the threads set above.
+        evict = torch.ones(args.evict_bytes // 4)[::16]
+        EVICT = evict.sum
     shapes = {}
     for spec in args.shape:
         name, *dims = spec.split(":")
         batch, seq_len, dim, vocab, max_seq_len = map(int, dims)
         shapes[name] = bench_shape(batch, seq_len, dim, vocab, max_seq_len, args.reps, compile_too)
     json.dump({"format": FORMAT, "torch": torch.__version__, "threads": torch.get_num_threads(),
-               "compile": compile_too, "shapes": shapes}, sys.stdout)
+               "compile": compile_too, "evict_bytes": args.evict_bytes, "shapes": shapes}, sys.stdout)
     print()
 
 

@@ -48,6 +48,7 @@ struct BenchOptions {
   bool json = false;      // JSON on stdout instead of the table
   bool torch = false;     // run bench/torch_bench.py at the same shapes in the same run
   bool torch_compile = false;  // and time its forwards under torch.compile too, where it can
+  bool cold = false;      // evict the caches before every timed run, ours and PyTorch's
   // One PyTorch column each; Debian's has python3-torch (1.13).
   std::vector<std::string> pythons = {"/usr/bin/python3"};
   std::string torch_script = "bench/torch_bench.py";
@@ -93,6 +94,39 @@ Timing time_it(int reps, const std::function<void()>& fn,
   std::sort(ms.begin(), ms.end());
   const std::size_t h = ms.size() / 2;
   return {ms.size() % 2 ? ms[h] : 0.5 * (ms[h - 1] + ms[h]), ms.front(), reps};
+}
+
+// --cold: before each timed run (untimed), a read of twice the last-level cache,
+// as Triton's do_bench clears the cache between runs. Each run then finds its
+// tables, ids and outputs in memory, as a layer inside a model's step does, not
+// in the cache its own previous run filled: back to back, part of the GPT-2
+// shape's 23 MB of token rows stays in a 32 MiB L3, and the eval forward ran
+// faster than the probe. Read, not written: dirty lines would be written back
+// during the timed run. One load a cache line brings the whole line in.
+struct CacheEvictor {
+  std::vector<float> buffer;
+  double lines_read = 0;  // kept, so that the reads are not optimized away
+
+  explicit CacheEvictor(std::size_t bytes) {
+    assign_zeros_huge(buffer, bytes / sizeof(float));
+    std::fill(buffer.begin(), buffer.end(), 1.0f);
+  }
+  std::size_t bytes() const { return buffer.size() * sizeof(float); }
+  void operator()() {
+    constexpr std::int64_t kLine = 64 / sizeof(float);
+    const auto n = static_cast<std::int64_t>(buffer.size());
+    const float* p = buffer.data();
+    double sum = 0;
+#pragma omp parallel for reduction(+ : sum) schedule(static)
+    for (std::int64_t i = 0; i < n; i += kLine) sum += p[i];
+    lines_read += sum;
+  }
+};
+
+// Twice the last-level cache, at least 64 MiB; 512 MiB where its size is unknown.
+std::size_t eviction_bytes() {
+  const std::size_t llc = tools::last_level_cache_bytes();
+  return llc == 0 ? std::size_t{512} << 20 : std::max(std::size_t{64} << 20, 2 * llc);
 }
 
 // Streaming bandwidth, the best of three ways to move memory, each from its
@@ -310,7 +344,8 @@ void validate_adamw(const Workload& w, const AdamWConfig& c) {
   }
 }
 
-std::vector<Result> bench_shape(Workload& w, int reps, bool validate) {
+// before_each: runs untimed before every run of every kernel (--cold), or empty.
+std::vector<Result> bench_shape(Workload& w, int reps, bool validate, const std::function<void()>& before_each) {
   const double f = sizeof(float), id = sizeof(std::int64_t);
   const double n = static_cast<double>(w.n), d = static_cast<double>(w.d);
   const double V = static_cast<double>(w.s.vocab_size), P = static_cast<double>(w.s.max_seq_len);
@@ -362,32 +397,32 @@ std::vector<Result> bench_shape(Workload& w, int reps, bool validate) {
                        w.mask_bits);
   };
   results.push_back({"forward_eval", "forward, eval (no dropout)",
-                     time_it(reps, [&] { forward(eval); }), fwd_bytes, "forward_eval"});
+                     time_it(reps, [&] { forward(eval); }, before_each), fwd_bytes, "forward_eval"});
   results.push_back({"forward_train", "forward, training, dropout 0.1",
-                     time_it(reps, [&] { forward(train); }), fwd_bytes + mask_bytes,
+                     time_it(reps, [&] { forward(train); }, before_each), fwd_bytes + mask_bytes,
                      "forward_train"});
   results.push_back({"backward_dense", "backward, dense token grad (+=), p 0.1",
-                     time_it(reps, backward_dense), bwd_dense_bytes + mask_bytes,
+                     time_it(reps, backward_dense, before_each), bwd_dense_bytes + mask_bytes,
                      "backward_dense"});
   results.push_back({"backward_write", "backward, fresh dense grads written, p 0.1",
-                     time_it(reps, backward_write), bwd_write_bytes + mask_bytes,
+                     time_it(reps, backward_write, before_each), bwd_write_bytes + mask_bytes,
                      "backward_dense"});
   results.push_back({"backward_sparse", "backward, row-sparse token grad, p 0.1",
-                     time_it(reps, [&] { backward_sparse(GradMode::accumulate); }), bwd_sparse_bytes + mask_bytes,
+                     time_it(reps, [&] { backward_sparse(GradMode::accumulate); }, before_each), bwd_sparse_bytes + mask_bytes,
                      "backward_sparse"});
   results.push_back({"zero_grad_dense", "zero_grad of the dense (V, d) token grad",
-                     time_it(reps, [&] { zero_grad(w.grad_tok); }), zero_dense_bytes, "zero_grad_dense"});
+                     time_it(reps, [&] { zero_grad(w.grad_tok); }, before_each), zero_dense_bytes, "zero_grad_dense"});
   results.push_back({"fwd_bwd_sparse", "train fwd + bwd, row-sparse, fresh position grad",
                      time_it(reps, [&] {
                        forward(train);
                        backward_sparse(GradMode::write);
-                     }),
+                     }, before_each),
                      fwd_bytes + bwd_sparse_write_bytes + 2 * mask_bytes, "fwd_bwd_sparse"});
   results.push_back({"fwd_bwd_dense", "train fwd + bwd writing fresh dense grads",
                      time_it(reps, [&] {
                        forward(train);
                        backward_write();
-                     }),
+                     }, before_each),
                      fwd_bytes + bwd_write_bytes + 2 * mask_bytes, "fwd_bwd_dense"});
   std::int64_t step = 0;
   results.push_back({"adamw", "AdamW step, both tables, dense",
@@ -395,20 +430,23 @@ std::vector<Result> bench_shape(Workload& w, int reps, bool validate) {
                        ++step;
                        adamw_step(w.token_table, w.grad_tok, w.m_tok, w.v_tok, step, adamw);
                        adamw_step(w.position_table, w.grad_pos, w.m_pos, w.v_pos, step, adamw);
-                     }),
+                     }, before_each),
                      adamw_bytes, "adamw"});
   return results;
 }
 
 // Runs the PyTorch script under `python` for one shape; returns its JSON or throws.
-Json run_torch(const BenchOptions& o, const std::string& python, const Shape& shape, int reps) {
+// evict_bytes: read before each timed run (--cold), or 0.
+Json run_torch(const BenchOptions& o, const std::string& python, const Shape& shape, int reps,
+               std::size_t evict_bytes) {
   const EmbeddingShape& s = shape.dims;
   const std::string spec = shape.name + ":" + std::to_string(s.batch) + ":" + std::to_string(s.seq_len) +
                            ":" + std::to_string(s.embed_dim) + ":" + std::to_string(s.vocab_size) + ":" +
                            std::to_string(s.max_seq_len);
   const std::string command = python + " " + o.torch_script + " --threads " + std::to_string(o.threads) +
                               " --reps " + std::to_string(reps) + " --shape " + spec +
-                              (o.torch_compile ? " --compile" : "");
+                              (o.torch_compile ? " --compile" : "") +
+                              (evict_bytes ? " --evict-bytes " + std::to_string(evict_bytes) : "");
   std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(command.c_str(), "r"), pclose);
   if (!pipe) throw Error("could not run " + command);
   std::string text;
@@ -421,6 +459,9 @@ Json run_torch(const BenchOptions& o, const std::string& python, const Shape& sh
   }
   Json j = Json::parse(text);
   if (j.value("format", "") != "posembed-torch-bench/1") throw Error("unexpected output from " + command);
+  if (j.value("evict_bytes", std::size_t{0}) != evict_bytes) {
+    throw Error("the PyTorch bench did not evict the caches as asked (" + command + ")");
+  }
   return j;
 }
 
@@ -521,6 +562,12 @@ void run_bench(const BenchOptions& o) {
   const std::vector<Shape> shapes = shapes_for(o);
   // 3 arrays of 128 MiB: far past the last-level cache.
   const Probe probe = bandwidth_probe(o.quick ? (1u << 20) : (32u << 20), o.quick ? 2 : 7);
+  // --quick checks the code path only: a small buffer.
+  std::unique_ptr<CacheEvictor> evict;
+  if (o.cold) evict = std::make_unique<CacheEvictor>(o.quick ? std::size_t{4} << 20 : eviction_bytes());
+  const std::size_t evict_bytes = evict ? evict->bytes() : 0;
+  const std::function<void()> before_each = evict ? std::function<void()>([&] { (*evict)(); })
+                                                  : std::function<void()>();
   std::vector<std::vector<Series>> series(shapes.size());
   std::vector<std::size_t> distinct(shapes.size());
   const std::size_t columns = o.torch ? o.pythons.size() : 0;
@@ -532,16 +579,17 @@ void run_bench(const BenchOptions& o) {
       // PyTorch first, then ours, shape by shape: both see the same machine load.
       std::vector<Json> torch(columns);
       for (std::size_t c = 0; c < columns; ++c) {
-        const Json j = run_torch(o, o.pythons[c], shapes[si], reps);
+        const Json j = run_torch(o, o.pythons[c], shapes[si], reps, evict_bytes);
         if (round == 0 && si == 0) {
           torch_info.push_back({{"python", o.pythons[c]}, {"version", j["torch"]},
-                                {"threads", j["threads"]}, {"compile", j.value("compile", false)}});
+                                {"threads", j["threads"]}, {"compile", j.value("compile", false)},
+                                {"evict_bytes", j["evict_bytes"]}});
         }
         torch[c] = j["shapes"][shapes[si].name];
       }
       Workload w(s);
       distinct[si] = w.distinct_tokens;
-      const std::vector<Result> results = bench_shape(w, reps, round == 0);
+      const std::vector<Result> results = bench_shape(w, reps, round == 0, before_each);
       if (round == 0) {
         for (const Result& r : results) {
           series[si].push_back({r, {}, {}, std::vector<std::vector<double>>(columns),
@@ -571,15 +619,20 @@ void run_bench(const BenchOptions& o) {
                      {"stream_add_gbps", probe.stream_add_gbps}, {"gbps", probe.gbps()},
                      {"update_gbps", probe.update_gbps},         {"triad_bytes", probe.bytes}};
   report["rounds"] = o.rounds;
+  report["cold"] = o.cold;
+  if (o.cold) report["evict_bytes"] = evict_bytes;
   if (o.torch) report["torch"] = torch_info;
   if (!o.json) {
     std::printf("posembed bench: %s, SIMD target %s, GEMM %s, %d thread(s), %d round(s)\n",
                 tools::cpu_model().c_str(), simd::target_name(), model::gemm_library().c_str(), o.threads, o.rounds);
     for (std::size_t c = 0; c < columns; ++c) {
       const Json& t = torch_info[c];
-      std::printf("PyTorch column %zu: torch %s (%s), eager%s\n", c + 1,
+      const auto evicted = t["evict_bytes"].get<std::size_t>();
+      std::printf("PyTorch column %zu: torch %s (%s), eager%s%s\n", c + 1,
                   t["version"].get<std::string>().c_str(), t["python"].get<std::string>().c_str(),
-                  t["compile"].get<bool>() ? " or torch.compile, whichever is faster (c)" : "");
+                  t["compile"].get<bool>() ? " or torch.compile, whichever is faster (c)" : "",
+                  evicted ? tools::format(", %.0f MiB read before each run", static_cast<double>(evicted) / (1 << 20)).c_str()
+                          : "");
     }
     if (columns > 0)
       std::printf(
@@ -588,6 +641,13 @@ void run_bench(const BenchOptions& o) {
         "bandwidth probe (best run): triad %.1f GB/s, memcpy %.1f GB/s, streaming add %.1f GB/s -> "
         "probe %.1f GB/s; in-place update of 4 arrays (AdamW's traffic) %.1f GB/s\n",
         probe.triad_gbps, probe.copy_gbps, probe.stream_add_gbps, probe.gbps(), probe.update_gbps);
+    if (o.cold) {
+      std::printf("cold: %.0f MiB read before every timed run, ours and PyTorch's (last-level cache %.0f MiB)\n",
+                  static_cast<double>(evict_bytes) / (1 << 20),
+                  static_cast<double>(tools::last_level_cache_bytes()) / (1 << 20));
+    } else {
+      std::printf("warm: each kernel's runs back to back (a run may find its data in the cache; --cold evicts it)\n");
+    }
     std::printf("times: median over rounds of each round's median; min: fastest run; spread: slowest / "
                 "fastest round median; ratio: PyTorch's median time / ours\n");
   }
@@ -670,6 +730,9 @@ void add_bench_command(CLI::App& app) {
   bench->add_flag("--torch", options->torch, "also time PyTorch eager (run from the repository root)");
   bench->add_flag("--torch-compile", options->torch_compile,
                   "with --torch: also time PyTorch's forwards under torch.compile, where it has it");
+  bench->add_flag("--cold", options->cold,
+                  "read twice the last-level cache before every timed run, ours and PyTorch's (as Triton's "
+                  "do_bench): no run finds its data in the cache");
   bench->add_option("--python", options->pythons,
                     "Python with torch, for --torch; repeat it for one PyTorch column each")
       ->capture_default_str();
