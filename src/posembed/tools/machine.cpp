@@ -18,7 +18,8 @@ std::size_t last_level_cache_bytes() {
   int best_level = 0;
   std::size_t bytes = 0;
   for (int index = 0;; ++index) {
-    const std::string dir = "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/";
+    const std::string dir =
+        "/sys/devices/system/cpu/cpu0/cache/index" + std::to_string(index) + "/";
     std::ifstream level_file(dir + "level"), size_file(dir + "size");
     int level = 0;
     std::size_t size = 0;
