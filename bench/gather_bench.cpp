@@ -2,13 +2,14 @@
 // At the GPT-2 shape it reads 8192 rows of 3 KiB from random places in a 154 MB
 // table and writes them, plus the position rows, end to end. Every run here is
 // cold: it follows a run of the streaming probe (posembed bench's streaming add
-// over 3 x 128 MiB, non-temporal stores), which leaves none of its data in the
-// cache, and is reported as its GB/s over that probe run's, so that both see the
-// same moment of a noisy machine. Beside posembed's eval forward, plain loops
-// that only copy token rows to the output, with x86-64's baseline SSE
+// over 3 x 128 MiB, non-temporal stores), whose 256 MiB of reads leave nothing
+// of the run's data in the cache (--quick's small probe does not: it only checks
+// the program), and is reported as its GB/s over that probe run's, so that both
+// see the same moment of a noisy machine. Beside posembed's eval forward, plain
+// loops that only copy token rows to the output, with x86-64's baseline SSE
 // non-temporal stores:
-//   rows in the batch's order, the row two ahead asked for a line per vector
-//     (as the forward does);
+//   rows in the batch's order, the row two ahead asked for a line per 64 bytes
+//     copied (the forward asks for the row two ahead a few lines at a time);
 //   the same without asking (the hardware prefetchers alone);
 //   as many rows read in table order, a stream: what the random order costs.
 // Bytes counted as posembed bench counts them: the output once, each distinct
@@ -82,13 +83,23 @@ int main(int argc, char** argv) {
   int threads = 2, reps = 30;
   EmbeddingShape s{8, 1024, 50257, 1024, 768, -1};
   std::size_t probe_floats = 32u << 20;  // 128 MiB an array, as posembed bench's probe
+  // A whole positive number, or a message naming the flag and its value.
+  const auto count = [](const std::string& flag, const char* text, int& to) {
+    char* end = nullptr;
+    const long v = std::strtol(text, &end, 10);
+    if (*text == '\0' || *end != '\0' || v < 1 || v > 1000000) {
+      std::fprintf(stderr, "gather_bench: %s %s must be a whole number in [1, 1000000]\n",
+                   flag.c_str(), text);
+      return false;
+    }
+    to = static_cast<int>(v);
+    return true;
+  };
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     const bool has_next = i + 1 < argc;
-    if (arg == "--threads" && has_next) {
-      threads = std::atoi(argv[++i]);
-    } else if (arg == "--reps" && has_next) {
-      reps = std::atoi(argv[++i]);
+    if ((arg == "--threads" || arg == "--reps") && has_next) {
+      if (!count(arg, argv[++i], arg == "--threads" ? threads : reps)) return 2;
     } else if (arg == "--quick") {
       reps = 2;
       s = {2, 64, 1000, 64, 128, -1};
@@ -97,10 +108,6 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "usage: gather_bench [--threads N] [--reps R] [--quick]\n");
       return 2;
     }
-  }
-  if (threads < 1 || reps < 1) {
-    std::fprintf(stderr, "gather_bench: --threads %d and --reps %d must be >= 1\n", threads, reps);
-    return 2;
   }
   omp_set_num_threads(threads);
   set_num_threads(threads);

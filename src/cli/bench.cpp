@@ -462,12 +462,14 @@ Json run_torch(const BenchOptions& o, const std::string& python, const Shape& sh
   const int status = pclose(pipe.release());
   if (status != 0 || text.empty()) {
     throw Error("the PyTorch bench failed (" + command + "); run it from the repository root, with "
-                "python3-torch installed (scripts/deps.sh test), or leave out --torch");
+                "python3-torch installed (scripts/deps.sh test), or leave out --torch" +
+                (evict_bytes ? std::string("; --cold needs a --torch-script that takes --evict-bytes") : ""));
   }
   Json j = Json::parse(text);
   if (j.value("format", "") != "posembed-torch-bench/1") throw Error("unexpected output from " + command);
   if (j.value("evict_bytes", std::size_t{0}) != evict_bytes) {
-    throw Error("the PyTorch bench did not evict the caches as asked (" + command + ")");
+    throw Error("the PyTorch bench did not evict the caches as asked (" + command +
+                "): its JSON must echo evict_bytes " + std::to_string(evict_bytes));
   }
   return j;
 }
@@ -570,7 +572,7 @@ void run_bench(const BenchOptions& o) {
   // 3 arrays of 128 MiB: far past the last-level cache. Measured again at the
   // start of every round, and its best run kept: this machine's bandwidth moves
   // by up to 2x within minutes, and a probe of the first seconds alone (one run
-  // at 32 GB/s, against 44-52 in the others) put kernels past it.
+  // at 32 GB/s, against 43-52 in the others) put kernels past it.
   const auto measure_probe = [&] { return bandwidth_probe(o.quick ? (1u << 20) : (32u << 20), o.quick ? 2 : 7); };
   Probe probe = measure_probe();
   // --quick checks the code path only: a small buffer.
@@ -595,7 +597,7 @@ void run_bench(const BenchOptions& o) {
         if (round == 0 && si == 0) {
           torch_info.push_back({{"python", o.pythons[c]}, {"version", j["torch"]},
                                 {"threads", j["threads"]}, {"compile", j.value("compile", false)},
-                                {"evict_bytes", j["evict_bytes"]}});
+                                {"evict_bytes", j.value("evict_bytes", std::size_t{0})}});
         }
         torch[c] = j["shapes"][shapes[si].name];
       }
@@ -627,7 +629,8 @@ void run_bench(const BenchOptions& o) {
   Json report;
   report["machine"] = {{"cpu", tools::cpu_model()}, {"simd_target", simd::target_name()},
                        {"gemm", model::gemm_library()}, {"threads", o.threads}};
-  report["probe"] = {{"triad_gbps", probe.triad_gbps},           {"copy_gbps", probe.copy_gbps},
+  // The best run of o.rounds probes: it can rise with more rounds.
+  report["probe"] = {{"rounds", o.rounds},                     {"triad_gbps", probe.triad_gbps},           {"copy_gbps", probe.copy_gbps},
                      {"stream_add_gbps", probe.stream_add_gbps}, {"gbps", probe.gbps()},
                      {"update_gbps", probe.update_gbps},         {"triad_bytes", probe.bytes}};
   report["rounds"] = o.rounds;
@@ -734,7 +737,7 @@ void add_bench_command(CLI::App& app) {
   bench->add_option("--threads", options->threads, "threads, for us and for PyTorch")->capture_default_str();
   bench->add_option("--reps", options->reps, "timed runs per kernel at the GPT-2 shape (3x at the small one)")
       ->capture_default_str();
-  bench->add_option("--rounds", options->rounds, "repeat everything; report the median round")
+  bench->add_option("--rounds", options->rounds, "repeat everything, the probe too: times are the median round's, the probe the best run of all")
       ->capture_default_str();
   bench->add_option("--shape", options->only, "only this shape: gpt2 or small");
   bench->add_flag("--quick", options->quick, "tiny shapes and probe, a few seconds: checks the code paths");
