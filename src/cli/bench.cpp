@@ -105,12 +105,9 @@ Timing time_it(int reps, const std::function<void()>& fn,
 // during the timed run. One load a cache line brings the whole line in.
 struct CacheEvictor {
   std::vector<float> buffer;
-  double lines_read = 0;  // kept, so that the reads are not optimized away
+  double sum_read = 0;  // kept, so that the reads are not optimized away
 
-  explicit CacheEvictor(std::size_t bytes) {
-    assign_zeros_huge(buffer, bytes / sizeof(float));
-    std::fill(buffer.begin(), buffer.end(), 1.0f);
-  }
+  explicit CacheEvictor(std::size_t bytes) { assign_zeros_huge(buffer, bytes / sizeof(float)); }
   std::size_t bytes() const { return buffer.size() * sizeof(float); }
   void operator()() {
     constexpr std::int64_t kLine = 64 / sizeof(float);
@@ -119,13 +116,13 @@ struct CacheEvictor {
     double sum = 0;
 #pragma omp parallel for reduction(+ : sum) schedule(static)
     for (std::int64_t i = 0; i < n; i += kLine) sum += p[i];
-    lines_read += sum;
+    sum_read += sum;
   }
 };
 
-// Twice the last-level cache, at least 64 MiB; 512 MiB where its size is unknown.
-std::size_t eviction_bytes() {
-  const std::size_t llc = tools::last_level_cache_bytes();
+// Twice the last-level cache (llc bytes, 0: unknown), at least 64 MiB; 512 MiB
+// where its size is unknown.
+std::size_t eviction_bytes(std::size_t llc) {
   return llc == 0 ? std::size_t{512} << 20 : std::max(std::size_t{64} << 20, 2 * llc);
 }
 
@@ -576,8 +573,9 @@ void run_bench(const BenchOptions& o) {
   const auto measure_probe = [&] { return bandwidth_probe(o.quick ? (1u << 20) : (32u << 20), o.quick ? 2 : 7); };
   Probe probe = measure_probe();
   // --quick checks the code path only: a small buffer.
+  const std::size_t llc = tools::last_level_cache_bytes();
   std::unique_ptr<CacheEvictor> evict;
-  if (o.cold) evict = std::make_unique<CacheEvictor>(o.quick ? std::size_t{4} << 20 : eviction_bytes());
+  if (o.cold) evict = std::make_unique<CacheEvictor>(o.quick ? std::size_t{4} << 20 : eviction_bytes(llc));
   const std::size_t evict_bytes = evict ? evict->bytes() : 0;
   const std::function<void()> before_each = evict ? std::function<void()>([&] { (*evict)(); })
                                                   : std::function<void()>();
@@ -659,7 +657,7 @@ void run_bench(const BenchOptions& o) {
     if (o.cold) {
       std::printf("cold: %.0f MiB read before every timed run, ours and PyTorch's (last-level cache %.0f MiB)\n",
                   static_cast<double>(evict_bytes) / (1 << 20),
-                  static_cast<double>(tools::last_level_cache_bytes()) / (1 << 20));
+                  static_cast<double>(llc) / (1 << 20));
     } else {
       std::printf("warm: each kernel's runs back to back (a run may find its data in the cache; --cold evicts it)\n");
     }
