@@ -152,73 +152,71 @@ void backward_rows(simd::GradTable token, simd::GradTable position, std::int64_t
   // once: each use of a thread_local vector in a shared library goes through
   // a call that checks its construction.
   struct Scratch {
-    std::vector<std::uint8_t> token_owner, position_owner, owner_of_position, row_owner, first, position_first;
+    std::vector<std::uint8_t> token_owner, position_owner, row_owner, first, position_first;
     std::vector<std::uint64_t> seen, drawn;
-    std::vector<std::uint32_t> head, next;
+    std::vector<std::uint32_t> start, order;
   };
   thread_local Scratch scratch;
-  auto& [token_owner, position_owner, owner_of_position, row_owner, first, position_first, seen, drawn, head, next] =
-      scratch;
+  auto& [token_owner, position_owner, row_owner, first, position_first, seen, drawn, start, order] = scratch;
   const auto un = static_cast<std::size_t>(n);
-  // The plan: each position id's tokens, chained in flat order.
+  // The plan: the tokens by position id (a counting sort), each position id's
+  // in flat order. Afterwards start[p] is where position id low + p's tokens
+  // begin in `order`, and start[positions] = n.
   const auto [low, high] = std::minmax_element(position_ids.begin(), position_ids.end());
   const auto positions = static_cast<std::size_t>(*high - *low + 1);
-  head.assign(positions, static_cast<std::uint32_t>(un));
-  next.resize(un);
-  for (std::size_t i = un; i-- > 0;) {
-    const auto p = static_cast<std::size_t>(position_ids[i] - *low);
-    next[i] = head[p];
-    head[p] = static_cast<std::uint32_t>(i);
+  start.assign(positions + 2, 0);
+  for (const std::int64_t p : position_ids) ++start[static_cast<std::size_t>(p - *low) + 2];
+  for (std::size_t p = 2; p < positions + 2; ++p) start[p] += start[p - 1];
+  order.resize(un);
+  for (std::size_t i = 0; i < un; ++i) {
+    order[start[static_cast<std::size_t>(position_ids[i] - *low) + 1]++] = static_cast<std::uint32_t>(i);
   }
-  // A position id's first token in the plan's order leads its group.
-  if (position.grad && position_mode == GradMode::write) {
-    position_first.assign(un, 0);
-    for (std::size_t p = 0; p < positions; ++p) {
-      if (head[p] != un) position_first[head[p]] = 1;
-    }
-    position.first = position_first.data();
+  // One pass over the plan's order marks what depends on it: a position id's
+  // first token leads its group (and writes a fresh position row); each token
+  // row's first token writes a fresh row and gives the row its owner, the
+  // owner of that token's position.
+  const bool position_fresh = position.grad && position_mode == GradMode::write;
+  const bool token_fresh = token.grad && token_mode == GradMode::write;
+  const bool split_tokens = token.grad && parts > 1;
+  if (position_fresh) position_first.assign(un, 0);
+  if (parts > 1) position_owner.resize(un);
+  if (split_tokens || token_fresh) seen.assign((static_cast<std::size_t>(token_rows) + 63) / 64, 0);
+  if (split_tokens) {
+    token_owner.resize(un);
+    row_owner.resize(static_cast<std::size_t>(token_rows));
   }
-  // The plan's order visits each token row's tokens from its first: the
-  // row's owner, and the first tokens of a fresh gradient.
-  const bool token_fresh = token_mode == GradMode::write;
-  if (parts > 1) {
-    // Per position id first: two divisions a token took 0.1 ms at the GPT-2 shape.
-    const auto block = static_cast<std::size_t>(
-        std::clamp<std::int64_t>(static_cast<std::int64_t>(positions) / (4 * parts), 1, kPositionBlock));
-    owner_of_position.resize(positions);
-    for (std::size_t p = 0; p < positions; ++p) {
-      owner_of_position[p] = static_cast<std::uint8_t>(p / block % static_cast<std::size_t>(parts));
-    }
-    position_owner.resize(un);
-    for (std::size_t i = 0; i < un; ++i) {
-      position_owner[i] = owner_of_position[static_cast<std::size_t>(position_ids[i] - *low)];
-    }
-    if (position.grad) position.owner = position_owner.data();
-  }
-  if (token.grad && (parts > 1 || token_fresh)) {
-    seen.assign((static_cast<std::size_t>(token_rows) + 63) / 64, 0);
-    if (parts > 1) {
-      token_owner.resize(un);
-      row_owner.resize(static_cast<std::size_t>(token_rows));
-    }
-    if (token_fresh) first.resize(un);
-    for (std::size_t p = 0; p < positions; ++p) {
-      for (std::size_t t = head[p]; t != un; t = next[t]) {
-        const auto row = static_cast<std::size_t>(token.rows[t]);
-        const std::uint64_t bit = std::uint64_t{1} << (row & 63);
-        const bool is_first = (seen[row >> 6] & bit) == 0;
-        seen[row >> 6] |= bit;
-        if (token_fresh) first[t] = is_first;
-        if (parts > 1) {
-          if (is_first) row_owner[row] = position_owner[t];
-          token_owner[t] = row_owner[row];
-        }
+  if (token_fresh) first.resize(un);
+  // Position ids in blocks dealt to the threads in turn.
+  const auto block = static_cast<std::size_t>(
+      std::clamp<std::int64_t>(static_cast<std::int64_t>(positions) / (4 * parts), 1, kPositionBlock));
+  std::uint8_t owner = 0;
+  for (std::size_t p = 0, left = block; p < positions; ++p) {
+    const std::size_t k0 = start[p], k1 = start[p + 1];
+    if (position_fresh && k0 < k1) position_first[order[k0]] = 1;
+    for (std::size_t k = k0; k < k1; ++k) {
+      const std::size_t t = order[k];
+      if (parts > 1) position_owner[t] = owner;
+      if (!split_tokens && !token_fresh) continue;
+      const auto row = static_cast<std::size_t>(token.rows[t]);
+      const std::uint64_t bit = std::uint64_t{1} << (row & 63);
+      const bool is_first = (seen[row >> 6] & bit) == 0;
+      seen[row >> 6] |= bit;
+      if (token_fresh) first[t] = is_first;
+      if (split_tokens) {
+        if (is_first) row_owner[row] = owner;
+        token_owner[t] = row_owner[row];
       }
     }
-    if (token_fresh) token.first = first.data();
-    if (parts > 1) token.owner = token_owner.data();
+    if (--left == 0) {
+      left = block;
+      owner = static_cast<std::uint8_t>(owner + 1 == parts ? 0 : owner + 1);
+    }
   }
-  const simd::BackwardPlan plan{head.data(), next.data(), positions};
+  if (position_fresh) position.first = position_first.data();
+  if (parts > 1 && position.grad) position.owner = position_owner.data();
+  if (token_fresh) token.first = first.data();
+  if (split_tokens) token.owner = token_owner.data();
+  const simd::BackwardPlan plan{start.data(), order.data(), positions};
   const simd::DropoutMask mask = dropout_mask(dropout);
   // The walk reads keep words: the forward's, or drawn here first (in parallel,
   // whole batches of draws; the same bits).
@@ -252,6 +250,15 @@ void backward_rows(simd::GradTable token, simd::GradTable position, std::int64_t
 // of rows spread over the threads; past the cache when `stream`.
 void zero_untouched_rows(float* grad, const std::vector<std::uint64_t>& touched, std::int64_t rows,
                          std::int64_t d, bool stream) {
+  // Nothing to zero where every row is touched (as the position table usually
+  // is): no parallel region, whose threads' wake-up costs more than the test.
+  const auto whole_words = static_cast<std::size_t>(rows / 64);
+  const std::uint64_t last = (std::uint64_t{1} << (rows % 64)) - 1;
+  if (std::all_of(touched.begin(), touched.begin() + static_cast<std::ptrdiff_t>(whole_words),
+                  [](std::uint64_t w) { return w == ~std::uint64_t{0}; }) &&
+      (last == 0 || touched[whole_words] == last)) {
+    return;
+  }
   const std::int64_t per_block = std::max<std::int64_t>(1, kGrainElements / d);
   parallel_for((rows + per_block - 1) / per_block, [&](std::int64_t b) {
     simd::zero_untouched_rows(grad, touched.data(), static_cast<std::size_t>(b * per_block),

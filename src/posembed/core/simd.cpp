@@ -805,11 +805,21 @@ constexpr std::size_t kGroupBlock = 8;
 
 // The rows that the next group's walk reads (grad_out) and adds to (token
 // rows), for BackwardWalk to ask for early: a line of each per vector of this
-// group's pass (RowsAhead::Lines), or whole at once where no pass runs.
+// group's pass (RowsAhead::Lines), or whole at once where no pass runs. Also
+// the lines that no pass reaches a vector at a time: each row's last line (a
+// row not aligned to the vectors), the keep bits of each grad_out row, and the
+// first and last lines of a token row written fresh past the cache where they
+// hold part of another row, which plain stores write (read first, as any
+// plain store's line: asked for early, GPT-2 shape, Zen 4, rows 16 bytes off
+// a line: the row-sparse backward 0.96-0.98x the time; the keep bits early,
+// 0.98x).
 struct RowsAhead {
   const float* read[kGroupBlock];
   float* write[kGroupBlock];
-  std::size_t reads = 0, writes = 0;
+  const unsigned char* keep[kGroupBlock];
+  float* edges[kGroupBlock];
+  std::size_t reads = 0, writes = 0, keeps = 0, edged = 0;
+  std::size_t keep_bytes = 0;  // the bytes a row's keep bits touch
 
   // The line at column c0 + j of each row, once per 16 columns (vectors of
   // `lanes` floats start at j).
@@ -818,15 +828,28 @@ struct RowsAhead {
     for (std::size_t k = 0; k < reads; ++k) __builtin_prefetch(read[k] + c0 + j, 0, 1);
     for (std::size_t k = 0; k < writes; ++k) __builtin_prefetch(write[k] + c0 + j, 1, 1);
   }
-  // Each row's last line, which Lines may miss where a row is not aligned to
-  // the vectors.
-  HWY_INLINE void LastLines(std::size_t d) const {
+  // The lines Lines misses (above).
+  HWY_INLINE void EdgeLines(std::size_t d) const {
     for (std::size_t k = 0; k < reads; ++k) __builtin_prefetch(read[k] + d - 1, 0, 1);
     for (std::size_t k = 0; k < writes; ++k) __builtin_prefetch(write[k] + d - 1, 1, 1);
+    KeepAndPartialLines(d);
   }
   void Whole(std::size_t d) const {
     for (std::size_t k = 0; k < reads; ++k) PrefetchRow(read[k], d);
     for (std::size_t k = 0; k < writes; ++k) PrefetchRow</*kForWrite=*/true>(write[k], d);
+    KeepAndPartialLines(d);
+  }
+
+ private:
+  HWY_INLINE void KeepAndPartialLines(std::size_t d) const {
+    for (std::size_t k = 0; k < keeps; ++k) {
+      for (std::size_t b = 0; b < keep_bytes; b += 64) __builtin_prefetch(keep[k] + b, 0, 1);
+      __builtin_prefetch(keep[k] + keep_bytes - 1, 0, 1);
+    }
+    for (std::size_t k = 0; k < edged; ++k) {
+      if (reinterpret_cast<std::uintptr_t>(edges[k]) % 64 != 0) __builtin_prefetch(edges[k], 1, 1);
+      if (reinterpret_cast<std::uintptr_t>(edges[k] + d) % 64 != 0) __builtin_prefetch(edges[k] + d - 1, 1, 1);
+    }
   }
 };
 
@@ -916,7 +939,8 @@ HWY_INLINE void GroupBlockOf(std::size_t count, Args... args) {
   GroupBlock<kMasked, kCount>(args...);
 }
 
-// The group of tokens led by `leader` (BackwardPlan): their masked gradient
+// The group of tokens that share a position id (members[0 .. count - 1],
+// BackwardPlan): their masked gradient
 // rows added to the position row in flat order, kGroupBlock tokens per pass,
 // each vector of the row held in a register across them (not a load and a
 // store per token); the gradient of a member whose token row this thread owns
@@ -926,19 +950,16 @@ HWY_INLINE void GroupBlockOf(std::size_t count, Args... args) {
 // vector is written with plain stores. The first pass asks for the rows of
 // `ahead` a line at a time.
 template <bool kMasked, class OwnsToken>
-void AddGroup(const GradTable& token, const GradTable& position, const BackwardPlan& plan,
-              std::size_t leader, const float* HWY_RESTRICT grad_out, std::size_t d, std::size_t n,
-              float scale, KeepCursor& cursor, const OwnsToken& owns_token,
-              const RowsAhead& ahead) {
+void AddGroup(const GradTable& token, const GradTable& position, const std::uint32_t* members,
+              std::size_t count, const float* HWY_RESTRICT grad_out, std::size_t d, float scale,
+              KeepCursor& cursor, const OwnsToken& owns_token, const RowsAhead& ahead) {
   const std::size_t vector_bytes = hn::Lanes(hn::ScalableTag<float>()) * sizeof(float);
-  float* HWY_RESTRICT row = position.grad + static_cast<std::size_t>(position.rows[leader]) * d;
-  bool row_is_zero = position.first && position.first[leader];
-  ahead.LastLines(d);
+  float* HWY_RESTRICT row = position.grad + static_cast<std::size_t>(position.rows[members[0]]) * d;
+  bool row_is_zero = position.first && position.first[members[0]];
+  ahead.EdgeLines(d);
   const RowsAhead* lines = &ahead;
-  for (std::size_t m = leader; m != n; lines = nullptr) {
-    std::size_t members[kGroupBlock];
-    std::size_t count = 0;
-    for (; m != n && count < kGroupBlock; m = plan.next[m]) members[count++] = m;
+  for (std::size_t m0 = 0; m0 < count; m0 += kGroupBlock, lines = nullptr) {
+    const std::size_t block = std::min(kGroupBlock, count - m0);
     for (std::size_t c0 = 0; c0 < d; c0 += kTile) {
       const std::size_t c1 = std::min(d, c0 + kTile);
       const float* grad[kGroupBlock];
@@ -946,8 +967,8 @@ void AddGroup(const GradTable& token, const GradTable& position, const BackwardP
       bool token_is_zero[kGroupBlock], token_stream[kGroupBlock];
       KeepSpan keep[kGroupBlock];
       const float* aligned = nullptr;
-      for (std::size_t k = 0; k < count; ++k) {
-        const std::size_t t = members[k];
+      for (std::size_t k = 0; k < block; ++k) {
+        const std::size_t t = members[m0 + k];
         grad[k] = grad_out + t * d + c0;
         token_row[k] = owns_token(t) ? token.grad + static_cast<std::size_t>(token.rows[t]) * d + c0 : nullptr;
         token_is_zero[k] = token.first && token.first[t];
@@ -959,15 +980,15 @@ void AddGroup(const GradTable& token, const GradTable& position, const BackwardP
       // member adds to the same row in this pass (its load would wait for the
       // streamed store to reach memory; a frequent token at one position in
       // several sequences: 1.6x the time of the whole backward, Zen 4).
-      for (std::size_t k = 0; k < count; ++k) {
+      for (std::size_t k = 0; k < block; ++k) {
         const auto offset = reinterpret_cast<std::uintptr_t>(token_row[k]) - reinterpret_cast<std::uintptr_t>(aligned);
         token_stream[k] = token.stream && token_row[k] && token_is_zero[k] && offset % vector_bytes == 0;
-        for (std::size_t later = k + 1; later < count && token_stream[k]; ++later) {
+        for (std::size_t later = k + 1; later < block && token_stream[k]; ++later) {
           token_stream[k] = token_row[later] != token_row[k];
         }
       }
       GroupBlockOf<kMasked>(
-          count, aligned, row + c0, row_is_zero, c1 - c0, scale,
+          block, aligned, row + c0, row_is_zero, c1 - c0, scale,
           static_cast<const float* const*>(grad), static_cast<float* const*>(token_row),
           static_cast<const bool*>(token_is_zero), static_cast<const bool*>(token_stream),
           static_cast<const KeepSpan*>(keep), lines, c0);
@@ -996,38 +1017,45 @@ void BackwardWalk(const GradTable& token, const GradTable& position, const Backw
   // would read lines that the streaming stores then overwrite, and hold the
   // core's few line-fill buffers that they and grad_out need (Xeon with
   // AVX-512, GPT-2 shape, p 0: the row-sparse backward 6.7 -> 4.7 ms on one
-  // thread). A fresh row written through the cache is fetched: its plain
-  // stores read each line first.
-  const auto rows_ahead = [&](std::size_t leader) {
+  // thread); only its lines shared with other rows are. A fresh row written
+  // through the cache is fetched: its plain stores read each line first.
+  const auto rows_ahead = [&](std::size_t p) {
     RowsAhead rows;
-    const bool whole = owns(position, leader);
-    for (std::size_t m = leader; m != n && rows.reads < kGroupBlock; m = plan.next[m]) {
+    rows.keep_bytes = d / 8 + 4;  // KeepSpan::At loads 4 bytes from its bit's byte
+    const std::uint32_t* members = plan.order + plan.start[p];
+    const std::size_t count = plan.start[p + 1] - plan.start[p];
+    const bool whole = count > 0 && owns(position, members[0]);
+    for (std::size_t k = 0; k < count && rows.reads < kGroupBlock; ++k) {
+      const std::size_t m = members[k];
       const bool tok = owns(token, m);
       if (!whole && !tok) continue;
       rows.read[rows.reads++] = grad_out + m * d;
-      if (tok && !(token.stream && token.first && token.first[m])) {
-        rows.write[rows.writes++] = token.grad + static_cast<std::size_t>(token.rows[m]) * d;
+      if (kMasked && keep) rows.keep[rows.keeps++] = reinterpret_cast<const unsigned char*>(keep) + m * d / 8;
+      if (!tok) continue;
+      float* to = token.grad + static_cast<std::size_t>(token.rows[m]) * d;
+      if (token.stream && token.first && token.first[m]) {
+        rows.edges[rows.edged++] = to;
+      } else {
+        rows.write[rows.writes++] = to;
       }
     }
     return rows;
   };
   for (std::size_t p = 0; p < plan.positions; ++p) {
-    const RowsAhead ahead = p + 1 < plan.positions && plan.head[p + 1] != n
-                                ? rows_ahead(plan.head[p + 1])
-                                : RowsAhead{};
-    const std::size_t leader = plan.head[p];
-    if (leader != n && owns(position, leader)) {
+    const RowsAhead ahead = p + 1 < plan.positions ? rows_ahead(p + 1) : RowsAhead{};
+    const std::uint32_t* members = plan.order + plan.start[p];
+    const std::size_t count = plan.start[p + 1] - plan.start[p];
+    if (count > 0 && owns(position, members[0])) {
       // A line of each between the pass's vectors: a whole row's requests at
       // once stall on the core's full miss queue, and the pass behind them
       // (GPT-2 shape, Zen 4: row-sparse 0.94-0.97x the time, dense accumulated
       // 0.83-0.96x, small shape 1.0x).
-      AddGroup<kMasked>(token, position, plan, leader, grad_out, d, n, scale, cursor, owns_token,
-                        ahead);
+      AddGroup<kMasked>(token, position, members, count, grad_out, d, scale, cursor, owns_token, ahead);
       continue;
     }
     ahead.Whole(d);
-    if (leader == n) continue;
-    for (std::size_t t = leader; t != n; t = plan.next[t]) {
+    for (std::size_t k = 0; k < count; ++k) {
+      const std::size_t t = members[k];
       if (!owns(token, t)) continue;
       float* HWY_RESTRICT row = token.grad + static_cast<std::size_t>(token.rows[t]) * d;
       const bool row_is_zero = token.first && token.first[t];

@@ -89,9 +89,9 @@ struct GradTable {
 // owns it. Every gradient row is so summed in the same order on any thread
 // count.
 struct BackwardPlan {
-  const std::uint32_t* head = nullptr;  // (positions): each position id's first token, or n
-  const std::uint32_t* next = nullptr;  // (n): the next token with this token's position id, or n
-  std::size_t positions = 0;            // position ids low .. low + positions - 1, in order
+  const std::uint32_t* start = nullptr;  // (positions + 1): position id low + p's tokens are
+  const std::uint32_t* order = nullptr;  // (n): order[start[p] .. start[p + 1]), in flat order
+  std::size_t positions = 0;             // position ids low .. low + positions - 1, in order
 };
 
 // Thread `self`'s share of the backward, into both tables, in the plan's
