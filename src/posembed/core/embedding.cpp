@@ -152,12 +152,12 @@ void backward_rows(simd::GradTable token, simd::GradTable position, std::int64_t
   // once: each use of a thread_local vector in a shared library goes through
   // a call that checks its construction.
   struct Scratch {
-    std::vector<std::uint8_t> token_owner, position_owner, row_owner, first, position_first;
+    std::vector<std::uint8_t> position_owner, row_owner, first, position_first;
     std::vector<std::uint64_t> seen, drawn;
     std::vector<std::uint32_t> start, order;
   };
   thread_local Scratch scratch;
-  auto& [token_owner, position_owner, row_owner, first, position_first, seen, drawn, start, order] = scratch;
+  auto& [position_owner, row_owner, first, position_first, seen, drawn, start, order] = scratch;
   const auto un = static_cast<std::size_t>(n);
   // The plan: the tokens by position id (a counting sort), each position id's
   // in flat order. Afterwards start[p] is where position id low + p's tokens
@@ -171,20 +171,17 @@ void backward_rows(simd::GradTable token, simd::GradTable position, std::int64_t
   for (std::size_t i = 0; i < un; ++i) {
     order[start[static_cast<std::size_t>(position_ids[i] - *low) + 1]++] = static_cast<std::uint32_t>(i);
   }
-  // One pass over the plan's order marks what depends on it: a position id's
-  // first token leads its group (and writes a fresh position row); each token
-  // row's first token writes a fresh row and gives the row its owner, the
-  // owner of that token's position.
+  // One pass over the plan's order marks what depends on it: each position
+  // row's owner, and its first token (the group's leader), which writes a
+  // fresh row; each token row's first token, which writes a fresh row and
+  // gives the row its owner, the owner of that token's position.
   const bool position_fresh = position.grad && position_mode == GradMode::write;
   const bool token_fresh = token.grad && token_mode == GradMode::write;
   const bool split_tokens = token.grad && parts > 1;
   if (position_fresh) position_first.assign(un, 0);
-  if (parts > 1) position_owner.resize(un);
+  if (parts > 1) position_owner.resize(static_cast<std::size_t>(*high) + 1);
   if (split_tokens || token_fresh) seen.assign((static_cast<std::size_t>(token_rows) + 63) / 64, 0);
-  if (split_tokens) {
-    token_owner.resize(un);
-    row_owner.resize(static_cast<std::size_t>(token_rows));
-  }
+  if (split_tokens) row_owner.resize(static_cast<std::size_t>(token_rows));
   if (token_fresh) first.resize(un);
   // Position ids in blocks dealt to the threads in turn.
   const auto block = static_cast<std::size_t>(
@@ -192,20 +189,16 @@ void backward_rows(simd::GradTable token, simd::GradTable position, std::int64_t
   std::uint8_t owner = 0;
   for (std::size_t p = 0, left = block; p < positions; ++p) {
     const std::size_t k0 = start[p], k1 = start[p + 1];
+    if (parts > 1) position_owner[static_cast<std::size_t>(*low) + p] = owner;
     if (position_fresh && k0 < k1) position_first[order[k0]] = 1;
-    for (std::size_t k = k0; k < k1; ++k) {
+    for (std::size_t k = k0; k < k1 && (split_tokens || token_fresh); ++k) {
       const std::size_t t = order[k];
-      if (parts > 1) position_owner[t] = owner;
-      if (!split_tokens && !token_fresh) continue;
       const auto row = static_cast<std::size_t>(token.rows[t]);
       const std::uint64_t bit = std::uint64_t{1} << (row & 63);
       const bool is_first = (seen[row >> 6] & bit) == 0;
       seen[row >> 6] |= bit;
       if (token_fresh) first[t] = is_first;
-      if (split_tokens) {
-        if (is_first) row_owner[row] = owner;
-        token_owner[t] = row_owner[row];
-      }
+      if (split_tokens && is_first) row_owner[row] = owner;
     }
     if (--left == 0) {
       left = block;
@@ -215,7 +208,7 @@ void backward_rows(simd::GradTable token, simd::GradTable position, std::int64_t
   if (position_fresh) position.first = position_first.data();
   if (parts > 1 && position.grad) position.owner = position_owner.data();
   if (token_fresh) token.first = first.data();
-  if (split_tokens) token.owner = token_owner.data();
+  if (split_tokens) token.owner = row_owner.data();
   const simd::BackwardPlan plan{start.data(), order.data(), positions};
   const simd::DropoutMask mask = dropout_mask(dropout);
   // The walk reads keep words: the forward's, or drawn here first (in parallel,

@@ -1007,7 +1007,7 @@ void BackwardWalk(const GradTable& token, const GradTable& position, const Backw
   KeepCursor cursor;
   if constexpr (kMasked) GiveKeep(cursor, keep, 0, (n * d + 63) / 64);
   const auto owns = [&](const GradTable& table, std::size_t t) {
-    return table.grad && (!table.owner || table.owner[t] == self);
+    return table.grad && (!table.owner || table.owner[static_cast<std::size_t>(table.rows[t])] == self);
   };
   const auto owns_token = [&](std::size_t t) { return owns(token, t); };
   // The next group's rows that this thread will read and add to (asked for a

@@ -76,8 +76,8 @@ struct GradTable {
   const std::int64_t* rows = nullptr;   // (n)
   const std::uint8_t* first = nullptr;  // (n) or null: 1 where token r's row still holds
                                         // zeros, so it is written (0 + v, the same bits), not read
-  const std::uint8_t* owner = nullptr;  // (n) or null: the thread of each token (null: every
-                                        // token is the caller's)
+  const std::uint8_t* owner = nullptr;  // (rows) or null: the thread that owns each row and
+                                        // adds its tokens to it (null: every row is the caller's)
   bool stream = false;  // those first writes go past the cache (a table much larger than it)
 };
 
