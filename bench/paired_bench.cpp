@@ -1,0 +1,280 @@
+// Two builds of the layer side by side: is a kernel change faster than the code
+// before it? This machine's bandwidth moves by up to 2x within minutes, so two
+// runs of `posembed bench` minutes apart cannot tell a few percent. This program
+// loads two builds of libposembed (the base and the change, each with its own
+// copy of every symbol: RTLD_LOCAL | RTLD_DEEPBIND) into one process and times
+// each kernel of one build, then of the other, in alternating order, pair after
+// pair, every run cold (after reading twice the last-level cache, as `posembed
+// bench --cold`). It reports each build's median and the median of the per-pair
+// ratios new / old, and checks after every pair that both builds wrote the same
+// bits (outputs, masks, gradients): a change that is faster but different
+// fails. Both builds must agree on the public structs (EmbeddingShape,
+// DropoutSpec, SparseRowGrad); `scripts/paired_bench.sh BASE` builds BASE's
+// library and runs this against the working tree's:
+//   build/bench/paired_bench OLD/libposembed.so NEW/libposembed.so
+//       [--kernels forward_eval,backward_sparse,...] [--pairs 40] [--threads 2]
+//       [--ids random|unique|zipf] [--quick]
+// ids: uniform over the vocabulary (as posembed bench), all distinct, or
+// log-uniform (frequent small ids, as real text's frequent tokens).
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <span>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "posembed/core/embedding.h"
+#include "posembed/core/layer.h"
+#include "posembed/core/parallel.h"
+#include "posembed/core/position_ids.h"
+#include "posembed/core/simd.h"
+#include "posembed/tools/machine.h"
+
+namespace {
+
+using namespace posembed;
+
+double now_ms() {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double quantile(std::vector<double> v, double q) {
+  std::sort(v.begin(), v.end());
+  const double at = q * static_cast<double>(v.size() - 1);
+  const auto lo = static_cast<std::size_t>(at);
+  const std::size_t hi = std::min(lo + 1, v.size() - 1);
+  return v[lo] + (at - static_cast<double>(lo)) * (v[hi] - v[lo]);
+}
+
+// The layer's entry points in one build, found by the names of this program's own.
+struct Build {
+  std::string path;
+  decltype(&embedding_forward) forward = nullptr;
+  void (*backward_sparse)(SparseRowGrad&, std::span<float>, std::span<const float>, std::span<const std::int64_t>,
+                          std::span<const std::int64_t>, const EmbeddingShape&, const DropoutSpec&, GradMode,
+                          std::span<const std::uint64_t>) = nullptr;
+  void (*backward_dense)(std::span<float>, std::span<float>, std::span<const float>, std::span<const std::int64_t>,
+                         std::span<const std::int64_t>, const EmbeddingShape&, const DropoutSpec&, GradMode,
+                         std::span<const std::uint64_t>) = nullptr;
+  void (*zero_sparse)(SparseRowGrad&) = nullptr;
+};
+
+// The mangled name of a function of the linked library.
+std::string symbol_of(const void* function) {
+  Dl_info info{};
+  if (dladdr(function, &info) == 0 || info.dli_sname == nullptr) {
+    throw std::runtime_error("no exported name for one of the layer's functions in the linked library");
+  }
+  return info.dli_sname;
+}
+
+template <class F>
+F find(void* library, const std::string& path, const void* ours) {
+  const std::string name = symbol_of(ours);
+  void* f = dlsym(library, name.c_str());
+  if (f == nullptr) {
+    throw std::runtime_error(path + " has no " + name + ": build it from a commit with the same API");
+  }
+  return reinterpret_cast<F>(f);
+}
+
+Build load(const std::string& path) {
+  void* library = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+  if (library == nullptr) throw std::runtime_error("cannot load " + path + ": " + dlerror());
+  Build b;
+  b.path = path;
+  b.forward = find<decltype(b.forward)>(library, path, reinterpret_cast<const void*>(&embedding_forward));
+  b.backward_sparse = find<decltype(b.backward_sparse)>(
+      library, path, reinterpret_cast<const void*>(static_cast<decltype(b.backward_sparse)>(&embedding_backward)));
+  b.backward_dense = find<decltype(b.backward_dense)>(
+      library, path, reinterpret_cast<const void*>(static_cast<decltype(b.backward_dense)>(&embedding_backward)));
+  b.zero_sparse = find<decltype(b.zero_sparse)>(
+      library, path, reinterpret_cast<const void*>(static_cast<decltype(b.zero_sparse)>(&zero_grad)));
+  return b;
+}
+
+// What one build writes: each build has its own, compared after every pair.
+struct Outputs {
+  std::vector<float> out, grad_tok, grad_pos;
+  std::vector<std::uint64_t> mask;
+  SparseRowGrad sparse;
+};
+
+const char* const kKernels[] = {"forward_eval",   "forward_train",  "backward_sparse",
+                                "backward_write", "backward_dense", "fwd_bwd_sparse"};
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  int threads = 2, pairs = 40;
+  bool pairs_given = false;
+  std::string ids_kind = "random", kernels_text;
+  EmbeddingShape s{8, 1024, 50257, 1024, 768, -1};
+  std::size_t evict_bytes = std::max<std::size_t>(2 * tools::last_level_cache_bytes(), 64u << 20);
+  std::vector<std::string> paths;
+  const auto usage = [] {
+    std::fprintf(stderr,
+                 "usage: paired_bench OLD.so NEW.so [--kernels a,b] [--pairs N] [--threads N] "
+                 "[--ids random|unique|zipf] [--quick]\n");
+    return 2;
+  };
+  const auto count = [](const std::string& flag, const char* text, int& to) {
+    char* end = nullptr;
+    const long v = std::strtol(text, &end, 10);
+    if (*text == '\0' || *end != '\0' || v < 1 || v > 100000) {
+      std::fprintf(stderr, "paired_bench: %s %s must be a whole number in [1, 100000]\n", flag.c_str(), text);
+      return false;
+    }
+    to = static_cast<int>(v);
+    return true;
+  };
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const bool has_next = i + 1 < argc;
+    if ((arg == "--threads" || arg == "--pairs") && has_next) {
+      if (!count(arg, argv[++i], arg == "--threads" ? threads : pairs)) return 2;
+      pairs_given = pairs_given || arg == "--pairs";
+    } else if (arg == "--ids" && has_next) {
+      ids_kind = argv[++i];
+      if (ids_kind != "random" && ids_kind != "unique" && ids_kind != "zipf") {
+        std::fprintf(stderr, "paired_bench: --ids %s must be random, unique or zipf\n", ids_kind.c_str());
+        return 2;
+      }
+    } else if (arg == "--kernels" && has_next) {
+      kernels_text = argv[++i];
+    } else if (arg == "--quick") {  // tiny shape, small eviction: checks the program
+      s = {2, 64, 1000, 64, 128, -1};
+      if (!pairs_given) pairs = 3;
+      evict_bytes = 1u << 20;
+    } else if (!arg.empty() && arg[0] != '-' && paths.size() < 2) {
+      paths.push_back(arg);
+    } else {
+      return usage();
+    }
+  }
+  if (paths.size() != 2) return usage();
+  std::vector<std::string> kernels;
+  if (kernels_text.empty()) {
+    kernels.assign(std::begin(kKernels), std::end(kKernels));
+  } else {
+    std::stringstream list(kernels_text);
+    for (std::string k; std::getline(list, k, ',');) {
+      if (std::find(std::begin(kKernels), std::end(kKernels), k) == std::end(kKernels)) {
+        std::fprintf(stderr, "paired_bench: unknown kernel %s; known: forward_eval, forward_train, "
+                     "backward_sparse, backward_write, backward_dense, fwd_bwd_sparse\n", k.c_str());
+        return 2;
+      }
+      kernels.push_back(k);
+    }
+  }
+  if (ids_kind == "unique" && s.vocab_size < s.batch * s.seq_len) {
+    std::fprintf(stderr, "paired_bench: --ids unique needs vocab_size >= B * T\n");
+    return 2;
+  }
+  set_num_threads(threads);
+  const Build builds[2] = {load(paths[0]), load(paths[1])};
+
+  const auto n = static_cast<std::size_t>(s.batch * s.seq_len), d = static_cast<std::size_t>(s.embed_dim);
+  const auto V = static_cast<std::size_t>(s.vocab_size), P = static_cast<std::size_t>(s.max_seq_len);
+  std::mt19937_64 engine(20240601);
+  std::vector<std::int64_t> tokens(n), positions(n);
+  if (ids_kind == "unique") {
+    std::vector<std::int64_t> all(V);
+    for (std::size_t i = 0; i < V; ++i) all[i] = static_cast<std::int64_t>(i);
+    std::shuffle(all.begin(), all.end(), engine);
+    std::copy_n(all.begin(), n, tokens.begin());
+  } else {
+    std::uniform_real_distribution<double> log_id(0.0, std::log(static_cast<double>(V)));
+    for (auto& t : tokens) {
+      t = ids_kind == "zipf" ? std::min(static_cast<std::int64_t>(V) - 1, static_cast<std::int64_t>(std::exp(log_id(engine))))
+                             : static_cast<std::int64_t>(engine() % V);
+    }
+  }
+  positions_contiguous(positions, s.batch, s.seq_len, 0);
+  const auto fill = [&](std::vector<float>& v, std::size_t size) {
+    assign_zeros_huge(v, size);
+    for (auto& x : v) x = static_cast<float>(static_cast<double>(engine() >> 11) / 9007199254740992.0 - 0.5);
+  };
+  std::vector<float> token_table, position_table, grad_out, evict;
+  fill(token_table, V * d);
+  fill(position_table, P * d);
+  fill(grad_out, n * d);
+  assign_zeros_huge(evict, evict_bytes / sizeof(float));
+  Outputs outputs[2];
+  for (Outputs& o : outputs) {
+    assign_zeros_huge(o.out, n * d);
+    assign_zeros_huge(o.grad_tok, V * d);
+    assign_zeros_huge(o.grad_pos, P * d);
+    o.mask.assign(dropout_mask_words(s), 0);
+  }
+  const DropoutSpec eval{}, train{0.1, 1234, 1};
+  // The backwards read the mask of a training forward, as in training.
+  for (int b = 0; b < 2; ++b) builds[b].forward(outputs[b].out, tokens, positions, token_table, position_table, s, train, outputs[b].mask);
+  double evict_sum = 0;  // kept, so that the reads are not optimized away
+  const auto run = [&](const std::string& kernel, int b) {
+    const Build& f = builds[b];
+    Outputs& o = outputs[b];
+    for (float x : evict) evict_sum += x;
+    const double t0 = now_ms();
+    if (kernel == "forward_eval") f.forward(o.out, tokens, positions, token_table, position_table, s, eval, {});
+    if (kernel == "forward_train" || kernel == "fwd_bwd_sparse") {
+      f.forward(o.out, tokens, positions, token_table, position_table, s, train, o.mask);
+    }
+    if (kernel == "backward_sparse" || kernel == "fwd_bwd_sparse") {
+      f.zero_sparse(o.sparse);  // a fresh row-sparse gradient, and a fresh position gradient
+      f.backward_sparse(o.sparse, o.grad_pos, grad_out, tokens, positions, s, train, GradMode::write, o.mask);
+    }
+    if (kernel == "backward_write" || kernel == "backward_dense") {
+      f.backward_dense(o.grad_tok, o.grad_pos, grad_out, tokens, positions, s, train,
+                       kernel == "backward_write" ? GradMode::write : GradMode::accumulate, o.mask);
+    }
+    return now_ms() - t0;
+  };
+  const auto same = [&] {
+    const Outputs &a = outputs[0], &b = outputs[1];
+    return a.out == b.out && a.mask == b.mask && a.grad_tok == b.grad_tok && a.grad_pos == b.grad_pos &&
+           a.sparse.rows == b.sparse.rows && a.sparse.values == b.sparse.values;
+  };
+
+  std::printf("paired_bench: %s, SIMD target %s, %d thread(s), B %lld, T %lld, d %lld, V %lld, ids %s, %d pairs, "
+              "each run after reading %.0f MiB\n",
+              tools::cpu_model().c_str(), simd::target_name(), threads, static_cast<long long>(s.batch),
+              static_cast<long long>(s.seq_len), static_cast<long long>(s.embed_dim),
+              static_cast<long long>(s.vocab_size), ids_kind.c_str(), pairs,
+              static_cast<double>(evict_bytes) / 1048576.0);
+  std::printf("old: %s\nnew: %s\n", builds[0].path.c_str(), builds[1].path.c_str());
+  std::printf("%-16s %10s %10s %10s %17s  %s\n", "kernel", "old ms", "new ms", "new/old", "new/old p10..p90", "bits");
+  for (const std::string& kernel : kernels) {
+    std::vector<double> old_ms, new_ms, ratio;
+    for (int i = 0; i < pairs + 2; ++i) {  // the first two pairs warm up
+      const int first = i % 2;  // which build runs first alternates
+      double t[2];
+      t[first] = run(kernel, first);
+      t[1 - first] = run(kernel, 1 - first);
+      if (!same()) {
+        std::fprintf(stderr, "paired_bench: %s: the two builds wrote different bits (pair %d)\n", kernel.c_str(), i);
+        return 1;
+      }
+      if (i < 2) continue;
+      old_ms.push_back(t[0]);
+      new_ms.push_back(t[1]);
+      ratio.push_back(t[1] / t[0]);
+    }
+    std::printf("%-16s %10.3f %10.3f %10.3f %8.3f..%-8.3f  same\n", kernel.c_str(), quantile(old_ms, 0.5),
+                quantile(new_ms, 0.5), quantile(ratio, 0.5), quantile(ratio, 0.1), quantile(ratio, 0.9));
+  }
+  return evict_sum == -1.0 ? 3 : 0;  // never: the sum only keeps the eviction's reads
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "paired_bench: %s\n", e.what());
+  return 1;
+}
