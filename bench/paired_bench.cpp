@@ -1,16 +1,18 @@
 // Two builds of the layer side by side: is a kernel change faster than the code
 // before it? This machine's bandwidth moves by up to 2x within minutes, so two
 // runs of `posembed bench` minutes apart cannot tell a few percent. This program
-// loads two builds of libposembed (the base and the change, each with its own
-// copy of every symbol: RTLD_LOCAL | RTLD_DEEPBIND) into one process and times
-// each kernel of one build, then of the other, in alternating order, pair after
-// pair, every run cold (after reading twice the last-level cache, as `posembed
-// bench --cold`). It reports each build's median and the median of the per-pair
-// ratios new / old, and checks after every pair that both builds wrote the same
-// bits (outputs, masks, gradients): a change that is faster but different
-// fails. Both builds must agree on the public structs (EmbeddingShape,
-// DropoutSpec, SparseRowGrad); `scripts/paired_bench.sh BASE` builds BASE's
-// library and runs this against the working tree's:
+// loads two builds of libposembed (the base and the change) into one process,
+// each opened with RTLD_LOCAL | RTLD_DEEPBIND so that its calls stay inside its
+// own copy (this program's own linked copy serves only to name the symbols and
+// to evict the caches), and times each kernel of one build, then of the other,
+// in alternating order, pair after pair, every run cold (after the read of
+// `posembed bench --cold`: twice the last-level cache, by all threads). It
+// reports each build's median and the median of the per-pair ratios new / old,
+// and checks after every pair that both builds wrote the same bits (outputs,
+// masks, gradients): a change that is faster but different fails, naming the
+// array and the first element that differs. Both builds must agree on the public
+// structs (EmbeddingShape, DropoutSpec, SparseRowGrad); `scripts/paired_bench.sh
+// BASE` builds BASE's library and the working tree's and runs this on both:
 //   build/bench/paired_bench OLD/libposembed.so NEW/libposembed.so
 //       [--kernels forward_eval,backward_sparse,...] [--pairs 40] [--threads 2]
 //       [--ids random|unique|zipf] [--quick]
@@ -120,7 +122,7 @@ int main(int argc, char** argv) try {
   bool pairs_given = false;
   std::string ids_kind = "random", kernels_text;
   EmbeddingShape s{8, 1024, 50257, 1024, 768, -1};
-  std::size_t evict_bytes = std::max<std::size_t>(2 * tools::last_level_cache_bytes(), 64u << 20);
+  std::size_t evict_bytes = tools::eviction_bytes(tools::last_level_cache_bytes());
   std::vector<std::string> paths;
   const auto usage = [] {
     std::fprintf(stderr,
@@ -205,11 +207,11 @@ int main(int argc, char** argv) try {
     assign_zeros_huge(v, size);
     for (auto& x : v) x = static_cast<float>(static_cast<double>(engine() >> 11) / 9007199254740992.0 - 0.5);
   };
-  std::vector<float> token_table, position_table, grad_out, evict;
+  std::vector<float> token_table, position_table, grad_out;
   fill(token_table, V * d);
   fill(position_table, P * d);
   fill(grad_out, n * d);
-  assign_zeros_huge(evict, evict_bytes / sizeof(float));
+  tools::CacheEvictor evict(evict_bytes);
   Outputs outputs[2];
   for (Outputs& o : outputs) {
     assign_zeros_huge(o.out, n * d);
@@ -220,11 +222,10 @@ int main(int argc, char** argv) try {
   const DropoutSpec eval{}, train{0.1, 1234, 1};
   // The backwards read the mask of a training forward, as in training.
   for (int b = 0; b < 2; ++b) builds[b].forward(outputs[b].out, tokens, positions, token_table, position_table, s, train, outputs[b].mask);
-  double evict_sum = 0;  // kept, so that the reads are not optimized away
   const auto run = [&](const std::string& kernel, int b) {
     const Build& f = builds[b];
     Outputs& o = outputs[b];
-    for (float x : evict) evict_sum += x;
+    evict();
     const double t0 = now_ms();
     if (kernel == "forward_eval") f.forward(o.out, tokens, positions, token_table, position_table, s, eval, {});
     if (kernel == "forward_train" || kernel == "fwd_bwd_sparse") {
@@ -240,10 +241,32 @@ int main(int argc, char** argv) try {
     }
     return now_ms() - t0;
   };
-  const auto same = [&] {
+  // The first array in which the two builds' bits differ, and where; empty if none.
+  const auto difference = [&]() -> std::string {
     const Outputs &a = outputs[0], &b = outputs[1];
-    return a.out == b.out && a.mask == b.mask && a.grad_tok == b.grad_tok && a.grad_pos == b.grad_pos &&
-           a.sparse.rows == b.sparse.rows && a.sparse.values == b.sparse.values;
+    std::string where;
+    const auto check = [&where](const char* name, const auto& x, const auto& y) {
+      if (!where.empty()) return;
+      if (x.size() != y.size()) {
+        where = std::string(name) + " has " + std::to_string(x.size()) + " elements in old, " +
+                std::to_string(y.size()) + " in new";
+        return;
+      }
+      const std::size_t bytes = sizeof(x[0]);
+      for (std::size_t i = 0; i < x.size(); ++i) {
+        if (std::memcmp(&x[i], &y[i], bytes) != 0) {
+          where = std::string(name) + "[" + std::to_string(i) + "]";
+          return;
+        }
+      }
+    };
+    check("out", a.out, b.out);
+    check("dropout mask", a.mask, b.mask);
+    check("token gradient", a.grad_tok, b.grad_tok);
+    check("position gradient", a.grad_pos, b.grad_pos);
+    check("row-sparse gradient's rows", a.sparse.rows, b.sparse.rows);
+    check("row-sparse gradient's values", a.sparse.values, b.sparse.values);
+    return where;
   };
 
   std::printf("paired_bench: %s, SIMD target %s, %d thread(s), B %lld, T %lld, d %lld, V %lld, ids %s, %d pairs, "
@@ -261,8 +284,9 @@ int main(int argc, char** argv) try {
       double t[2];
       t[first] = run(kernel, first);
       t[1 - first] = run(kernel, 1 - first);
-      if (!same()) {
-        std::fprintf(stderr, "paired_bench: %s: the two builds wrote different bits (pair %d)\n", kernel.c_str(), i);
+      if (const std::string where = difference(); !where.empty()) {
+        std::fprintf(stderr, "paired_bench: %s: the two builds wrote different bits (pair %d), first in %s\n",
+                     kernel.c_str(), i, where.c_str());
         return 1;
       }
       if (i < 2) continue;
@@ -273,7 +297,7 @@ int main(int argc, char** argv) try {
     std::printf("%-16s %10.3f %10.3f %10.3f %8.3f..%-8.3f  same\n", kernel.c_str(), quantile(old_ms, 0.5),
                 quantile(new_ms, 0.5), quantile(ratio, 0.5), quantile(ratio, 0.1), quantile(ratio, 0.9));
   }
-  return evict_sum == -1.0 ? 3 : 0;  // never: the sum only keeps the eviction's reads
+  return evict.sum_read == -1.0 ? 3 : 0;  // never: the sum only keeps the eviction's reads
 } catch (const std::exception& e) {
   std::fprintf(stderr, "paired_bench: %s\n", e.what());
   return 1;

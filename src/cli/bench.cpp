@@ -96,35 +96,9 @@ Timing time_it(int reps, const std::function<void()>& fn,
   return {ms.size() % 2 ? ms[h] : 0.5 * (ms[h - 1] + ms[h]), ms.front(), reps};
 }
 
-// --cold: before each timed run (untimed), a read of twice the last-level cache,
-// as Triton's do_bench clears the cache between runs. Each run then finds its
-// tables, ids and outputs in memory, as a layer inside a model's step does, not
-// in the cache its own previous run filled: back to back, part of the GPT-2
-// shape's 23 MB of token rows stays in a 32 MiB L3, and the eval forward ran
-// faster than the probe. Read, not written: dirty lines would be written back
-// during the timed run. One load a cache line brings the whole line in.
-struct CacheEvictor {
-  std::vector<float> buffer;
-  double sum_read = 0;  // kept, so that the reads are not optimized away
-
-  explicit CacheEvictor(std::size_t bytes) { assign_zeros_huge(buffer, bytes / sizeof(float)); }
-  std::size_t bytes() const { return buffer.size() * sizeof(float); }
-  void operator()() {
-    constexpr std::int64_t kLine = 64 / sizeof(float);
-    const auto n = static_cast<std::int64_t>(buffer.size());
-    const float* p = buffer.data();
-    double sum = 0;
-#pragma omp parallel for reduction(+ : sum) schedule(static)
-    for (std::int64_t i = 0; i < n; i += kLine) sum += p[i];
-    sum_read += sum;
-  }
-};
-
-// Twice the last-level cache (llc bytes, 0: unknown), at least 64 MiB; 512 MiB
-// where its size is unknown.
-std::size_t eviction_bytes(std::size_t llc) {
-  return llc == 0 ? std::size_t{512} << 20 : std::max(std::size_t{64} << 20, 2 * llc);
-}
+// --cold: before each timed run, tools::CacheEvictor reads twice the
+// last-level cache. Back to back, part of the GPT-2 shape's 23 MB of token rows
+// stays in a 32 MiB L3, and the eval forward ran faster than the probe.
 
 // Streaming bandwidth, the best of three ways to move memory, each from its
 // fastest run: a STREAM triad a = b + s * c (3 arrays; bytes counted as 3 per
@@ -574,8 +548,8 @@ void run_bench(const BenchOptions& o) {
   Probe probe = measure_probe();
   // --quick checks the code path only: a small buffer.
   const std::size_t llc = tools::last_level_cache_bytes();
-  std::unique_ptr<CacheEvictor> evict;
-  if (o.cold) evict = std::make_unique<CacheEvictor>(o.quick ? std::size_t{4} << 20 : eviction_bytes(llc));
+  std::unique_ptr<tools::CacheEvictor> evict;
+  if (o.cold) evict = std::make_unique<tools::CacheEvictor>(o.quick ? std::size_t{4} << 20 : tools::eviction_bytes(llc));
   const std::size_t evict_bytes = evict ? evict->bytes() : 0;
   const std::function<void()> before_each = evict ? std::function<void()>([&] { (*evict)(); })
                                                   : std::function<void()>();

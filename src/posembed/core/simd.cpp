@@ -1021,7 +1021,7 @@ void BackwardWalk(const GradTable& token, const GradTable& position, const Backw
   // through the cache is fetched: its plain stores read each line first.
   const auto rows_ahead = [&](std::size_t p) {
     RowsAhead rows;
-    rows.keep_bytes = d / 8 + 4;  // KeepSpan::At loads 4 bytes from its bit's byte
+    rows.keep_bytes = (d + 7) / 8 + 4;  // KeepSpan::At loads 4 bytes from its bit's byte
     const std::uint32_t* members = plan.order + plan.start[p];
     const std::size_t count = plan.start[p + 1] - plan.start[p];
     const bool whole = count > 0 && owns(position, members[0]);

@@ -70,13 +70,13 @@ void forward_rows(float* out, const float* token_table, const std::int64_t* toke
                   std::uint64_t* keep = nullptr);
 
 // One gradient table of backward_rows. The masked grad_out row of token r is
-// added to row rows[r] of grad, by the thread that owns token r for this table.
+// added to row rows[r] of grad, by the thread that owns row rows[r].
 struct GradTable {
-  float* grad = nullptr;                // (rows, d); null: the table is skipped
+  float* grad = nullptr;                // (table rows, d); null: the table is skipped
   const std::int64_t* rows = nullptr;   // (n)
   const std::uint8_t* first = nullptr;  // (n) or null: 1 where token r's row still holds
                                         // zeros, so it is written (0 + v, the same bits), not read
-  const std::uint8_t* owner = nullptr;  // (rows) or null: the thread that owns each row and
+  const std::uint8_t* owner = nullptr;  // (table rows) or null: the thread that owns each row and
                                         // adds its tokens to it (null: every row is the caller's)
   bool stream = false;  // those first writes go past the cache (a table much larger than it)
 };
