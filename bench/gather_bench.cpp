@@ -18,11 +18,12 @@
 #include <immintrin.h>
 #include <omp.h>
 
+#include <CLI/CLI.hpp>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <functional>
 #include <random>
 #include <set>
@@ -83,31 +84,16 @@ int main(int argc, char** argv) {
   int threads = 2, reps = 30;
   EmbeddingShape s{8, 1024, 50257, 1024, 768, -1};
   std::size_t probe_floats = 32u << 20;  // 128 MiB an array, as posembed bench's probe
-  // A whole positive number, or a message naming the flag and its value.
-  const auto count = [](const std::string& flag, const char* text, int& to) {
-    char* end = nullptr;
-    const long v = std::strtol(text, &end, 10);
-    if (*text == '\0' || *end != '\0' || v < 1 || v > 1000000) {
-      std::fprintf(stderr, "gather_bench: %s %s must be a whole number in [1, 1000000]\n",
-                   flag.c_str(), text);
-      return false;
-    }
-    to = static_cast<int>(v);
-    return true;
-  };
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const bool has_next = i + 1 < argc;
-    if ((arg == "--threads" || arg == "--reps") && has_next) {
-      if (!count(arg, argv[++i], arg == "--threads" ? threads : reps)) return 2;
-    } else if (arg == "--quick") {
-      reps = 2;
-      s = {2, 64, 1000, 64, 128, -1};
-      probe_floats = 1u << 20;
-    } else {
-      std::fprintf(stderr, "usage: gather_bench [--threads N] [--reps R] [--quick]\n");
-      return 2;
-    }
+  bool quick = false;
+  CLI::App app{"The eval forward against plain row copies, every run cold (issue 14)", "gather_bench"};
+  app.add_option("--threads", threads, "threads")->check(CLI::Range(1, 1024))->capture_default_str();
+  app.add_option("--reps", reps, "timed runs of each loop")->check(CLI::Range(1, 1000000))->capture_default_str();
+  app.add_flag("--quick", quick, "a tiny shape and probe, two runs: checks the program");
+  CLI11_PARSE(app, argc, argv);
+  if (quick) {
+    reps = 2;
+    s = {2, 64, 1000, 64, 128, -1};
+    probe_floats = 1u << 20;
   }
   omp_set_num_threads(threads);
   set_num_threads(threads);

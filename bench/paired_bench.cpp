@@ -20,6 +20,8 @@
 // log-uniform (frequent small ids, as real text's frequent tokens).
 #include <dlfcn.h>
 
+#include <CLI/CLI.hpp>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -30,7 +32,6 @@
 #include <functional>
 #include <random>
 #include <span>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -119,65 +120,31 @@ const char* const kKernels[] = {"forward_eval",   "forward_train",  "backward_sp
 
 int main(int argc, char** argv) try {
   int threads = 2, pairs = 40;
-  bool pairs_given = false;
-  std::string ids_kind = "random", kernels_text;
+  bool quick = false;
+  std::string ids_kind = "random";
+  std::vector<std::string> kernels(std::begin(kKernels), std::end(kKernels));
+  std::string paths[2];
   EmbeddingShape s{8, 1024, 50257, 1024, 768, -1};
   std::size_t evict_bytes = tools::eviction_bytes(tools::last_level_cache_bytes());
-  std::vector<std::string> paths;
-  const auto usage = [] {
-    std::fprintf(stderr,
-                 "usage: paired_bench OLD.so NEW.so [--kernels a,b] [--pairs N] [--threads N] "
-                 "[--ids random|unique|zipf] [--quick]\n");
-    return 2;
-  };
-  const auto count = [](const std::string& flag, const char* text, int& to) {
-    char* end = nullptr;
-    const long v = std::strtol(text, &end, 10);
-    if (*text == '\0' || *end != '\0' || v < 1 || v > 100000) {
-      std::fprintf(stderr, "paired_bench: %s %s must be a whole number in [1, 100000]\n", flag.c_str(), text);
-      return false;
-    }
-    to = static_cast<int>(v);
-    return true;
-  };
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    const bool has_next = i + 1 < argc;
-    if ((arg == "--threads" || arg == "--pairs") && has_next) {
-      if (!count(arg, argv[++i], arg == "--threads" ? threads : pairs)) return 2;
-      pairs_given = pairs_given || arg == "--pairs";
-    } else if (arg == "--ids" && has_next) {
-      ids_kind = argv[++i];
-      if (ids_kind != "random" && ids_kind != "unique" && ids_kind != "zipf") {
-        std::fprintf(stderr, "paired_bench: --ids %s must be random, unique or zipf\n", ids_kind.c_str());
-        return 2;
-      }
-    } else if (arg == "--kernels" && has_next) {
-      kernels_text = argv[++i];
-    } else if (arg == "--quick") {  // tiny shape, small eviction: checks the program
-      s = {2, 64, 1000, 64, 128, -1};
-      if (!pairs_given) pairs = 3;
-      evict_bytes = 1u << 20;
-    } else if (!arg.empty() && arg[0] != '-' && paths.size() < 2) {
-      paths.push_back(arg);
-    } else {
-      return usage();
-    }
-  }
-  if (paths.size() != 2) return usage();
-  std::vector<std::string> kernels;
-  if (kernels_text.empty()) {
-    kernels.assign(std::begin(kKernels), std::end(kKernels));
-  } else {
-    std::stringstream list(kernels_text);
-    for (std::string k; std::getline(list, k, ',');) {
-      if (std::find(std::begin(kKernels), std::end(kKernels), k) == std::end(kKernels)) {
-        std::fprintf(stderr, "paired_bench: unknown kernel %s; known: forward_eval, forward_train, "
-                     "backward_sparse, backward_write, backward_dense, fwd_bwd_sparse\n", k.c_str());
-        return 2;
-      }
-      kernels.push_back(k);
-    }
+  CLI::App app{"Two builds of libposembed side by side in one process, every run cold", "paired_bench"};
+  app.add_option("old", paths[0], "the base's libposembed.so")->required();
+  app.add_option("new", paths[1], "the change's libposembed.so")->required();
+  app.add_option("--kernels", kernels, "kernels to time, comma-separated")
+      ->delimiter(',')
+      ->check(CLI::IsMember(std::vector<std::string>(std::begin(kKernels), std::end(kKernels))))
+      ->capture_default_str();
+  const CLI::Option* pairs_option =
+      app.add_option("--pairs", pairs, "timed pairs of each kernel")->check(CLI::Range(1, 100000))->capture_default_str();
+  app.add_option("--threads", threads, "threads")->check(CLI::Range(1, 1024))->capture_default_str();
+  app.add_option("--ids", ids_kind, "token ids: uniform, all distinct, or log-uniform")
+      ->check(CLI::IsMember({"random", "unique", "zipf"}))
+      ->capture_default_str();
+  app.add_flag("--quick", quick, "a tiny shape, small eviction, 3 pairs unless --pairs: checks the program");
+  CLI11_PARSE(app, argc, argv);
+  if (quick) {
+    s = {2, 64, 1000, 64, 128, -1};
+    if (pairs_option->count() == 0) pairs = 3;
+    evict_bytes = 1u << 20;
   }
   if (ids_kind == "unique" && s.vocab_size < s.batch * s.seq_len) {
     std::fprintf(stderr, "paired_bench: --ids unique needs vocab_size >= B * T\n");
