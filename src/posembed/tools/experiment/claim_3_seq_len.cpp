@@ -143,15 +143,21 @@ Findings claim_seq_len(Context& ctx) {
       if (y <= 0) y = NAN;  // not drawn
     }
   };
-  const auto measured = [&](const std::string& label, int colour, const std::vector<double>& y) {
+  // A series over the measured lengths, a dot at each.
+  const auto at_lengths = [&](const std::string& label, int colour, const std::vector<double>& y,
+                              bool dashed) {
     PlotSeries s;
     s.label = label;
     s.colour = series_colour(colour);
     s.x = x;
     s.y = y;
     s.markers = true;
-    keep_positive(s);
-    tp.series.push_back(s);
+    s.dashed = dashed;
+    return s;
+  };
+  const auto measured = [&](const std::string& label, int colour, const std::vector<double>& y) {
+    tp.series.push_back(at_lengths(label, colour, y, false));
+    keep_positive(tp.series.back());
   };
   measured("whole step", 0, step_ms);
   measured("attention core", 1, att_ms);
@@ -185,20 +191,9 @@ Findings claim_seq_len(Context& ctx) {
   sp.x_ticks = x;
   sp.y_min = 0;
   sp.y_max = 1;
-  const auto share_series = [&](const std::string& label, int colour, const std::vector<double>& y,
-                                bool dashed) {
-    PlotSeries s;
-    s.label = label;
-    s.colour = series_colour(colour);
-    s.x = x;
-    s.y = y;
-    s.markers = true;
-    s.dashed = dashed;
-    sp.series.push_back(s);
-  };
-  share_series("measured: time", 1, share, false);
-  share_series("plan: FLOPs, full T × T", 0, plan_full, true);
-  share_series("plan: FLOPs, causal half", 2, plan_causal, true);
+  sp.series.push_back(at_lengths("measured: time", 1, share, false));
+  sp.series.push_back(at_lengths("plan: FLOPs, full T × T", 0, plan_full, true));
+  sp.series.push_back(at_lengths("plan: FLOPs, causal half", 2, plan_causal, true));
   write_line_plot(ctx.options().out_dir / ctx.image("seq_len_share"), sp);
   f.figures = {{ctx.image("seq_len_time"), "time per step vs sequence length"},
                {ctx.image("seq_len_share"), "attention share vs sequence length"}};
