@@ -96,10 +96,6 @@ Timing time_it(int reps, const std::function<void()>& fn,
   return {ms.size() % 2 ? ms[h] : 0.5 * (ms[h - 1] + ms[h]), ms.front(), reps};
 }
 
-// --cold: before each timed run, tools::CacheEvictor reads twice the
-// last-level cache. Back to back, part of the GPT-2 shape's 23 MB of token rows
-// stays in a 32 MiB L3, and the eval forward ran faster than the probe.
-
 // Streaming bandwidth, the best of three ways to move memory, each from its
 // fastest run: a STREAM triad a = b + s * c (3 arrays; bytes counted as 3 per
 // element, without write-allocate), a parallel memcpy (2 per byte), and a STREAM
@@ -546,7 +542,10 @@ void run_bench(const BenchOptions& o) {
   // at 32 GB/s, against 43-52 in the others) put kernels past it.
   const auto measure_probe = [&] { return bandwidth_probe(o.quick ? (1u << 20) : (32u << 20), o.quick ? 2 : 7); };
   Probe probe = measure_probe();
-  // --quick checks the code path only: a small buffer.
+  // --cold: before each timed run, a read of twice the last-level cache. Back
+  // to back, part of the GPT-2 shape's 23 MB of token rows stayed in a 32 MiB
+  // L3, and the eval forward ran faster than the probe. --quick checks the code
+  // path only: a small buffer.
   const std::size_t llc = tools::last_level_cache_bytes();
   std::unique_ptr<tools::CacheEvictor> evict;
   if (o.cold) evict = std::make_unique<tools::CacheEvictor>(o.quick ? std::size_t{4} << 20 : tools::eviction_bytes(llc));

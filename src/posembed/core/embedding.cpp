@@ -178,8 +178,9 @@ void backward_rows(simd::GradTable token, simd::GradTable position, std::int64_t
   const bool position_fresh = position.grad && position_mode == GradMode::write;
   const bool token_fresh = token.grad && token_mode == GradMode::write;
   const bool split_tokens = token.grad && parts > 1;
+  const bool split_positions = position.grad && parts > 1;
   if (position_fresh) position_first.assign(un, 0);
-  if (parts > 1 && position.grad) position_owner.resize(static_cast<std::size_t>(*high) + 1);
+  if (split_positions) position_owner.resize(static_cast<std::size_t>(*high) + 1);
   if (split_tokens || token_fresh) seen.assign((static_cast<std::size_t>(token_rows) + 63) / 64, 0);
   if (split_tokens) row_owner.resize(static_cast<std::size_t>(token_rows));
   if (token_fresh) first.resize(un);
@@ -189,7 +190,7 @@ void backward_rows(simd::GradTable token, simd::GradTable position, std::int64_t
   std::uint8_t owner = 0;
   for (std::size_t p = 0, left = block; p < positions; ++p) {
     const std::size_t k0 = start[p], k1 = start[p + 1];
-    if (parts > 1 && position.grad) position_owner[static_cast<std::size_t>(*low) + p] = owner;
+    if (split_positions) position_owner[static_cast<std::size_t>(*low) + p] = owner;
     if (position_fresh && k0 < k1) position_first[order[k0]] = 1;
     for (std::size_t k = k0; k < k1 && (split_tokens || token_fresh); ++k) {
       const std::size_t t = order[k];
@@ -206,7 +207,7 @@ void backward_rows(simd::GradTable token, simd::GradTable position, std::int64_t
     }
   }
   if (position_fresh) position.first = position_first.data();
-  if (parts > 1 && position.grad) position.owner = position_owner.data();
+  if (split_positions) position.owner = position_owner.data();
   if (token_fresh) token.first = first.data();
   if (split_tokens) token.owner = row_owner.data();
   const simd::BackwardPlan plan{start.data(), order.data(), positions};
