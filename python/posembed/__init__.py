@@ -8,8 +8,10 @@
 - ``forward`` / ``backward`` / ``backward_sparse``: the kernels on NumPy arrays.
 - ``inspect`` / ``resize`` / ``analyze``: checkpoint files and position tables.
 
-Errors carry the library's message (the value, the limit, the fix): ``ValueError``, or
-``IndexError`` for an id outside its table. Nothing is written when one is raised.
+Errors carry the library's message (the value, the limit, the fix): ``InvalidInputError``
+(a ``ValueError`` and a ``RuntimeError``), or ``IdOutOfRangeError`` (an ``IndexError``) for an id
+outside its table; both derive from ``PosembedError`` (``posembed.errors``). Nothing is written
+when one is raised.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from importlib import metadata as _metadata
 import numpy as np
 
 from . import _C, positions
+from .errors import IdOutOfRangeError, InvalidInputError, PosembedError
 
 try:
     __version__ = _metadata.version("posembed")
@@ -40,6 +43,9 @@ __all__ = [
     "num_threads",
     "simd_target",
     "config_defaults",
+    "PosembedError",
+    "InvalidInputError",
+    "IdOutOfRangeError",
 ]
 
 set_num_threads = _C.set_num_threads

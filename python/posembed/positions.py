@@ -21,6 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import _C
+from .errors import InvalidInputError
 
 __all__ = ["contiguous", "from_attention_mask", "opt", "fairseq", "from_cu_seqlens", "from_eos"]
 
@@ -34,16 +35,16 @@ def _int64(x, name):
     """x as a C-contiguous int64 array the kernels can read, and whether it came from torch."""
     if _is_torch(x):
         if x.device.type != "cpu":
-            raise ValueError(f"{name} is on {x.device}; posembed's kernels run on the CPU: move it "
+            raise InvalidInputError(f"{name} is on {x.device}; posembed's kernels run on the CPU: move it "
                              "with .cpu()")
         if x.is_floating_point() or x.is_complex():
-            raise ValueError(f"{name} has dtype {x.dtype}; ids and masks hold integers (or bool)")
+            raise InvalidInputError(f"{name} has dtype {x.dtype}; ids and masks hold integers (or bool)")
         import torch
 
         return x.detach().to(torch.int64).contiguous(), True
     a = np.asarray(x)
     if a.dtype.kind not in "iub":
-        raise ValueError(f"{name} has dtype {a.dtype}; ids and masks hold integers (or bool)")
+        raise InvalidInputError(f"{name} has dtype {a.dtype}; ids and masks hold integers (or bool)")
     return np.ascontiguousarray(a, dtype=np.int64), False
 
 
@@ -54,7 +55,7 @@ def _rows(x, name):
     if one_row:
         a = a.reshape(1, -1)
     if a.ndim != 2:
-        raise ValueError(f"{name} has shape {tuple(a.shape)}; it must be (batch, seq_len) or (seq_len,)")
+        raise InvalidInputError(f"{name} has shape {tuple(a.shape)}; it must be (batch, seq_len) or (seq_len,)")
     return a, is_torch, one_row
 
 
@@ -82,7 +83,7 @@ def _mask_scheme(kernel, attention_mask, past_length):
     mask, is_torch, one_row = _rows(attention_mask, "attention_mask")
     past_length = int(past_length)
     if not 0 <= past_length < mask.shape[1]:
-        raise ValueError(f"past_length {past_length} must lie in [0, {mask.shape[1]}), the mask's "
+        raise InvalidInputError(f"past_length {past_length} must lie in [0, {mask.shape[1]}), the mask's "
                          "length: the mask covers the cached tokens and at least one new one")
     out = _empty((mask.shape[0], mask.shape[1] - past_length), is_torch)
     kernel(out, mask)
@@ -128,10 +129,10 @@ def from_cu_seqlens(cu_seqlens):
     """
     cu, is_torch = _int64(cu_seqlens, "cu_seqlens")
     if cu.ndim != 1 or cu.shape[0] < 1:
-        raise ValueError(f"cu_seqlens has shape {tuple(cu.shape)}; it must be 1-D, starting with 0")
+        raise InvalidInputError(f"cu_seqlens has shape {tuple(cu.shape)}; it must be 1-D, starting with 0")
     total = int(cu[-1])
     if total < 0:
-        raise ValueError(f"cu_seqlens ends at {total}; the token count cannot be negative")
+        raise InvalidInputError(f"cu_seqlens ends at {total}; the token count cannot be negative")
     out = _empty((total,), is_torch)
     _C.positions_from_cu_seqlens(out, cu)
     return out

@@ -13,11 +13,15 @@ bits either way. Results are the same bits for any ``torch.get_num_threads()``.
 
 from __future__ import annotations
 
+import math
+import warnings
+
 import numpy as np
 import torch
 from torch import nn
 
 from . import _C, positions
+from .errors import InvalidInputError
 
 __all__ = ["LearnedPositionEmbedding", "embedding", "empty_cache"]
 
@@ -46,12 +50,12 @@ _SPARSE_KWARGS = ({"check_invariants": False}
 def _float_table(t: torch.Tensor, name: str) -> torch.Tensor:
     """The tensor itself, detached, if the kernels can use its memory; else a clear error."""
     if t.device.type != "cpu":
-        raise ValueError(f"{name} is on {t.device}; posembed's kernels run on the CPU")
+        raise InvalidInputError(f"{name} is on {t.device}; posembed's kernels run on the CPU")
     if t.dtype != torch.float32:
-        raise ValueError(f"{name} has dtype {t.dtype}; posembed's kernels need torch.float32: "
+        raise InvalidInputError(f"{name} has dtype {t.dtype}; posembed's kernels need torch.float32: "
                          "convert the module with .float()")
     if not t.is_contiguous():
-        raise ValueError(f"{name} of shape {tuple(t.shape)} is not contiguous; call .contiguous() "
+        raise InvalidInputError(f"{name} of shape {tuple(t.shape)} is not contiguous; call .contiguous() "
                          "on it (or on the parameter's data) first")
     return t.detach()
 
@@ -130,30 +134,68 @@ def embedding(input_ids, position_ids, token_table, position_table, *, dropout=0
               step=0, sparse=False, padding_idx=None, position_padding_row=-1):
     """The functional form: dropout(token_table[input_ids] + position_table[position_ids]).
 
-    input_ids, position_ids: (B, T) integer tensors; tables: (rows, d) float32 CPU tensors.
-    Gradients flow to the tables that require them. The mask depends only on (seed, step): give
-    each training forward a new step.
+    input_ids, position_ids: integer tensors of one shape (*, T), T the sequence (a 1-D (T,) is
+    one sequence); tables: (rows, d) float32 CPU tensors; the output is (*, T, d). Gradients flow
+    to the tables that require them. The mask depends only on (seed, step): give each training
+    forward a new step.
     """
-    ids = _ids(input_ids, "input_ids")
-    pos = _ids(position_ids, "position_ids")
-    if tuple(pos.shape) != tuple(ids.shape):
-        raise ValueError(f"position_ids has shape {tuple(pos.shape)} but input_ids has shape "
-                         f"{tuple(ids.shape)}; they must match")
-    return _Embedding.apply(token_table, position_table, ids, pos, float(dropout), int(seed),
-                            int(step), int(position_padding_row), bool(sparse), padding_idx)
+    ids, lead = _ids(input_ids, "input_ids")
+    pos, pos_lead = _ids(position_ids, "position_ids")
+    if pos_lead != lead or pos.shape != ids.shape:
+        raise InvalidInputError(f"position_ids has shape {pos_lead + (pos.shape[1],)} but input_ids "
+                                f"has shape {lead + (ids.shape[1],)}; they must match")
+    out = _Embedding.apply(token_table, position_table, ids, pos, float(dropout), int(seed),
+                           int(step), int(position_padding_row), bool(sparse), padding_idx)
+    return out.view(lead + out.shape[1:])
 
 
-def _ids(x, name) -> torch.Tensor:
+def _ids(x, name) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """x as a contiguous (B, T) int64 tensor, and the leading shape (*) that B flattens."""
     if not isinstance(x, torch.Tensor):
         x = torch.as_tensor(np.asarray(x))
     if x.device.type != "cpu":
-        raise ValueError(f"{name} is on {x.device}; posembed's kernels run on the CPU: move it "
-                         "with .cpu()")
+        raise InvalidInputError(f"{name} is on {x.device}; posembed's kernels run on the CPU: "
+                                "move it with .cpu()")
     if x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
-        raise ValueError(f"{name} has dtype {x.dtype}; ids are integers (torch.long)")
-    if x.dim() != 2:
-        raise ValueError(f"{name} has shape {tuple(x.shape)}; it must be (batch, seq_len)")
-    return x.detach().to(torch.int64).contiguous()
+        raise InvalidInputError(f"{name} has dtype {x.dtype}; ids are integers (torch.long)")
+    if x.dim() == 0:
+        raise InvalidInputError(f"{name} is a scalar; ids come as (seq_len,) or (*, seq_len), so "
+                                f"that each has a position: use {name}.view(1)")
+    lead = tuple(x.shape[:-1])
+    return x.detach().to(torch.int64).reshape(math.prod(lead), x.shape[-1]).contiguous(), lead
+
+
+def _seed_from_torch() -> int:
+    """A 64-bit seed drawn from torch's default generator, so that torch.manual_seed governs it."""
+    words = torch.randint(0, 2**32, (2,), dtype=torch.int64)
+    return int(words[0]) << 32 | int(words[1])
+
+
+def _as_int64(value: int) -> int:
+    """A uint64 as the int64 of the same bits (buffers hold int64)."""
+    return value - 2**64 if value >= 2**63 else value
+
+
+# Rank r > 0 of a torch.distributed job keys its masks by seed + r * this (mod 2^64), the
+# golden-ratio increment of SplitMix64, so that ranks draw different masks from one seed.
+_RANK_SEED_STEP = 0x9E3779B97F4A7C15
+_TABLES = {"token_table": "token_embedding", "position_table": "position_embedding"}
+
+
+def _accept_older_state_dicts(module, state_dict, prefix, *_):
+    """Load pre-hook: the keys of earlier versions, and no dropout_step/dropout_seed."""
+    for old, child in _TABLES.items():
+        if prefix + old in state_dict and prefix + child + ".weight" not in state_dict:
+            state_dict[prefix + child + ".weight"] = state_dict.pop(prefix + old)
+    for name in ("dropout_step", "dropout_seed"):
+        if prefix + name not in state_dict:
+            state_dict[prefix + name] = getattr(module, name).detach().clone()
+
+
+def _seed_from_buffer(module, _incompatible_keys) -> None:
+    """Load post-hook: the Python seed follows the loaded ``dropout_seed`` buffer."""
+    if module.dropout_seed.device.type != "meta":
+        module._seed = int(module.dropout_seed) % 2**64
 
 
 class LearnedPositionEmbedding(nn.Module):
@@ -168,9 +210,16 @@ class LearnedPositionEmbedding(nn.Module):
     - ``embed_dim``: width of both tables.
     - ``dropout``: probability of zeroing an element of the sum in training mode (inverted
       dropout); none in eval mode. GPT-2 uses 0.1; OPT and llm.c none.
-    - ``seed``: seed of the initialisation and of every dropout mask. The mask of a training
-      forward is keyed by (seed, ``dropout_step``); the step advances once per training forward
-      and lives in ``state_dict()``, so a reloaded module continues with the same masks.
+    - ``seed``: seed of the initialisation and of every dropout mask; ``None`` (the default)
+      draws one from torch's default generator, so ``torch.manual_seed`` governs both, as it
+      governs ``nn.Embedding``'s initialisation and ``nn.Dropout``'s masks. The mask of a training
+      forward is keyed by (seed, ``dropout_step``); the step advances once per training forward;
+      both are buffers (``dropout_seed``, ``dropout_step``) in ``state_dict()``, so a reloaded
+      module continues with the same masks.
+    - ``per_rank_dropout``: under ``torch.distributed`` (DDP), rank r > 0 keys its masks by
+      ``seed + r * 0x9E3779B97F4A7C15`` (mod 2^64), so ranks with one seed drop different
+      elements of their different data; rank 0 draws the single-process masks. ``False``: every
+      rank draws the same masks.
     - ``token_init``, ``position_init``: ``normal:STD`` (GPT-2: 0.02), ``trunc_normal:STD`` (BERT),
       ``scaled`` (N(0, 1/embed_dim), fairseq) or ``zeros``; drawn by Philox exactly as the C++
       layer draws them, so both give the same tables for the same seed.
@@ -180,41 +229,123 @@ class LearnedPositionEmbedding(nn.Module):
       (and with ``fairseq`` it is also the padding id and the padding position row).
     - ``sparse``: the token table's gradient is a sparse COO tensor of the touched rows, as
       ``nn.Embedding(sparse=True)`` (use ``torch.optim.SparseAdam`` or ``SGD``).
+    - ``device``: ``"cpu"`` or ``"meta"`` (also from ``with torch.device("meta"):`` on torch 2):
+      meta tables hold no memory and are not drawn; ``to_empty(device="cpu")`` and
+      ``reset_parameters()`` make them real, as for ``nn.Embedding``.
 
-    A table with ``requires_grad=False`` costs no backward work.
+    The tables live in two ``nn.Embedding`` children, ``token_embedding`` and
+    ``position_embedding`` (parameters ``token_embedding.weight``, ``position_embedding.weight``),
+    so that ``DistributedDataParallel`` sees the sparse token gradient of ``sparse=True``: it
+    recognises sparse gradients only on ``nn.Embedding`` modules. ``token_table`` and
+    ``position_table`` name the same parameters (assigning one replaces the child's weight), and
+    ``load_state_dict`` also takes the older keys ``token_table``/``position_table`` and state
+    dicts without ``dropout_step`` or ``dropout_seed`` (keeping the module's own).
+    The children's own ``forward`` is plain ``nn.Embedding``; this module never calls it.
+
+    A table with ``requires_grad=False`` costs no backward work. Double backward is not
+    supported (the gradient of the gradient raises): the layer is linear in its tables, so the
+    second derivative is zero, but no kernel computes it.
     """
 
     def __init__(self, vocab_size: int = 50257, max_seq_len: int = 1024, embed_dim: int = 768,
-                 dropout: float = 0.1, seed: int = 1337, token_init: str = "normal:0.02",
+                 dropout: float = 0.1, seed: int | None = None, token_init: str = "normal:0.02",
                  position_init: str = "normal:0.02", *, position_scheme: str = "default",
-                 padding_idx: int | None = None, sparse: bool = False, device=None, dtype=None):
+                 padding_idx: int | None = None, sparse: bool = False,
+                 per_rank_dropout: bool = True, device=None, dtype=None):
         super().__init__()
-        if device is not None and torch.device(device).type != "cpu":
-            raise ValueError(f"device {device}: posembed's kernels run on the CPU")
+        # torch.empty's device is the default one, which `with torch.device(...)` sets (torch 2).
+        target = torch.device(device) if device is not None else torch.empty(()).device
+        if target.type not in ("cpu", "meta"):
+            raise InvalidInputError(f"device {target}: posembed's kernels run on the CPU (or build "
+                                    "the module on 'meta' and materialise it on the CPU)")
         if dtype is not None and dtype != torch.float32:
-            raise ValueError(f"dtype {dtype}: posembed's tables are torch.float32")
+            raise InvalidInputError(f"dtype {dtype}: posembed's tables are torch.float32")
         if position_scheme not in _SCHEMES:
-            raise ValueError(f"position_scheme {position_scheme!r} is not one of {_SCHEMES}")
+            raise InvalidInputError(f"position_scheme {position_scheme!r} is not one of {_SCHEMES}")
         if padding_idx is not None and not 0 <= padding_idx < vocab_size:
-            raise ValueError(f"padding_idx {padding_idx} must lie in [0, vocab_size {vocab_size})")
+            raise InvalidInputError(f"padding_idx {padding_idx} must lie in [0, vocab_size "
+                                    f"{vocab_size})")
         if position_scheme == "fairseq" and padding_idx is None:
-            raise ValueError("position_scheme 'fairseq' numbers positions after padding_idx: give "
-                             "padding_idx (RoBERTa: 1)")
+            raise InvalidInputError("position_scheme 'fairseq' numbers positions after padding_idx: "
+                                    "give padding_idx (RoBERTa: 1)")
         offset = {"default": 0, "opt": 2, "fairseq": (padding_idx or 0) + 1}[position_scheme]
         rows = max_seq_len + offset
+        if seed is None:
+            seed = _seed_from_torch()
         _C.validate_config(vocab_size, rows, embed_dim, float(dropout), seed, token_init,
                            position_init)
         self.vocab_size, self.max_seq_len, self.embed_dim = vocab_size, max_seq_len, embed_dim
-        self.dropout, self.seed = float(dropout), int(seed)
+        self.dropout = float(dropout)
         self.token_init, self.position_init = token_init, position_init
         self.position_scheme, self.position_offset = position_scheme, offset
-        self.padding_idx, self.sparse = padding_idx, sparse
-        # Storage from posembed's pool of huge-page blocks (see empty_cache): a token row
-        # then costs no page walk (forward 0.8x the time of 4 KiB pages, GPT-2 shape).
-        self.token_table = nn.Parameter(_C.empty_float32(vocab_size, embed_dim))
-        self.position_table = nn.Parameter(_C.empty_float32(rows, embed_dim))
-        self.register_buffer("dropout_step", torch.zeros((), dtype=torch.int64))
-        self.reset_parameters()
+        self.padding_idx, self.per_rank_dropout = padding_idx, bool(per_rank_dropout)
+        if target.type == "meta":
+            tokens = torch.empty(vocab_size, embed_dim, device="meta")
+            positions_ = torch.empty(rows, embed_dim, device="meta")
+        else:
+            # Storage from posembed's pool of huge-page blocks (see empty_cache): a scattered
+            # token row then costs no page walk of its own.
+            tokens = _C.empty_float32(vocab_size, embed_dim)
+            positions_ = _C.empty_float32(rows, embed_dim)
+        position_pad = padding_idx if position_scheme == "fairseq" else None
+        self.token_embedding = nn.Embedding(vocab_size, embed_dim, padding_idx=padding_idx,
+                                            sparse=bool(sparse), _weight=tokens)
+        self.position_embedding = nn.Embedding(rows, embed_dim, padding_idx=position_pad,
+                                               _weight=positions_)
+        self.register_buffer("dropout_step", torch.zeros((), dtype=torch.int64, device=target))
+        self.register_buffer("dropout_seed", torch.zeros((), dtype=torch.int64, device=target))
+        self.seed = seed
+        self._register_load_state_dict_pre_hook(_accept_older_state_dicts, with_module=True)
+        self.register_load_state_dict_post_hook(_seed_from_buffer)
+        if target.type != "meta":
+            self.reset_parameters()
+
+    @property
+    def token_table(self) -> nn.Parameter:
+        """The token table, ``(vocab_size, embed_dim)``: ``token_embedding.weight``."""
+        return self.token_embedding.weight
+
+    @property
+    def position_table(self) -> nn.Parameter:
+        """The position table, ``(max_seq_len + position_offset, embed_dim)``."""
+        return self.position_embedding.weight
+
+    def __setattr__(self, name, value):
+        # `module.token_table = param` replaces the child's weight, as it replaced the
+        # parameter itself before the tables moved into nn.Embedding children.
+        if name in _TABLES and _TABLES[name] in self.__dict__.get("_modules", {}):
+            setattr(self._modules[_TABLES[name]], "weight", value)
+        else:
+            super().__setattr__(name, value)
+
+    @property
+    def sparse(self) -> bool:
+        """Whether the token gradient is sparse: the token child's ``sparse``, which DDP reads."""
+        return self.token_embedding.sparse
+
+    @sparse.setter
+    def sparse(self, value: bool) -> None:
+        self.token_embedding.sparse = bool(value)
+
+    @property
+    def seed(self) -> int:
+        """The seed of the tables and masks, a uint64; assigning it also sets ``dropout_seed``."""
+        return self._seed
+
+    @seed.setter
+    def seed(self, value: int) -> None:
+        value = int(value)
+        if not 0 <= value < 2**64:
+            raise InvalidInputError(f"seed {value} must lie in [0, 2^64)")
+        self._seed = value
+        self.dropout_seed.fill_(_as_int64(value))
+
+    def _mask_seed(self) -> int:
+        """The seed of this process's masks: the module's, or its rank's under torch.distributed."""
+        if self.per_rank_dropout and torch.distributed.is_available() and \
+                torch.distributed.is_initialized():
+            return (self._seed + torch.distributed.get_rank() * _RANK_SEED_STEP) % 2**64
+        return self._seed
 
     def reset_parameters(self) -> None:
         """Draws both tables from the seed, as posembed's C++ layer does."""
@@ -241,69 +372,83 @@ class LearnedPositionEmbedding(nn.Module):
 
     def position_ids(self, input_ids, *, attention_mask=None, past_length: int = 0,
                      cu_seqlens=None, eos_token_id=None) -> torch.Tensor:
-        """The (B, T) rows of position_table that ``forward`` uses for these arguments."""
+        """The rows of position_table that ``forward`` uses for these arguments, shaped as the ids."""
+        ids, lead = _ids(input_ids, "input_ids")
         given = [n for n, v in (("attention_mask", attention_mask), ("cu_seqlens", cu_seqlens),
                                 ("eos_token_id", eos_token_id)) if v is not None]
         if len(given) > 1:
-            raise ValueError(f"{' and '.join(given)} each choose the positions; give one of them")
+            raise InvalidInputError(f"{' and '.join(given)} each choose the positions; give one of "
+                                    "them")
         if past_length and (cu_seqlens is not None or eos_token_id is not None):
-            raise ValueError("past_length applies to a continuing sequence, not to packed documents")
+            raise InvalidInputError("past_length applies to a continuing sequence, not to packed "
+                                    "documents")
+        if attention_mask is not None:
+            mask = _as_torch(attention_mask)
+            want = lead + (past_length + ids.shape[1],)
+            if tuple(mask.shape) != want:
+                raise InvalidInputError(
+                    f"attention_mask has shape {tuple(mask.shape)} but must be (*, past_length + "
+                    f"seq_len) = {want}: it covers the cached and the new tokens")
+            attention_mask = mask.reshape(ids.shape[0], want[-1])
+        return self._position_rows(ids, attention_mask, past_length, cu_seqlens,
+                                   eos_token_id).view(lead + (ids.shape[1],))
+
+    def _position_rows(self, ids, attention_mask, past_length, cu_seqlens, eos_token_id):
+        """position_ids() on (B, T) ids and a (B, past_length + T) mask or None."""
         if cu_seqlens is not None:
-            if input_ids.shape[0] != 1:
-                raise ValueError(f"packed documents come as one row, input_ids of shape (1, N); got "
-                                 f"{tuple(input_ids.shape)}")
+            if ids.shape[0] != 1:
+                raise InvalidInputError(f"packed documents come as one row, input_ids of shape (N,) "
+                                        f"or (1, N); got {ids.shape[0]} rows")
             return positions.from_cu_seqlens(_as_torch(cu_seqlens)).view(1, -1) + self.position_offset
         if eos_token_id is not None:
-            return positions.from_eos(input_ids, eos_token_id) + self.position_offset
+            return positions.from_eos(ids, eos_token_id) + self.position_offset
         if self.position_scheme == "fairseq":
             if attention_mask is not None or past_length:
-                raise ValueError("position_scheme 'fairseq' numbers positions from the padding in "
-                                 "input_ids; attention_mask and past_length do not apply")
-            return positions.fairseq(input_ids, self.padding_idx)
+                raise InvalidInputError("position_scheme 'fairseq' numbers positions from the "
+                                        "padding in input_ids; attention_mask and past_length do "
+                                        "not apply")
+            return positions.fairseq(ids, self.padding_idx)
         if attention_mask is None:
             if self.position_scheme == "default":
-                return positions.contiguous(input_ids, past_length)
-            attention_mask = torch.ones(input_ids.shape[0], past_length + input_ids.shape[1],
-                                        dtype=torch.int64)
-        mask = _as_torch(attention_mask)
-        if mask.dim() != 2 or mask.shape[0] != input_ids.shape[0] or \
-                mask.shape[1] != past_length + input_ids.shape[1]:
-            raise ValueError(f"attention_mask has shape {tuple(mask.shape)} but must be (batch, "
-                             f"past_length + seq_len) = ({input_ids.shape[0]}, "
-                             f"{past_length + input_ids.shape[1]}): it covers the cached and the "
-                             "new tokens")
+                return positions.contiguous(ids, past_length)
+            attention_mask = torch.ones(ids.shape[0], past_length + ids.shape[1], dtype=torch.int64)
         scheme = positions.opt if self.position_scheme == "opt" else positions.from_attention_mask
-        return scheme(mask, past_length)
+        return scheme(attention_mask, past_length)
 
     @_not_compiled
     def forward(self, input_ids, position_ids=None, *, attention_mask=None, past_length: int = 0,
                 cu_seqlens=None, eos_token_id=None) -> torch.Tensor:
-        """(B, T, embed_dim) = dropout(token_table[input_ids] + position_table[positions]).
+        """(*, T, embed_dim) = dropout(token_table[input_ids] + position_table[positions]).
 
-        Positions, by the first that applies:
+        ``input_ids`` is (*, T): (B, T), one sequence (T,), or any leading shape, as
+        ``nn.Embedding`` takes; the last dimension is the sequence. Positions, by the first that
+        applies:
 
-        - ``position_ids`` (B, T): rows of ``position_table``, used as given;
-        - ``cu_seqlens``: packed documents in one row (1, N), restarting at each start;
+        - ``position_ids`` (the ids' shape): rows of ``position_table``, used as given;
+        - ``cu_seqlens``: packed documents in one row (N,) or (1, N), restarting at each start;
         - ``eos_token_id``: packed documents, restarting after each end-of-document token;
-        - ``attention_mask`` (B, past_length + T): left padding, as Hugging Face ``generate()``
+        - ``attention_mask`` (*, past_length + T): left padding, as Hugging Face ``generate()``
           (``opt``: OPT's formula); real tokens get the ids they would have unpadded;
         - otherwise ``past_length + t`` (the KV-cache offset; ``opt``: plus 2; ``fairseq``:
           counted after the padding in input_ids).
 
-        A position beyond the table raises IndexError naming it, the limit and the fixes.
+        A position beyond the table raises ``IdOutOfRangeError`` (an ``IndexError``) naming it,
+        the limit and the fixes; other bad input ``InvalidInputError`` (a ``ValueError`` and a
+        ``RuntimeError``). Nothing is written and the step does not advance when one is raised.
         """
-        ids = _ids(input_ids, "input_ids")
         if position_ids is None:
-            position_ids = self.position_ids(ids, attention_mask=attention_mask,
+            position_ids = self.position_ids(input_ids, attention_mask=attention_mask,
                                               past_length=past_length, cu_seqlens=cu_seqlens,
                                               eos_token_id=eos_token_id)
         elif attention_mask is not None or cu_seqlens is not None or eos_token_id is not None:
-            raise ValueError("position_ids are given, so attention_mask, cu_seqlens and "
-                             "eos_token_id would be ignored: give one way of choosing positions")
+            raise InvalidInputError("position_ids are given, so attention_mask, cu_seqlens and "
+                                    "eos_token_id would be ignored: give one way of choosing "
+                                    "positions")
         p = self.dropout if self.training else 0.0
         step = int(self.dropout_step)
-        out = embedding(ids, position_ids, self.token_table, self.position_table, dropout=p,
-                        seed=self.seed, step=step, sparse=self.sparse, padding_idx=self.padding_idx,
+        out = embedding(input_ids, position_ids, self.token_table, self.position_table, dropout=p,
+                        seed=self._mask_seed(), step=step, sparse=self.sparse,
+                        padding_idx=self.padding_idx,
                         position_padding_row=self._position_padding_row)
         if self.training:
             self.dropout_step += 1
@@ -311,7 +456,7 @@ class LearnedPositionEmbedding(nn.Module):
 
     @classmethod
     def from_pretrained(cls, model, *, share: bool = True, dropout: float | None = None,
-                        seed: int = 1337, sparse: bool = False) -> "LearnedPositionEmbedding":
+                        seed: int | None = None, sparse: bool = False) -> "LearnedPositionEmbedding":
         """The embedding layer of a Hugging Face GPT-2, OPT, BERT or RoBERTa model.
 
         ``share=True`` makes the module's tables the model's own ``nn.Parameter`` objects
@@ -322,14 +467,14 @@ class LearnedPositionEmbedding(nn.Module):
         """
         found = _find_hf_embeddings(model)
         if found is None:
-            raise ValueError(f"{type(model).__name__}: no GPT-2, OPT, BERT or RoBERTa embedding "
+            raise InvalidInputError(f"{type(model).__name__}: no GPT-2, OPT, BERT or RoBERTa embedding "
                              "layer found (looked for wte/wpe, decoder.embed_tokens/"
                              "embed_positions and embeddings.word_embeddings/"
                              "position_embeddings)")
         token, position, scheme, padding_idx, model_dropout = found
         offset = {"default": 0, "opt": 2, "fairseq": (padding_idx or 0) + 1}[scheme]
         if token.weight.shape[1] != position.weight.shape[1]:
-            raise ValueError(f"{type(model).__name__}: token width {token.weight.shape[1]} differs "
+            raise InvalidInputError(f"{type(model).__name__}: token width {token.weight.shape[1]} differs "
                              f"from position width {position.weight.shape[1]} (OPT-350m projects "
                              "its tokens); posembed needs one embed_dim for both tables")
         module = cls(vocab_size=token.weight.shape[0],
@@ -343,6 +488,12 @@ class LearnedPositionEmbedding(nn.Module):
                 setattr(module, name, source)
             else:
                 getattr(module, name).data.copy_(source.detach())
+        output = getattr(model, "get_output_embeddings", lambda: None)()
+        if not share and output is not None and output.weight is token.weight:
+            warnings.warn(f"{type(model).__name__} ties its output layer to the token table; the "
+                          "copy (share=False) is not tied to it, so training the copy leaves the "
+                          "model's output layer as it was. posembed.hf.patch(model) trains the "
+                          "model through posembed with its tables shared", stacklevel=2)
         return module
 
 
@@ -359,7 +510,7 @@ def _find_hf_embeddings(model):
                  getattr(model, "decoder", None)):
         if base is not None and hasattr(base, "embed_tokens") and hasattr(base, "embed_positions"):
             if getattr(base, "project_in", None) is not None:
-                raise ValueError(f"{type(model).__name__} projects its token embeddings "
+                raise InvalidInputError(f"{type(model).__name__} projects its token embeddings "
                                  f"({base.embed_tokens.weight.shape[1]} -> "
                                  f"{base.embed_positions.weight.shape[1]}); posembed needs one "
                                  "embed_dim for both tables")
@@ -373,7 +524,7 @@ def _find_hf_embeddings(model):
             if position_pad is None:
                 return emb.word_embeddings, emb.position_embeddings, "default", pad, 0.0
             if position_pad != pad:
-                raise ValueError(f"{type(model).__name__}: the position table's padding_idx "
+                raise InvalidInputError(f"{type(model).__name__}: the position table's padding_idx "
                                  f"{position_pad} differs from the token table's {pad}")
             # RoBERTa: positions are numbered after the padding id, as fairseq does.
             return emb.word_embeddings, emb.position_embeddings, "fairseq", pad, 0.0

@@ -543,17 +543,27 @@ nb::dict analyze(In table) {
   return d;
 }
 
+// A class of posembed.errors (a module that imports nothing of ours), alive as long as that
+// module is imported: the pointer is borrowed.
+PyObject* error_class(const char* name) {
+  return nb::module_::import_("posembed.errors").attr(name).ptr();
+}
+
 }  // namespace
 }  // namespace posembed::python
 
 NB_MODULE(_C, m) {
   namespace py = posembed::python;
   m.doc() = "posembed's C++ kernels over NumPy arrays and torch tensors (no copies)";
+  // posembed.errors' classes also derive from the built-in ones (IndexError; ValueError and
+  // RuntimeError), so code written for nn.Embedding's errors catches ours.
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);
     } catch (const posembed::OutOfRange& e) {
-      PyErr_SetString(PyExc_IndexError, e.what());
+      PyErr_SetString(py::error_class("IdOutOfRangeError"), e.what());
+    } catch (const posembed::Error& e) {
+      PyErr_SetString(py::error_class("InvalidInputError"), e.what());
     }
   });
 
