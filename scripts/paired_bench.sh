@@ -27,8 +27,12 @@ fi
 options=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON -DPOSEMBED_SANITIZE=OFF
          -DPOSEMBED_BUILD_TESTS=OFF -DPOSEMBED_BUILD_CLI=OFF -DPOSEMBED_BUILD_PYTHON=OFF -DPOSEMBED_MPI=OFF)
 cmake -S "$old/src" -B "$old/build" "${options[@]}" -DPOSEMBED_BUILD_BENCH=OFF >/dev/null
-cmake --build "$old/build" -j "$(nproc)" --target posembed
+# The kernels' library: libposembed_core since the library was split by layer,
+# libposembed before.
+old_lib=posembed
+grep -q "posembed_layer(core)" "$old/src/src/posembed/core/CMakeLists.txt" && old_lib=posembed_core
+cmake --build "$old/build" -j "$(nproc)" --target "$old_lib"
 echo "$base" > "$old/COMMIT"  # only once its library is built
 cmake -S . -B "$new" "${options[@]}" -DPOSEMBED_BUILD_BENCH=ON >/dev/null
-cmake --build "$new" -j "$(nproc)" --target posembed paired_bench
-exec "$new/bench/paired_bench" "$old/build/libposembed.so" "$new/libposembed.so" "$@"
+cmake --build "$new" -j "$(nproc)" --target posembed_core paired_bench
+exec "$new/bench/paired_bench" "$old/build/lib$old_lib.so" "$new/libposembed_core.so" "$@"

@@ -13,6 +13,7 @@
 #include "posembed/io/names.h"
 #include "posembed/io/safetensors.h"
 #include "posembed/tools/analyze.h"
+#include "posembed/tools/analyze_plot.h"
 
 namespace posembed::cli {
 namespace {

@@ -1,4 +1,5 @@
 #include "posembed/tools/analyze.h"
+#include "posembed/tools/analyze_plot.h"
 
 #include <algorithm>
 #include <cfloat>

@@ -50,17 +50,6 @@ std::int64_t components_for(std::span<const double> variance_ratio, double level
 std::vector<float> cosine_matrix(std::span<const float> table, std::int64_t rows, std::int64_t cols,
                                  std::int64_t stride = 1);
 
-// Plots a person can open, PNG or SVG by the file's extension (see plot.h): the
-// cosine heatmap with a colour scale from -1 (blue) through 0 (white) to +1
-// (red), and the singular-value spectrum (log scale) above the cumulative
-// variance with the 90/95/99% marks.
-// The heatmap draws at most max_positions positions (every stride-th above it).
-void write_table_heatmap(const std::filesystem::path& path, std::span<const float> table,
-                         std::int64_t rows, std::int64_t cols, const std::string& title,
-                         std::int64_t max_positions = 1024);
-void write_spectrum_plot(const std::filesystem::path& path, const TableAnalysis& analysis,
-                         const std::string& title);
-
 // Text summary and JSON ("format": "posembed-analyze", "version": 1). `source`
 // names the file and tensor.
 std::string format_analysis(const TableAnalysis& a, const std::string& source);

@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "posembed/tools/analyze.h"
+#include "posembed/tools/analyze_plot.h"
 
 namespace posembed::tools::claims {
 

@@ -13,6 +13,7 @@
 #include "posembed/model/eval.h"
 #include "posembed/model/extend.h"
 #include "posembed/tools/analyze.h"
+#include "posembed/tools/analyze_plot.h"
 
 namespace posembed::tools::claims {
 namespace {
