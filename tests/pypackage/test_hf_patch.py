@@ -407,3 +407,33 @@ def test_a_hooked_embedding_takes_hfs_path(calls):
     ids = torch.randint(1, 90, (2, 5))
     assert torch.equal(model(ids).last_hidden_state, stock(ids).last_hidden_state)
     ran(calls, fused=0, gather=6)
+
+
+def test_trainer_steps_follow_the_stock_model(tmp_path, calls):
+    pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate "
+                        "(scripts/test_python.sh installs it)")
+    from transformers import Trainer, TrainingArguments
+
+    torch.manual_seed(19)
+    stock = GPT2LMHeadModel(gpt2_config(vocab_size=64, embd_pdrop=0.0, resid_pdrop=0.0,
+                                        attn_pdrop=0.0))
+    model = posembed.hf.patch(copy.deepcopy(stock))
+    g = torch.Generator().manual_seed(20)
+    data = [{"input_ids": x, "labels": x} for x in torch.randint(0, 64, (12, 16), generator=g)]
+
+    def train(m):
+        args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=4,
+                                 max_steps=3, learning_rate=1e-2, logging_steps=1, seed=21,
+                                 save_strategy="no", report_to=[], use_cpu=True,
+                                 disable_tqdm=True)
+        trainer = Trainer(model=m, args=args, train_dataset=data)
+        trainer.train()
+        return [h["loss"] for h in trainer.state.log_history if "loss" in h]
+
+    ours, theirs = train(model), train(stock)
+    ran(calls, fused=3, gather=6)  # Trainer's forwards went through the fused layer
+    assert int(model.transformer.posembed_dropout_step) == 3  # three training forwards
+    assert model.lm_head.weight is model.transformer.wte.weight
+    # Trainer logs losses rounded to 4 decimals; the runs differ by far less (see the 30-step
+    # test), so the logged values agree to that rounding unit.
+    assert len(ours) == 3 and all(abs(a - b) <= 1e-4 for a, b in zip(ours, theirs)), (ours, theirs)
