@@ -100,14 +100,30 @@ class _IdentityWhenSkipped:
 _subclasses: dict = {}
 
 
-def _subclass(cls, base=None, namespace=None):
-    key = (cls, base)
+def _subclass(cls, base=None, fused_forward=None):
+    """cls's subclass for a role (base: a mixin above) or with a fused forward."""
+    key = (cls, base, fused_forward)
     if key not in _subclasses:
         ns = {"__module__": cls.__module__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__,
-              "_posembed_original_class": cls}
-        ns.update(namespace or {})
+              "_posembed_original_class": cls, "_posembed_recipe": key,
+              "__reduce_ex__": _reduce_ex}
+        if fused_forward is not None:
+            ns["forward"] = _fused_method(cls.forward, fused_forward)
         _subclasses[key] = type(cls.__name__, (base, cls) if base else (cls,), ns)
     return _subclasses[key]
+
+
+def _reduce_ex(self, protocol):
+    # pickle finds a class by its name, which is the stock class's: pickle the recipe instead
+    # (the stock class, the mixin, the fused forward: all found by name), so that torch.save
+    # of a whole patched model, and its torch.load, work.
+    _, _, *rest = object.__reduce_ex__(self, max(protocol, 2))
+    return (_new_patched, type(self).__dict__["_posembed_recipe"], *rest)
+
+
+def _new_patched(cls, base, fused_forward):
+    patched = _subclass(cls, base, fused_forward)
+    return patched.__new__(patched)
 
 
 def _is_ours(module) -> bool:
@@ -128,8 +144,7 @@ def _hooked(*modules) -> bool:
     return any(m._forward_hooks or m._forward_pre_hooks for m in modules)
 
 
-def _fused_class(cls, fused_forward):
-    original = cls.forward
+def _fused_method(original, fused_forward):
     signature = inspect.signature(original)
 
     @functools.wraps(original)  # inspect.signature (Trainer, generate) sees the original's
@@ -137,7 +152,7 @@ def _fused_class(cls, fused_forward):
         bound = signature.bind(self, *args, **kwargs)
         return fused_forward(self, original, bound)
 
-    return _subclass(cls, None, {"forward": forward})
+    return forward
 
 
 def _call(original, bound):
@@ -388,7 +403,7 @@ def patch(model: nn.Module, *, seed: int | None = None, step: int = 0,
             _switchable(module.embed_positions, _ZeroWhenSkipped)
         else:
             _switchable(module.token_type_embeddings, _ZeroWhenSkipped)
-        module.__class__ = _fused_class(type(module), fused_forward)
+        module.__class__ = _subclass(type(module), None, fused_forward)
     return model
 
 

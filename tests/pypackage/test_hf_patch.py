@@ -384,6 +384,23 @@ def test_unpatch_restores_classes_and_outputs(calls):
     assert torch.equal(model(ids).logits, stock(ids).logits)
 
 
+def test_torch_save_of_the_whole_patched_model_loads_patched(tmp_path):
+    torch.manual_seed(22)
+    model = posembed.hf.patch(OPTForCausalLM(opt_config()))
+    gpt2 = posembed.hf.patch(GPT2LMHeadModel(gpt2_config()), seed=4).train()
+    gpt2(torch.tensor([[1, 2, 3]]))  # step 1
+    for m in (model, gpt2):
+        torch.save(m, tmp_path / "model.pt")
+        loaded = torch.load(tmp_path / "model.pt").eval()
+        assert [type(x) for x in loaded.modules()] == [type(x) for x in m.modules()]
+        ids = torch.randint(3, 100, (2, 6))
+        assert torch.equal(loaded(ids).logits, m.eval()(ids).logits)
+    assert (loaded.transformer.posembed_seed, int(loaded.transformer.posembed_dropout_step)) == (4, 1)
+    assert loaded.lm_head.weight is loaded.transformer.wte.weight
+    posembed.hf.unpatch(loaded)
+    assert not posembed.hf.is_patched(loaded)
+
+
 def test_refusals_name_the_model_and_what_is_supported():
     with pytest.raises(ValueError, match="Linear has no embedding module.*GPT-2.*OPT.*RoBERTa"
                                          ".*BERT"):
