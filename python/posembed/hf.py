@@ -37,6 +37,7 @@ import functools
 import importlib
 import inspect
 import threading
+from typing import Callable, NamedTuple
 
 import torch
 from torch import nn
@@ -104,9 +105,9 @@ def _subclass(cls, base=None, fused_forward=None):
     """cls's subclass for a role (base: a mixin above) or with a fused forward."""
     key = (cls, base, fused_forward)
     if key not in _subclasses:
-        ns = {"__module__": cls.__module__, "__qualname__": cls.__qualname__, "__doc__": cls.__doc__,
-              "_posembed_original_class": cls, "_posembed_recipe": key,
-              "__reduce_ex__": _reduce_ex}
+        ns = {"__module__": cls.__module__, "__qualname__": cls.__qualname__,
+              "__doc__": cls.__doc__, "__reduce_ex__": _reduce_ex,
+              "_posembed_original_class": cls, "_posembed_recipe": key}
         if fused_forward is not None:
             ns["forward"] = _fused_method(cls.forward, fused_forward)
         _subclasses[key] = type(cls.__name__, (base, cls) if base else (cls,), ns)
@@ -234,8 +235,8 @@ def _opt_forward(self, original, bound):
 
 
 def _bert_forward(self, original, bound):
-    """BertEmbeddings / RobertaEmbeddings: (word[ids] + token_type[types]) in one kernel, then
-    HF's own code: + position rows, LayerNorm, dropout."""
+    """BertEmbeddings: (word[ids] + token_type[types]) in one kernel, then HF's own code:
+    + position rows, LayerNorm, dropout."""
     a = bound.arguments
     ids = a.get("input_ids")
     words, types = self.word_embeddings, self.token_type_embeddings
@@ -253,13 +254,6 @@ def _bert_forward(self, original, bound):
         token_type_ids = _broadcast_ids(token_type_ids, b, t)
         if token_type_ids is None:
             return _call(original, bound)
-    if _is_roberta(self) and a.get("position_ids") is None:
-        # HF makes these from input_ids; given inputs_embeds it would count 0..T-1 instead.
-        past = int(a.get("past_key_values_length") or 0)
-        pos = positions.fairseq(ids, self.padding_idx)  # cumsum(m) * m + pad
-        if past:
-            pos = pos + past * ids.ne(self.padding_idx)
-        a["position_ids"] = pos
     fused = embedding(ids, token_type_ids, words.weight, types.weight, dropout=0.0, seed=0,
                       step=0, sparse=words.sparse, padding_idx=words.padding_idx,
                       position_padding_row=-1 if types.padding_idx is None else types.padding_idx)
@@ -268,51 +262,63 @@ def _bert_forward(self, original, bound):
         return _call(original, bound)
 
 
-def _is_roberta(embeddings) -> bool:
-    cls = _classes().get("RoBERTa")
-    return cls is not None and isinstance(embeddings, cls)
+def _roberta_forward(self, original, bound):
+    """RobertaEmbeddings: BERT's, with the position ids HF makes from input_ids (given
+    inputs_embeds instead, HF would count 0..T-1)."""
+    a = bound.arguments
+    ids = a.get("input_ids")
+    if (ids is not None and ids.dim() == 2 and a.get("inputs_embeds") is None
+            and a.get("position_ids") is None):
+        past = int(a.get("past_key_values_length") or 0)
+        pos = positions.fairseq(ids, self.padding_idx)  # cumsum(m) * m + pad, m = ids != pad
+        a["position_ids"] = pos + past * ids.ne(self.padding_idx) if past else pos
+    return _bert_forward(self, original, bound)
 
 
 # ---------------------------------------------------------------------------------------------
-# The supported families: (name, transformers module, class, fused forward, token module).
+# The supported models.
+
+class _Family(NamedTuple):
+    name: str
+    module: str        # where transformers defines the class
+    cls: str           # the module that sums the embeddings, patched
+    forward: Callable  # its fused forward
+    tokens: str        # its token nn.Embedding
+    term: str          # the nn.Embedding whose term the fused sum holds: -0.0 in the call
+    models: str        # for the error message
+
 
 _FAMILIES = (
-    ("GPT-2", "transformers.models.gpt2.modeling_gpt2", "GPT2Model", _gpt2_forward, "wte",
-     "GPT2Model, GPT2LMHeadModel, ..."),
-    ("OPT", "transformers.models.opt.modeling_opt", "OPTDecoder", _opt_forward, "embed_tokens",
-     "OPTModel, OPTForCausalLM, ..."),
-    # RoBERTa before BERT: neither class derives from the other, but keep the order explicit.
-    ("RoBERTa", "transformers.models.roberta.modeling_roberta", "RobertaEmbeddings",
-     _bert_forward, "word_embeddings", "RobertaModel, RobertaForMaskedLM, ..."),
-    ("BERT", "transformers.models.bert.modeling_bert", "BertEmbeddings", _bert_forward,
-     "word_embeddings", "BertModel, BertForMaskedLM, ..."),
+    _Family("GPT-2", "transformers.models.gpt2.modeling_gpt2", "GPT2Model", _gpt2_forward,
+            "wte", "wpe", "GPT2Model, GPT2LMHeadModel, ..."),
+    _Family("OPT", "transformers.models.opt.modeling_opt", "OPTDecoder", _opt_forward,
+            "embed_tokens", "embed_positions", "OPTModel, OPTForCausalLM, ..."),
+    _Family("BERT", "transformers.models.bert.modeling_bert", "BertEmbeddings", _bert_forward,
+            "word_embeddings", "token_type_embeddings", "BertModel, BertForMaskedLM, ..."),
+    _Family("RoBERTa", "transformers.models.roberta.modeling_roberta", "RobertaEmbeddings",
+            _roberta_forward, "word_embeddings", "token_type_embeddings",
+            "RobertaModel, RobertaForMaskedLM, ..."),
 )
 
 
 @functools.lru_cache(maxsize=None)
-def _classes() -> dict:
-    """{family name: transformers class}, for the families this transformers has."""
-    found = {}
-    for name, module, cls_name, *_ in _FAMILIES:
+def _classes() -> tuple:
+    """(family, transformers class) for the families this transformers has."""
+    found = []
+    for family in _FAMILIES:
         try:
-            found[name] = getattr(importlib.import_module(module), cls_name)
+            found.append((family, getattr(importlib.import_module(family.module), family.cls)))
         except (ImportError, AttributeError):
             pass
-    return found
-
-
-def _supported() -> str:
-    return "; ".join(f"{name} ({cls} inside {models})"
-                     for name, _, cls, _, _, models in _FAMILIES)
+    return tuple(found)
 
 
 def _family(module):
-    classes = _classes()
-    for family in _FAMILIES:
-        cls = classes.get(family[0])
-        if cls is not None and isinstance(module, cls):
-            return family
-    return None
+    return next((family for family, cls in _classes() if isinstance(module, cls)), None)
+
+
+def _supported() -> str:
+    return "; ".join(f"{f.name} ({f.cls}, inside {f.models})" for f in _FAMILIES)
 
 
 def _check_table(owner, name, weight):
@@ -324,24 +330,19 @@ def _check_table(owner, name, weight):
 
 
 def _check(family, module):
-    name = family[0]
-    if name == "GPT-2":
-        tables = (("wte", module.wte), ("wpe", module.wpe))
-    elif name == "OPT":
+    if family.name == "OPT":
         if module.project_in is not None:
+            width = module.embed_tokens.weight.shape[1]
             raise ValueError(
-                f"{type(module).__name__}: this OPT decoder projects its token embeddings "
-                f"({module.embed_tokens.weight.shape[1]} -> {module.embed_positions.weight.shape[1]}"
-                ", project_in, as OPT-350m); posembed's layer adds two tables of one embed_dim, "
-                "so it cannot fuse this model")
-        if getattr(module.embed_positions, "offset", None) != 2:
-            raise ValueError(f"{type(module).__name__}: embed_positions has offset "
-                             f"{getattr(module.embed_positions, 'offset', None)}, not OPT's 2")
-        tables = (("embed_tokens", module.embed_tokens), ("embed_positions", module.embed_positions))
-    else:
-        tables = (("word_embeddings", module.word_embeddings),
-                  ("token_type_embeddings", module.token_type_embeddings))
-    for attr, table in tables:
+                f"{type(module).__name__}: this OPT decoder projects its token embeddings ({width} "
+                f"-> {module.embed_positions.weight.shape[1]}, project_in, as OPT-350m); "
+                "posembed's layer adds two tables of one embed_dim, so it cannot fuse this model")
+        offset = getattr(module.embed_positions, "offset", None)
+        if offset != 2:
+            raise ValueError(f"{type(module).__name__}: embed_positions has offset {offset}, "
+                             "not OPT's 2")
+    for attr in (family.tokens, family.term):
+        table = getattr(module, attr)
         if not isinstance(table, nn.Embedding):
             raise ValueError(f"{type(module).__name__}.{attr} is a {type(table).__name__}, not "
                              "an nn.Embedding")
@@ -388,22 +389,17 @@ def patch(model: nn.Module, *, seed: int | None = None, step: int = 0,
     for module, family in found:  # check everything before changing anything
         _check(family, module)
     for k, (module, family) in enumerate(found):
-        name, _, _, fused_forward, token_attr, _ = family
-        token = getattr(module, token_attr)
+        token = getattr(module, family.tokens)
         module.posembed_sparse_before = token.sparse
         if sparse:
             token.sparse = True
-        if name == "GPT-2":
+        if family.name == "GPT-2":
             module.posembed_seed = _draw_seed() if seed is None else int(seed) + k
             module.register_buffer(STEP_BUFFER, torch.tensor(int(step), dtype=torch.int64),
                                    persistent=False)
-            _switchable(module.wpe, _ZeroWhenSkipped)
             _switchable(module.drop, _IdentityWhenSkipped)
-        elif name == "OPT":
-            _switchable(module.embed_positions, _ZeroWhenSkipped)
-        else:
-            _switchable(module.token_type_embeddings, _ZeroWhenSkipped)
-        module.__class__ = _subclass(type(module), None, fused_forward)
+        _switchable(getattr(module, family.term), _ZeroWhenSkipped)
+        module.__class__ = _subclass(type(module), None, family.forward)
     return model
 
 
@@ -418,7 +414,7 @@ def unpatch(model: nn.Module) -> nn.Module:
         if "posembed_sparse_before" in module.__dict__:
             family = _family(module)
             if family is not None:
-                getattr(module, family[4]).sparse = module.posembed_sparse_before
+                getattr(module, family.tokens).sparse = module.posembed_sparse_before
             del module.posembed_sparse_before
         module.__dict__.pop("posembed_seed", None)
         module._buffers.pop(STEP_BUFFER, None)
