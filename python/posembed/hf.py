@@ -364,8 +364,9 @@ def patch(model: nn.Module, *, seed: int | None = None, step: int = 0,
     same parameters, state_dict keys and tied weights.
 
     - ``seed``: key of GPT-2's fused dropout masks, with the step. None draws one from torch's
-      default generator (so ``torch.manual_seed`` decides it); OPT, BERT and RoBERTa fuse no
-      dropout and draw nothing.
+      default generator (so ``torch.manual_seed`` decides it) for each GPT-2 in the model; a
+      given seed goes to the first, seed + 1 to a second, and so on. OPT, BERT and RoBERTa
+      fuse no dropout and draw nothing.
     - ``step``: the first training forward's step (to resume a run); it advances once per
       training forward, in the non-persistent buffer ``posembed_dropout_step`` of the patched
       ``GPT2Model``.
