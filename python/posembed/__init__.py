@@ -3,6 +3,8 @@
     out[b, t, :] = dropout(token_table[input_ids[b, t]] + position_table[position_ids[b, t]])
 
 - ``posembed.torch.LearnedPositionEmbedding``: the layer as a PyTorch module (imports torch).
+- ``posembed.hf.patch`` / ``unpatch``: a stock Hugging Face model's own forward through the
+  layer (imports torch and transformers).
 - ``posembed.positions``: the position-id schemes (Hugging Face, OPT, fairseq, packed documents)
   on NumPy arrays and torch tensors.
 - ``forward`` / ``backward`` / ``backward_sparse``: the kernels on NumPy arrays.

@@ -20,3 +20,9 @@ def test_usage_example():
 
 def test_huggingface_example():
     assert run("huggingface.py") == "same as GPT-2's embedding path: True\n"
+
+
+def test_huggingface_training_example():
+    assert run("hf_training.py") == (
+        "lm_head tied: True\n"
+        "stock transformers reloads it and generates the same tokens: True\n")
