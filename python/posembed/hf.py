@@ -43,7 +43,8 @@ import torch
 from torch import nn
 
 from . import positions
-from .torch import embedding
+from .errors import InvalidInputError
+from .torch import embedding, mask_seed_for_rank, seed_from_torch
 
 __all__ = ["patch", "unpatch", "is_patched"]
 
@@ -197,7 +198,8 @@ def _gpt2_forward(self, original, bound):
     train = drop.training
     step = getattr(self, STEP_BUFFER)
     fused = embedding(ids, pos, wte.weight, wpe.weight, dropout=drop.p if train else 0.0,
-                      seed=self.posembed_seed, step=int(step), sparse=wte.sparse,
+                      seed=mask_seed_for_rank(self.posembed_seed) if self.posembed_per_rank
+                      else self.posembed_seed, step=int(step), sparse=wte.sparse,
                       padding_idx=wte.padding_idx)
     a["input_ids"], a["inputs_embeds"] = None, fused
     with _skipping(_switchable(wpe, _ZeroWhenSkipped), _switchable(drop, _IdentityWhenSkipped)):
@@ -323,7 +325,7 @@ def _supported() -> str:
 
 def _check_table(owner, name, weight):
     if weight.device.type != "cpu" or weight.dtype != torch.float32 or not weight.is_contiguous():
-        raise ValueError(f"{type(owner).__name__}.{name} is {weight.dtype} on {weight.device}"
+        raise InvalidInputError(f"{type(owner).__name__}.{name} is {weight.dtype} on {weight.device}"
                          f"{'' if weight.is_contiguous() else ', not contiguous'}; posembed's "
                          "kernels read contiguous float32 CPU tables: patch the model on the "
                          "CPU in float32 (model.float().cpu())")
@@ -333,18 +335,18 @@ def _check(family, module):
     if family.name == "OPT":
         if module.project_in is not None:
             width = module.embed_tokens.weight.shape[1]
-            raise ValueError(
+            raise InvalidInputError(
                 f"{type(module).__name__}: this OPT decoder projects its token embeddings ({width} "
                 f"-> {module.embed_positions.weight.shape[1]}, project_in, as OPT-350m); "
                 "posembed's layer adds two tables of one embed_dim, so it cannot fuse this model")
         offset = getattr(module.embed_positions, "offset", None)
         if offset != 2:
-            raise ValueError(f"{type(module).__name__}: embed_positions has offset {offset}, "
+            raise InvalidInputError(f"{type(module).__name__}: embed_positions has offset {offset}, "
                              "not OPT's 2")
     for attr in (family.tokens, family.term):
         table = getattr(module, attr)
         if not isinstance(table, nn.Embedding):
-            raise ValueError(f"{type(module).__name__}.{attr} is a {type(table).__name__}, not "
+            raise InvalidInputError(f"{type(module).__name__}.{attr} is a {type(table).__name__}, not "
                              "an nn.Embedding")
         _check_table(module, attr + ".weight", table.weight)
 
@@ -355,7 +357,7 @@ def is_patched(model: nn.Module) -> bool:
 
 
 def patch(model: nn.Module, *, seed: int | None = None, step: int = 0,
-          sparse: bool = False) -> nn.Module:
+          sparse: bool = False, per_rank_dropout: bool = True) -> nn.Module:
     """Runs ``model``'s embedding sum through posembed's fused kernel; returns ``model``.
 
     Patches, in place, every ``GPT2Model``, ``OPTDecoder``, ``BertEmbeddings`` and
@@ -370,22 +372,25 @@ def patch(model: nn.Module, *, seed: int | None = None, step: int = 0,
     - ``step``: the first training forward's step (to resume a run); it advances once per
       training forward, in the non-persistent buffer ``posembed_dropout_step`` of the patched
       ``GPT2Model``.
+    - ``per_rank_dropout``: under ``torch.distributed``, rank r > 0 keys its masks by
+      ``seed + r * 0x9E3779B97F4A7C15`` (mod 2^64), as ``LearnedPositionEmbedding`` does, so
+      ranks with one seed drop different elements; ``False``: the same masks on every rank.
     - ``sparse``: sets ``sparse = True`` on the token ``nn.Embedding`` (as
       ``nn.Embedding(sparse=True)``, which DistributedDataParallel recognises): its gradient
       comes back as a sparse COO tensor of the touched rows. ``unpatch`` restores the flag.
 
     Patching a patched model is an error (``unpatch`` it first); a model without a supported
     module, an OPT decoder with ``project_in`` (OPT-350m), or tables that are not contiguous
-    float32 on the CPU are refused with ``ValueError``, and the model is left as it was.
+    float32 on the CPU are refused with ``InvalidInputError`` (a ``ValueError``), and the model is left as it was.
     """
     if not isinstance(model, nn.Module):
-        raise ValueError(f"posembed.hf.patch takes a torch.nn.Module, not {type(model).__name__}")
+        raise InvalidInputError(f"posembed.hf.patch takes a torch.nn.Module, not {type(model).__name__}")
     if is_patched(model):
-        raise ValueError(f"{type(model).__name__} is already patched by posembed.hf; call "
+        raise InvalidInputError(f"{type(model).__name__} is already patched by posembed.hf; call "
                          "posembed.hf.unpatch(model) first to patch it again")
     found = [(m, f) for m in model.modules() if (f := _family(m)) is not None]
     if not found:
-        raise ValueError(f"posembed.hf.patch: {type(model).__name__} has no embedding module "
+        raise InvalidInputError(f"posembed.hf.patch: {type(model).__name__} has no embedding module "
                          f"posembed can fuse. Supported (transformers): {_supported()}")
     for module, family in found:  # check everything before changing anything
         _check(family, module)
@@ -395,7 +400,8 @@ def patch(model: nn.Module, *, seed: int | None = None, step: int = 0,
         if sparse:
             token.sparse = True
         if family.name == "GPT-2":
-            module.posembed_seed = _draw_seed() if seed is None else int(seed) + k
+            module.posembed_seed = seed_from_torch() if seed is None else int(seed) + k
+            module.posembed_per_rank = bool(per_rank_dropout)
             module.register_buffer(STEP_BUFFER, torch.tensor(int(step), dtype=torch.int64),
                                    persistent=False)
             _switchable(module.drop, _IdentityWhenSkipped)
@@ -408,7 +414,7 @@ def unpatch(model: nn.Module) -> nn.Module:
     """Undoes ``patch``: the stock classes, no extra buffer or attribute, the token table's
     ``sparse`` flag as before; returns ``model``. A model that is not patched is an error."""
     if not is_patched(model):
-        raise ValueError(f"{type(model).__name__} is not patched by posembed.hf")
+        raise InvalidInputError(f"{type(model).__name__} is not patched by posembed.hf")
     for module in model.modules():
         if not _is_ours(module):
             continue
@@ -418,11 +424,8 @@ def unpatch(model: nn.Module) -> nn.Module:
                 getattr(module, family.tokens).sparse = module.posembed_sparse_before
             del module.posembed_sparse_before
         module.__dict__.pop("posembed_seed", None)
+        module.__dict__.pop("posembed_per_rank", None)
         module._buffers.pop(STEP_BUFFER, None)
         module.__class__ = type(module).__dict__["_posembed_original_class"]
     return model
 
-
-def _draw_seed() -> int:
-    # 63 random bits from torch's default generator: torch.manual_seed(s) decides the seed.
-    return int(torch.empty((), dtype=torch.int64).random_())

@@ -23,7 +23,8 @@ from torch import nn
 from . import _C, positions
 from .errors import InvalidInputError
 
-__all__ = ["LearnedPositionEmbedding", "embedding", "empty_cache"]
+__all__ = ["LearnedPositionEmbedding", "embedding", "empty_cache", "mask_seed_for_rank",
+           "seed_from_torch"]
 
 
 def empty_cache() -> None:
@@ -165,7 +166,7 @@ def _ids(x, name) -> tuple[torch.Tensor, tuple[int, ...]]:
     return x.detach().to(torch.int64).reshape(math.prod(lead), x.shape[-1]).contiguous(), lead
 
 
-def _seed_from_torch() -> int:
+def seed_from_torch() -> int:
     """A 64-bit seed drawn from torch's default generator, so that torch.manual_seed governs it."""
     words = torch.randint(0, 2**32, (2,), dtype=torch.int64)
     return int(words[0]) << 32 | int(words[1])
@@ -179,6 +180,15 @@ def _as_int64(value: int) -> int:
 # Rank r > 0 of a torch.distributed job keys its masks by seed + r * this (mod 2^64), the
 # golden-ratio increment of SplitMix64, so that ranks draw different masks from one seed.
 _RANK_SEED_STEP = 0x9E3779B97F4A7C15
+
+
+def mask_seed_for_rank(seed: int) -> int:
+    """The seed of this process's dropout masks: ``seed`` itself, or under an initialised
+    ``torch.distributed`` ``seed + rank * 0x9E3779B97F4A7C15`` (mod 2^64), so that ranks with
+    one seed drop different elements and rank 0 drops those of a single process."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return (seed + torch.distributed.get_rank() * _RANK_SEED_STEP) % 2**64
+    return seed
 _TABLES = {"token_table": "token_embedding", "position_table": "position_embedding"}
 
 
@@ -271,7 +281,7 @@ class LearnedPositionEmbedding(nn.Module):
         offset = {"default": 0, "opt": 2, "fairseq": (padding_idx or 0) + 1}[position_scheme]
         rows = max_seq_len + offset
         if seed is None:
-            seed = _seed_from_torch()
+            seed = seed_from_torch()
         _C.validate_config(vocab_size, rows, embed_dim, float(dropout), seed, token_init,
                            position_init)
         self.vocab_size, self.max_seq_len, self.embed_dim = vocab_size, max_seq_len, embed_dim
@@ -341,11 +351,8 @@ class LearnedPositionEmbedding(nn.Module):
         self.dropout_seed.fill_(_as_int64(value))
 
     def _mask_seed(self) -> int:
-        """The seed of this process's masks: the module's, or its rank's under torch.distributed."""
-        if self.per_rank_dropout and torch.distributed.is_available() and \
-                torch.distributed.is_initialized():
-            return (self._seed + torch.distributed.get_rank() * _RANK_SEED_STEP) % 2**64
-        return self._seed
+        """The seed of this process's masks: the module's, or its rank's (mask_seed_for_rank)."""
+        return mask_seed_for_rank(self._seed) if self.per_rank_dropout else self._seed
 
     def reset_parameters(self) -> None:
         """Draws both tables from the seed, as posembed's C++ layer does."""
