@@ -113,7 +113,7 @@ def main():
 
     def kernels_step():
         kernels_forward()
-        _C.backward_dense(gtok, gpos, grad_out, ids, pids, V, T, P, 1337, 0, -1, accumulate=False,
+        _C.backward(gtok, gpos, grad_out, ids, pids, V, T, P, 1337, 0, -1, accumulate=False,
                           mask_bits=mask)
 
     def kernels_step_sparse():

@@ -17,8 +17,10 @@ venv=build/pyvenv
 rm -rf build/python/dist build/python/wheelhouse
 "$venv/bin/pip" wheel --quiet --disable-pip-version-check --no-build-isolation --no-deps \
   -w build/python/dist .
-PATH="$PWD/$venv/bin:$PATH" "$venv/bin/auditwheel" -q repair -w build/python/wheelhouse \
-  build/python/dist/posembed-*.whl
+# Its log is printed only when it fails.
+PATH="$PWD/$venv/bin:$PATH" "$venv/bin/auditwheel" repair -w build/python/wheelhouse \
+  build/python/dist/posembed-*.whl >build/python/auditwheel.log 2>&1 ||
+  { cat build/python/auditwheel.log >&2; exit 1; }
 for target in "$@"; do
   "$target/bin/pip" install --quiet --disable-pip-version-check --force-reinstall --no-deps \
     build/python/wheelhouse/posembed-*.whl

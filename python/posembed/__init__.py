@@ -97,7 +97,7 @@ def backward(grad_out, input_ids, position_ids, *, grad_token_table=None, grad_p
     will do), rows no token touches become zeros, and the bits are those of zeros + accumulate,
     with one pass over the tables less. mask_bits: the words forward() filled, or None.
     """
-    _C.backward_dense(grad_token_table, grad_position_table, grad_out, input_ids, position_ids,
+    _C.backward(grad_token_table, grad_position_table, grad_out, input_ids, position_ids,
                       vocab_size, max_seq_len, float(dropout), seed, step, padding_row,
                       bool(accumulate), mask_bits)
 

@@ -123,7 +123,7 @@ class _Embedding(torch.autograd.Function):
                 # that torch has freed before (see empty_cache).
                 grad_tokens = _C.empty_float32(*token_shape)
             # Written, not accumulated: fresh gradients need no zeroing pass first.
-            _C.backward_dense(grad_tokens, grad_positions, grad_out, input_ids, position_ids,
+            _C.backward(grad_tokens, grad_positions, grad_out, input_ids, position_ids,
                               vocab_size, max_seq_len, p, seed, step, position_padding_row,
                               accumulate=False, mask_bits=ctx.mask)
             if grad_tokens is not None and padding_idx is not None:
