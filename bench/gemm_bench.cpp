@@ -319,8 +319,8 @@ int main(int argc, char** argv) {
           const std::vector<Gemm> gs = calls(b, op, piece);
           for (std::size_t l = 0; l < libs.size(); ++l) {
             rows[r].ms[l].push_back(time_it(reps, [&] {
-                                       for (const Gemm& g : gs) libs[l].call(g);
-                                     }).median_ms);
+                                      for (const Gemm& g : gs) libs[l].call(g);
+                                    }).median_ms);
           }
           ++r;
         }

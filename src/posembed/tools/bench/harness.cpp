@@ -14,10 +14,13 @@
 namespace posembed::tools::bench {
 
 double now_ms() {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  return std::chrono::duration<double, std::milli>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
 }
 
-Timing time_it(int reps, const std::function<void()>& fn, const std::function<void()>& setup, int warmup) {
+Timing time_it(int reps, const std::function<void()>& fn, const std::function<void()>& setup,
+               int warmup) {
   std::vector<double> ms;
   for (int i = 0; i < warmup + reps; ++i) {
     if (setup) setup();
@@ -38,7 +41,9 @@ double quantile(std::vector<double> v, double q) {
   return v[lo] + (at - static_cast<double>(lo)) * (v[hi] - v[lo]);
 }
 
-double median(std::vector<double> v) { return quantile(std::move(v), 0.5); }
+double median(std::vector<double> v) {
+  return quantile(std::move(v), 0.5);
+}
 
 void per_thread(std::size_t n, const std::function<void(std::size_t, std::size_t)>& part) {
 #pragma omp parallel
@@ -61,7 +66,9 @@ void streaming_add(float* a, const float* b, const float* c, std::size_t n) {
 
 }  // namespace
 
-double Probe::gbps() const { return std::max({triad_gbps, copy_gbps, stream_add_gbps}); }
+double Probe::gbps() const {
+  return std::max({triad_gbps, copy_gbps, stream_add_gbps});
+}
 
 void Probe::keep_best(const Probe& other) {
   triad_gbps = std::max(triad_gbps, other.triad_gbps);
@@ -101,7 +108,8 @@ Probe bandwidth_probe(std::size_t floats_per_array, int reps) {
   });
   if (a[floats_per_array / 3] != 2.0f) throw Error("bandwidth probe: copy gave a wrong value");
   const Timing stream_add = time_it(reps, [&] { streaming_add(a, b, c, floats_per_array); });
-  if (a[floats_per_array / 4] != 3.0f) throw Error("bandwidth probe: streaming add gave a wrong value");
+  if (a[floats_per_array / 4] != 3.0f)
+    throw Error("bandwidth probe: streaming add gave a wrong value");
   e[floats_per_array / 5] = 1.0f;  // one element moves: the loop must really run
   const Timing update = time_it(reps, [&] {
     per_thread(floats_per_array, [&](std::size_t begin, std::size_t end) {
@@ -133,7 +141,9 @@ std::size_t eviction_bytes(std::size_t llc) {
   return llc == 0 ? std::size_t{512} << 20 : std::max(std::size_t{64} << 20, 2 * llc);
 }
 
-CacheEvictor::CacheEvictor(std::size_t bytes) { assign_zeros_huge(buffer, bytes / sizeof(float)); }
+CacheEvictor::CacheEvictor(std::size_t bytes) {
+  assign_zeros_huge(buffer, bytes / sizeof(float));
+}
 
 void CacheEvictor::operator()() {
   constexpr std::int64_t kLine = 64 / sizeof(float);

@@ -28,8 +28,8 @@ std::vector<BenchShape> bench_shapes(bool quick, const std::string& only);
 
 struct SuiteOptions {
   int threads = 2;
-  int reps = 15;    // timed runs per kernel at the GPT-2 shape (3x at smaller shapes)
-  int rounds = 1;   // repeats of the whole comparison, the probe too
+  int reps = 15;       // timed runs per kernel at the GPT-2 shape (3x at smaller shapes)
+  int rounds = 1;      // repeats of the whole comparison, the probe too
   bool quick = false;  // tiny shapes, probe and eviction: checks the code paths
   bool cold = false;   // evict the caches before every timed run, ours and PyTorch's
   std::string only;    // one shape by name, or all
@@ -50,11 +50,11 @@ struct TorchColumn {
 // One kernel over all rounds: ours and each PyTorch column's round medians and minima.
 struct KernelSeries {
   std::string name, what;
-  double bytes = 0;        // the least memory traffic the kernel must cause
-  std::string torch_peer;  // the PyTorch kernel it is compared with
-  std::vector<double> medians, mins;                         // [round]
+  double bytes = 0;                   // the least memory traffic the kernel must cause
+  std::string torch_peer;             // the PyTorch kernel it is compared with
+  std::vector<double> medians, mins;  // [round]
   std::vector<std::vector<double>> torch_medians, torch_mins;  // [column][round]
-  std::vector<std::vector<std::string>> torch_variants;       // [column][round]
+  std::vector<std::vector<std::string>> torch_variants;        // [column][round]
 
   double median_ms() const { return median(medians); }  // the median round's median
   double min_ms() const;                                // the fastest run of all
@@ -70,8 +70,8 @@ struct ShapeReport {
 };
 
 struct SuiteReport {
-  Probe probe;                // the best run of every round's probe
-  std::size_t llc_bytes = 0;  // last-level cache, 0 if unknown
+  Probe probe;                  // the best run of every round's probe
+  std::size_t llc_bytes = 0;    // last-level cache, 0 if unknown
   std::size_t evict_bytes = 0;  // read before every timed run (cold), else 0
   std::vector<TorchColumn> torch;
   std::vector<ShapeReport> shapes;

@@ -39,6 +39,7 @@ struct TorchRun {
 };
 
 // `shape_name` names the shape in the script's output; dims are B, T, d, V, max_seq_len.
-TorchRun run_torch_bench(const TorchBenchCall& call, const std::string& shape_name, const EmbeddingShape& dims);
+TorchRun run_torch_bench(const TorchBenchCall& call, const std::string& shape_name,
+                         const EmbeddingShape& dims);
 
 }  // namespace posembed::tools::bench
