@@ -21,11 +21,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <string>
 #include <vector>
 
 #include "posembed/model/gpt.h"
+#include "posembed/tools/bench/harness.h"
+#include "posembed/tools/machine.h"
 
 namespace {
 
@@ -51,8 +52,7 @@ Seconds time_exchange(F&& exchange, std::size_t floats) {
     exchange();
     t.push_back(MPI_Wtime() - t0);
   }
-  std::sort(t.begin(), t.end());
-  Seconds s{t.front(), t[t.size() / 2]};
+  Seconds s{*std::min_element(t.begin(), t.end()), posembed::tools::bench::median(t)};
   MPI_Bcast(&s, 2, MPI_DOUBLE, 0, MPI_COMM_WORLD);  // rank 0's clock decides
   return s;
 }
@@ -73,11 +73,10 @@ void fit(const std::vector<double>& x, const std::vector<double>& t, double& a, 
   b = (s00 * r1 - s01 * r0) / det;
 }
 
-// Bytes of the last-level cache (Linux sysfs), 32 MiB when it cannot be read.
+// Bytes of the last-level cache, 32 MiB when sysfs does not say.
 double cache_bytes() {
-  std::ifstream in("/sys/devices/system/cpu/cpu0/cache/index3/size");
-  double kib = 0;
-  return in >> kib ? kib * 1024 : 32.0 * 1024 * 1024;
+  const std::size_t llc = posembed::tools::last_level_cache_bytes();
+  return llc ? static_cast<double>(llc) : 32.0 * 1024 * 1024;
 }
 
 }  // namespace

@@ -1,13 +1,13 @@
-// Is the eval forward at what this machine allows for its access pattern? (issue 14)
+// Is the eval forward at what this machine allows for its access pattern?
 // At the GPT-2 shape it reads 8192 rows of 3 KiB from random places in a 154 MB
 // table and writes them, plus the position rows, end to end. Every run here is
-// cold: it follows a run of the streaming probe (posembed bench's streaming add
-// over 3 x 128 MiB, non-temporal stores), whose 256 MiB of reads leave nothing
-// of the run's data in the cache (--quick's small probe does not: it only checks
-// the program), and is reported as its GB/s over that probe run's, so that both
-// see the same moment of a noisy machine. Beside posembed's eval forward, plain
-// loops that only copy token rows to the output, with x86-64's baseline SSE
-// non-temporal stores:
+// cold: it follows a run of the streaming probe (tools::bench::StreamingAdd,
+// posembed bench's streaming add over 3 x 128 MiB, non-temporal stores), whose
+// 256 MiB of reads leave nothing of the run's data in the cache (--quick's small
+// probe does not: it only checks the program), and is reported as its GB/s over
+// that probe run's, so that both see the same moment of a noisy machine.
+// Beside posembed's eval forward, plain loops that only copy token rows to the
+// output, with x86-64's baseline SSE non-temporal stores:
 //   rows in the batch's order, the row two ahead asked for a line per 64 bytes
 //     copied (the forward asks for the row two ahead a few lines at a time);
 //   the same without asking (the hardware prefetchers alone);
@@ -20,8 +20,6 @@
 
 #include <CLI/CLI.hpp>
 
-#include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <functional>
@@ -34,32 +32,13 @@
 #include "posembed/core/layer.h"
 #include "posembed/core/parallel.h"
 #include "posembed/core/position_ids.h"
-#include "posembed/core/simd.h"
+#include "posembed/tools/bench/harness.h"
 #include "posembed/tools/machine.h"
 
 namespace {
 
-double now_ms() {
-  return std::chrono::duration<double, std::milli>(
-             std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t h = v.size() / 2;
-  return v.size() % 2 ? v[h] : 0.5 * (v[h - 1] + v[h]);
-}
-
-// Each thread's contiguous share of [0, n), as the kernels split their rows.
-void per_thread(std::size_t n, const std::function<void(std::size_t, std::size_t)>& part) {
-#pragma omp parallel
-  {
-    const auto t = static_cast<std::size_t>(omp_get_thread_num());
-    const auto k = static_cast<std::size_t>(omp_get_num_threads());
-    part(n * t / k, n * (t + 1) / k);
-  }
-}
+using posembed::tools::bench::now_ms;
+using posembed::tools::bench::per_thread;
 
 // out row r = table row ids[r], r in [r0, r1); ahead: ask for row r + 2's lines
 // while copying row r. d is a multiple of 4 and out 16-byte aligned.
@@ -85,7 +64,7 @@ int main(int argc, char** argv) {
   EmbeddingShape s{8, 1024, 50257, 1024, 768, -1};
   std::size_t probe_floats = 32u << 20;  // 128 MiB an array, as posembed bench's probe
   bool quick = false;
-  CLI::App app{"The eval forward against plain row copies, every run cold (issue 14)", "gather_bench"};
+  CLI::App app{"The eval forward against plain row copies, every run cold", "gather_bench"};
   app.add_option("--threads", threads, "threads")->check(CLI::Range(1, 1024))->capture_default_str();
   app.add_option("--reps", reps, "timed runs of each loop")->check(CLI::Range(1, 1000000))->capture_default_str();
   app.add_flag("--quick", quick, "a tiny shape and probe, two runs: checks the program");
@@ -119,18 +98,7 @@ int main(int argc, char** argv) {
   const double forward_bytes = copy_bytes + static_cast<double>(s.seq_len) * row_bytes +
                                2.0 * static_cast<double>(n * sizeof(std::int64_t));
 
-  std::vector<float> probe_buffer;
-  assign_zeros_huge(probe_buffer, 3 * probe_floats);
-  float* a = probe_buffer.data();
-  const float* b = a + probe_floats;
-  const float* c = b + probe_floats;
-  const auto probe_gbps = [&] {
-    const double t0 = now_ms();
-    per_thread(probe_floats, [&](std::size_t begin, std::size_t end) {
-      simd::add_dropout(a + begin, b + begin, c + begin, end - begin, 0, {}, /*stream=*/true);
-    });
-    return 3.0 * static_cast<double>(probe_floats * sizeof(float)) / (now_ms() - t0) / 1e6;
-  };
+  tools::bench::StreamingAdd probe(probe_floats);
 
   struct Variant {
     const char* name;
@@ -174,13 +142,13 @@ int main(int argc, char** argv) {
   };
   for (int i = 0; i < reps + 1; ++i) {  // the first round warms up
     for (Variant& v : variants) {
-      const double probe = probe_gbps();
+      const double probe_gbps = probe.run_gbps();
       const double t0 = now_ms();
       v.run();
       const double gbps = v.bytes / (now_ms() - t0) / 1e6;
       if (i == 0) continue;
       v.gbps.push_back(gbps);
-      v.of_probe.push_back(gbps / probe);
+      v.of_probe.push_back(gbps / probe_gbps);
     }
   }
   // The copies must have copied: the last variant's rows are the table's first n.
@@ -198,7 +166,7 @@ int main(int argc, char** argv) {
       static_cast<long long>(s.vocab_size), distinct, reps);
   std::printf("%-28s %8s %18s\n", "", "GB/s", "of the probe run");
   for (const Variant& v : variants) {
-    std::printf("%-28s %8.1f %17.0f%%\n", v.name, median(v.gbps), 100 * median(v.of_probe));
+    std::printf("%-28s %8.1f %17.0f%%\n", v.name, tools::bench::median(v.gbps), 100 * tools::bench::median(v.of_probe));
   }
   return 0;
 }

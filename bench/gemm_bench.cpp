@@ -1,5 +1,5 @@
 // One-thread GEMM at the trainer's shapes, OpenBLAS, BLIS and oneDNN side by
-// side in one run (issue 14): which library should the trainer's matrix
+// side in one run: which library should the trainer's matrix
 // products use? For x (2048, 128) and W (128, OC), OC in {128, 256, 384, 512}:
 //   fwd   out (2048, OC)  = x @ W            (NN)
 //   dinp  dx  (2048, 128) += dout @ W^T      (NT)
@@ -22,12 +22,10 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <random>
 #include <sstream>
@@ -36,8 +34,13 @@
 
 #include "oneapi/dnnl/dnnl.hpp"
 #include "posembed/model/gemm.h"
+#include "posembed/tools/bench/harness.h"
+#include "posembed/tools/machine.h"
 
 namespace {
+
+using posembed::tools::bench::median;
+using posembed::tools::bench::time_it;
 
 // A row-major product c (M, N) = alpha op(a) op(b) + beta c, as every library
 // is called here.
@@ -219,19 +222,6 @@ double check(Buffers& b, Op op, const Library& lib, std::int64_t piece) {
   return worst;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-std::string cpu_model() {
-  std::ifstream f("/proc/cpuinfo");
-  for (std::string line; std::getline(f, line);) {
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  }
-  return "unknown CPU";
-}
-
 std::vector<std::int64_t> parse_list(const char* s) {
   std::vector<std::int64_t> v;
   std::stringstream in(s);
@@ -279,7 +269,7 @@ int main(int argc, char** argv) {
   Dl_info where{};
   dladdr(reinterpret_cast<void*>(&cblas_sgemm), &where);
   std::printf("gemm_bench: %s, 1 thread, %d round(s) of %d calls per product and library\n",
-              cpu_model().c_str(), rounds, reps);
+              posembed::tools::cpu_model().c_str(), rounds, reps);
   std::string openblas_version = OPENBLAS_VERSION;  // " OpenBLAS 0.3.21 "
   openblas_version.erase(0, openblas_version.find_first_not_of(' '));
   openblas_version.erase(openblas_version.find_last_not_of(' ') + 1);
@@ -328,14 +318,9 @@ int main(int argc, char** argv) {
         for (std::int64_t piece : piece_sizes) {
           const std::vector<Gemm> gs = calls(b, op, piece);
           for (std::size_t l = 0; l < libs.size(); ++l) {
-            std::vector<double> t;
-            for (int rep = 0; rep < reps + 2; ++rep) {  // 2 warm-up calls
-              const auto t0 = std::chrono::steady_clock::now();
-              for (const Gemm& g : gs) libs[l].call(g);
-              const auto t1 = std::chrono::steady_clock::now();
-              if (rep >= 2) t.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-            }
-            rows[r].ms[l].push_back(median(t));
+            rows[r].ms[l].push_back(time_it(reps, [&] {
+                                      for (const Gemm& g : gs) libs[l].call(g);
+                                    }).median_ms);
           }
           ++r;
         }

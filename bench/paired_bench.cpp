@@ -1,5 +1,5 @@
 // Two builds of the layer side by side: is a kernel change faster than the code
-// before it? This machine's bandwidth moves by up to 2x within minutes, so two
+// before it? A shared machine's bandwidth can move by 2x within minutes, so two
 // runs of `posembed bench` minutes apart cannot tell a few percent. This program
 // loads two builds of libposembed (the base and the change) into one process,
 // each opened with RTLD_LOCAL | RTLD_DEEPBIND so that its calls stay inside its
@@ -23,7 +23,6 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -41,23 +40,15 @@
 #include "posembed/core/parallel.h"
 #include "posembed/core/position_ids.h"
 #include "posembed/core/simd.h"
+#include "posembed/tools/bench/harness.h"
 #include "posembed/tools/machine.h"
 
 namespace {
 
 using namespace posembed;
 
-double now_ms() {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-double quantile(std::vector<double> v, double q) {
-  std::sort(v.begin(), v.end());
-  const double at = q * static_cast<double>(v.size() - 1);
-  const auto lo = static_cast<std::size_t>(at);
-  const std::size_t hi = std::min(lo + 1, v.size() - 1);
-  return v[lo] + (at - static_cast<double>(lo)) * (v[hi] - v[lo]);
-}
+using tools::bench::now_ms;
+using tools::bench::quantile;
 
 // The layer's entry points in one build, found by the names of this program's own.
 struct Build {
@@ -125,7 +116,7 @@ int main(int argc, char** argv) try {
   std::vector<std::string> kernels(std::begin(kKernels), std::end(kKernels));
   std::string paths[2];
   EmbeddingShape s{8, 1024, 50257, 1024, 768, -1};
-  std::size_t evict_bytes = tools::eviction_bytes(tools::last_level_cache_bytes());
+  std::size_t evict_bytes = tools::bench::eviction_bytes(tools::last_level_cache_bytes());
   CLI::App app{"Two builds of libposembed side by side in one process, every run cold", "paired_bench"};
   app.add_option("old", paths[0], "the base's libposembed.so")->required();
   app.add_option("new", paths[1], "the change's libposembed.so")->required();
@@ -178,7 +169,7 @@ int main(int argc, char** argv) try {
   fill(token_table, V * d);
   fill(position_table, P * d);
   fill(grad_out, n * d);
-  tools::CacheEvictor evict(evict_bytes);
+  tools::bench::CacheEvictor evict(evict_bytes);
   Outputs outputs[2];
   for (Outputs& o : outputs) {
     assign_zeros_huge(o.out, n * d);

@@ -4,7 +4,7 @@
 # thread count under PyPI's torch 2.x (eager and torch.compile, in the venv
 # scripts/bench_venv.sh makes on demand) and Debian's 1.13 (/usr/bin/python3 with
 # python3-torch), alternating with our own timings for ROUNDS rounds, and prints
-# the ratios to each and the targets against the faster.
+# the ratios to each, and at the GPT-2 shape the ratios against the faster.
 #   scripts/bench.sh                 2 threads, 3 rounds, table
 #   THREADS=1 ROUNDS=5 scripts/bench.sh --json
 set -euo pipefail

@@ -1,11 +1,7 @@
 #include "posembed/tools/machine.h"
 
-#include <algorithm>
-#include <cstdint>
 #include <fstream>
 #include <string>
-
-#include "posembed/core/layer.h"
 
 namespace posembed::tools {
 
@@ -42,22 +38,6 @@ std::string load_average() {
   std::string a;
   if (f >> a) return a;
   return "unknown";
-}
-
-std::size_t eviction_bytes(std::size_t llc) {
-  return llc == 0 ? std::size_t{512} << 20 : std::max(std::size_t{64} << 20, 2 * llc);
-}
-
-CacheEvictor::CacheEvictor(std::size_t bytes) { assign_zeros_huge(buffer, bytes / sizeof(float)); }
-
-void CacheEvictor::operator()() {
-  constexpr std::int64_t kLine = 64 / sizeof(float);
-  const auto n = static_cast<std::int64_t>(buffer.size());
-  const float* p = buffer.data();
-  double sum = 0;
-#pragma omp parallel for reduction(+ : sum) schedule(static)
-  for (std::int64_t i = 0; i < n; i += kLine) sum += p[i];
-  sum_read += sum;
 }
 
 }  // namespace posembed::tools
