@@ -108,7 +108,9 @@ class _Embedding(torch.autograd.Function):
         grad_out = grad_out.contiguous()
         _C.set_num_threads(torch.get_num_threads())
         if need_positions:
-            grad_positions = torch.empty(position_shape, dtype=torch.float32)
+            # From the pool too: a long context's position gradient (8192 x 1024 is 32 MB)
+            # from torch.empty would page-fault in on every step.
+            grad_positions = _C.empty_float32(*position_shape)
         vocab_size, max_seq_len = token_shape[0], position_shape[0]
         if need_tokens and sparse:
             # The position gradient written fresh, as the dense path's below.
