@@ -1,7 +1,8 @@
 // Eval-mode loss by position: how well a trained model predicts the byte after
 // position t of a window, for every t, over windows of a text (`posembed eval`,
-// experiment claim 7). A learned table has a row per position, so the loss at
-// positions a model never trained on shows what that row (or its absence) does.
+// experiment claim 7; model/corpus.h picks the windows). A learned table has a
+// row per position, so the loss at positions a model never trained on shows
+// what that row (or its absence) does.
 #pragma once
 
 #include <cstdint>
@@ -11,12 +12,6 @@
 #include "posembed/model/gpt.h"
 
 namespace posembed::model {
-
-// Start offsets of the consecutive windows of T bytes of a text of `size` bytes
-// (0, T, 2T, ...; each needs T + 1 bytes: inputs and next-byte targets), as the
-// trainer's validation uses them. max_windows > 0 keeps that many, evenly spread.
-std::vector<std::int64_t> consecutive_windows(std::size_t size, std::int64_t T,
-                                              std::int64_t max_windows = 0);
 
 struct PositionLoss {
   std::int64_t seq_len = 0, windows = 0;

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <optional>
-#include <array>
 #include <map>
 #include <atomic>
 #include <chrono>
@@ -37,7 +36,6 @@ std::size_t sz(std::int64_t n) { return static_cast<std::size_t>(n); }
 
 constexpr const char* kFormat = "posembed-gpt";
 constexpr const char* kFormatVersion = "1";
-constexpr std::int64_t kChunkBytes = 4096;  // granularity of the train/validation split
 
 std::atomic<bool> g_interrupted{false};
 extern "C" void on_stop_signal(int) { g_interrupted.store(true); }
@@ -241,72 +239,6 @@ StepStats train_step(Gpt& model, Activations& acts, std::span<const std::int64_t
   return stats;
 }
 
-std::vector<std::uint8_t> read_text(const std::filesystem::path& path) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (!fs::exists(path, ec)) {
-    throw Error("training data " + path.string() + " not found; install the Debian package "
-                "'fortunes' (scripts/deps.sh run) for the default corpus, or pass --data FILE");
-  }
-  std::vector<fs::path> files;
-  if (fs::is_directory(path)) {
-    for (const auto& entry : fs::directory_iterator(path)) {
-      if (entry.is_symlink() || !entry.is_regular_file()) continue;
-      if (entry.path().extension() == ".dat") continue;  // strfile's binary index
-      files.push_back(entry.path());
-    }
-    std::sort(files.begin(), files.end());
-  } else {
-    files.push_back(path);
-  }
-  std::vector<std::uint8_t> text;
-  for (const auto& f : files) {
-    std::ifstream in(f, std::ios::binary);
-    if (!in) throw Error("cannot read " + f.string());
-    text.insert(text.end(), std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  }
-  return text;
-}
-
-Corpus split_corpus(std::vector<std::uint8_t> text, double val_fraction) {
-  Corpus c;
-  c.total_bytes = text.size();
-  std::array<std::uint64_t, 256> counts{};
-  for (auto b : text) ++counts[b];
-  for (auto n : counts) {
-    if (n == 0) continue;
-    const double p = static_cast<double>(n) / static_cast<double>(text.size());
-    c.unigram_entropy -= p * std::log(p);
-  }
-  // Chunk k goes to validation when floor((k+1) f) > floor(k f): an even spread,
-  // so both splits see every part (every fortune file) of the text.
-  for (std::size_t k = 0, at = 0; at < text.size(); ++k, at += kChunkBytes) {
-    const auto end = std::min(text.size(), at + kChunkBytes);
-    const bool val = std::floor(static_cast<double>(k + 1) * val_fraction) >
-                     std::floor(static_cast<double>(k) * val_fraction);
-    auto& dst = val ? c.val : c.train;
-    dst.insert(dst.end(), text.begin() + static_cast<std::ptrdiff_t>(at),
-               text.begin() + static_cast<std::ptrdiff_t>(end));
-  }
-  return c;
-}
-
-void fill_train_batch(std::span<std::int64_t> inputs, std::span<std::int64_t> targets,
-                      std::span<const std::uint8_t> text, std::int64_t B, std::int64_t T,
-                      std::uint64_t seed, std::uint64_t step, std::int64_t first_row) {
-  const std::uint64_t range = text.size() - static_cast<std::uint64_t>(T);  // offsets [0, range)
-  for (std::int64_t b = 0; b < B; ++b) {
-    const PhiloxCounter w = philox4x32_10(
-        philox_counter(static_cast<std::uint64_t>(first_row + b), step, RandomStream::data_sampling),
-        philox_key(seed));
-    const std::uint64_t offset = ((std::uint64_t{w[0]} << 32) | w[1]) % range;
-    for (std::int64_t t = 0; t < T; ++t) {
-      inputs[sz(b * T + t)] = text[offset + static_cast<std::uint64_t>(t)];
-      targets[sz(b * T + t)] = text[offset + static_cast<std::uint64_t>(t) + 1];
-    }
-  }
-}
-
 void evaluate_chunks(const Gpt& model, Activations& acts, std::span<const std::uint8_t> text,
                      std::span<const std::int64_t> starts, std::int64_t T,
                      std::vector<std::int64_t>& inputs, std::vector<std::int64_t>& targets,
@@ -322,14 +254,8 @@ void evaluate_chunks(const Gpt& model, Activations& acts, std::span<const std::u
   const std::span<std::int64_t> in(inputs.data(), sz(B * T)), tg(targets.data(), sz(B * T));
   for (std::int64_t c = first_chunk; c < last; ++c) {
     const std::int64_t w0 = c * B, rows = std::min(B, W - w0);
-    for (std::int64_t b = 0; b < B; ++b) {
-      // Rows past the last window repeat it; their losses are not counted.
-      const auto s = static_cast<std::size_t>(starts[sz(w0 + std::min(b, rows - 1))]);
-      for (std::int64_t t = 0; t < T; ++t) {
-        in[sz(b * T + t)] = text[s + sz(t)];
-        tg[sz(b * T + t)] = text[s + sz(t) + 1];
-      }
-    }
+    // Rows past the last window repeat it; their losses are not counted.
+    fill_windows(in, tg, text, starts.subspan(sz(w0), sz(rows)), T);
     gpt_forward(model, acts, in, tg, T, false, 0);
     sums[sz(c - first_chunk)] = gpt_loss_sum(acts, rows * T);
   }
@@ -566,26 +492,13 @@ TrainResult train(const TrainOptions& options) {
                 std::to_string(tc.steps) + " steps; nothing left to train");
   }
 
-  // Validation windows: the split cut into consecutive windows (none truncated away:
-  // every byte but the last is some window's input).
-  std::vector<std::int64_t> val_all;
-  for (std::int64_t s = 0; s + T + 1 <= static_cast<std::int64_t>(corpus.val.size()); s += T) {
-    val_all.push_back(s);
-  }
-  std::vector<std::int64_t> val_some;  // evenly spread subset for periodic estimates
-  const std::int64_t some = std::min<std::int64_t>(static_cast<std::int64_t>(val_all.size()),
-                                                   B * tc.eval_batches);
-  for (std::int64_t i = 0; i < some; ++i) {
-    val_some.push_back(val_all[sz(i * static_cast<std::int64_t>(val_all.size()) / some)]);
-  }
-  // Evenly spread train windows for the final eval-mode train loss (at most 512:
-  // an estimate, comparable with the validation loss).
-  std::vector<std::int64_t> train_some;
-  const auto train_windows = static_cast<std::int64_t>((corpus.train.size() - 1) / sz(T));
-  const std::int64_t train_count = std::min<std::int64_t>(train_windows, 512);
-  for (std::int64_t i = 0; i < train_count; ++i) {
-    train_some.push_back(i * train_windows / train_count * T);
-  }
+  // The periodic validation estimates take B * eval_batches of the split's
+  // windows, the final one all of them; the final train loss at most 512 (an
+  // estimate, comparable with the validation loss).
+  const std::vector<std::int64_t> val_all = consecutive_windows(corpus.val.size(), T);
+  const std::vector<std::int64_t> val_some =
+      consecutive_windows(corpus.val.size(), T, B * tc.eval_batches);
+  const std::vector<std::int64_t> train_some = consecutive_windows(corpus.train.size(), T, 512);
 
   const std::filesystem::path& ckpt = files.checkpoint;
   const std::filesystem::path& log_path = files.log;

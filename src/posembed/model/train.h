@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "posembed/model/corpus.h"
 #include "posembed/model/extend.h"
 #include "posembed/model/gpt.h"
 #include "posembed/model/train_config.h"
@@ -57,23 +58,6 @@ struct StepStats {
 StepStats train_step(Gpt& model, Activations& acts, std::span<const std::int64_t> inputs,
                      std::span<const std::int64_t> targets, std::int64_t T, std::int64_t step,
                      const TrainConfig& config);
-
-// The text, split into train and validation bytes.
-struct Corpus {
-  std::vector<std::uint8_t> train, val;
-  double unigram_entropy = 0;  // nats per byte, over the whole text
-  std::uint64_t total_bytes = 0;
-};
-// path: a file, or a directory whose regular files (not symlinks, not *.dat
-// index files) are concatenated in name order: the fortunes package's layout.
-std::vector<std::uint8_t> read_text(const std::filesystem::path& path);
-Corpus split_corpus(std::vector<std::uint8_t> text, double val_fraction);
-
-// Training windows of batch rows first_row .. first_row + B - 1 at `step`: row
-// r starts at a random offset in the train split keyed by (seed, step, r).
-void fill_train_batch(std::span<std::int64_t> inputs, std::span<std::int64_t> targets,
-                      std::span<const std::uint8_t> text, std::int64_t B, std::int64_t T,
-                      std::uint64_t seed, std::uint64_t step, std::int64_t first_row = 0);
 
 // Checkpoints: parameters under GPT-2 Hugging Face names, the AdamW moments under
 // "optimizer.exp_avg.<name>" / "optimizer.exp_avg_sq.<name>" and every setting

@@ -96,9 +96,6 @@ struct RunResult {
   double seconds = 0;
 };
 
-// Window starts spread evenly over a text: at most `count` of the (size-1)/T windows.
-std::vector<std::int64_t> spread_windows(std::size_t size, std::int64_t T, std::int64_t count);
-
 // The copy-k-back task: random symbols; the target at position t is the input
 // at t - k (symbol 0 for t < k). It cannot be solved without position information:
 // causal attention sees its prefix as an unordered bag.
