@@ -74,7 +74,7 @@ TEST(MomentShard, HoldsOneShardOfTheMoments) {
   EXPECT_THROW(clip_and_update(part, {0, part.num_params}, 1.0, 0, TrainConfig{}), Error);
   EXPECT_EQ(std::vector<float>(part.params.begin(), part.params.end()), before);
   // A checkpoint needs every moment.
-  EXPECT_THROW(save_checkpoint("unused.safetensors", part, Checkpoint{}, true), Error);
+  EXPECT_THROW(save_checkpoint("unused.safetensors", part, Checkpoint{}, part.m, part.v), Error);
 }
 
 // In a world of one with micro_batch == batch_size, the data-parallel step is

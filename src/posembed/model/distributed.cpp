@@ -564,7 +564,7 @@ double data_parallel_evaluate(const Gpt& model, DataParallel& dp,
 void save_checkpoint(const std::filesystem::path& path, Gpt& model, DataParallel& dp,
                      const Checkpoint& info) {
   if (!(dp.shard_optimizer && dp.world.size > 1)) {
-    if (dp.world.rank == 0) save_checkpoint(path, model, info, true);
+    if (dp.world.rank == 0) save_checkpoint(path, model, info, model.m, model.v);
     return;
   }
   // Rank 0's gradients and send buffer (at least one micro-batch, P floats)
@@ -584,7 +584,7 @@ void load_checkpoint(const std::filesystem::path& path, Gpt& model, DataParallel
   const std::span<float> m_all = sharded ? model.grads : model.m;
   const std::span<float> v_all =
       sharded ? std::span<float>(dp.sent.data(), model.num_params) : model.v;
-  if (dp.world.rank == 0) load_checkpoint_tensors(path, model, m_all, v_all);
+  if (dp.world.rank == 0) load_checkpoint(path, model, m_all, v_all);
   if (dp.world.size == 1) return;
   mpi_broadcast(model.params.data(), model.params.size_bytes());
   if (sharded) {

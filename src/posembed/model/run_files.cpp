@@ -3,7 +3,7 @@
 #include <string>
 
 #include "posembed/core/error.h"
-#include "posembed/model/train.h"
+#include "posembed/model/checkpoint.h"
 
 namespace posembed::model {
 namespace {

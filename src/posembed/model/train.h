@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "posembed/model/checkpoint.h"
 #include "posembed/model/corpus.h"
 #include "posembed/model/extend.h"
 #include "posembed/model/gpt.h"
@@ -58,38 +59,6 @@ struct StepStats {
 StepStats train_step(Gpt& model, Activations& acts, std::span<const std::int64_t> inputs,
                      std::span<const std::int64_t> targets, std::int64_t T, std::int64_t step,
                      const TrainConfig& config);
-
-// Checkpoints: parameters under GPT-2 Hugging Face names, the AdamW moments under
-// "optimizer.exp_avg.<name>" / "optimizer.exp_avg_sq.<name>" and every setting
-// in __metadata__.
-struct Checkpoint {
-  GptConfig model;
-  TrainConfig train;
-  std::int64_t step = 0;  // optimizer steps done
-  std::string data;
-  bool freeze_positions = false;
-  std::string origin;  // where the weights came from (--init-from, resize); empty: initialised
-};
-void save_checkpoint(const std::filesystem::path& path, const Gpt& model, const Checkpoint& info,
-                     bool with_optimizer);
-// The same with the moments of every parameter given (m, v: num_params each, or
-// both empty for none): a model whose moments are sharded gathers them first.
-void save_checkpoint(const std::filesystem::path& path, const Gpt& model, const Checkpoint& info,
-                     std::span<const float> m, std::span<const float> v);
-// The settings as the checkpoint's __metadata__ holds them, and back (source
-// names the metadata in errors).
-std::map<std::string, std::string> checkpoint_metadata(const Checkpoint& info);
-Checkpoint checkpoint_from_metadata(const std::map<std::string, std::string>& meta,
-                                    const std::string& source);
-// Reads the settings, builds the model and loads its parameters (and the AdamW
-// moments when present and wanted).
-Checkpoint read_checkpoint_info(const std::filesystem::path& path);
-Gpt load_checkpoint(const std::filesystem::path& path, Checkpoint* info, bool with_optimizer);
-// Loads the parameters of a model made from the checkpoint's settings and, when
-// m and v are not empty (num_params each), every parameter's moments into them.
-// Validates every tensor before copying any.
-void load_checkpoint_tensors(const std::filesystem::path& path, Gpt& model, std::span<float> m,
-                             std::span<float> v);
 
 struct TrainOptions {
   GptConfig model;
