@@ -13,6 +13,7 @@
 #include "posembed/core/error.h"
 #include "posembed/core/parallel.h"
 #include "posembed/io/safetensors.h"
+#include "posembed/model/checkpoint.h"
 #include "posembed/model/corpus.h"
 #include "posembed/model/eval.h"
 #include "posembed/model/extend.h"

@@ -16,6 +16,8 @@
 #include "posembed/core/error.h"
 #include "posembed/core/parallel.h"
 #include "posembed/core/philox.h"
+#include "posembed/model/checkpoint.h"
+#include "posembed/model/step.h"
 #include "posembed/model/train.h"
 #include "test_util.h"
 

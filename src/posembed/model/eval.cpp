@@ -13,6 +13,41 @@ std::size_t sz(std::int64_t n) {
 }
 }  // namespace
 
+void evaluate_chunks(const Gpt& model, Activations& acts, std::span<const std::uint8_t> text,
+                     std::span<const std::int64_t> starts, std::int64_t T,
+                     std::vector<std::int64_t>& inputs, std::vector<std::int64_t>& targets,
+                     std::int64_t first_chunk, std::span<double> sums) {
+  const std::int64_t B = acts.batch, W = static_cast<std::int64_t>(starts.size());
+  const auto last = first_chunk + static_cast<std::int64_t>(sums.size());
+  if (sums.empty()) return;
+  if (first_chunk < 0 || (last - 1) * B >= W) {
+    throw Error("evaluation chunks [" + std::to_string(first_chunk) + ", " + std::to_string(last) +
+                ") of " + std::to_string(B) + " windows lie outside the " + std::to_string(W) +
+                " windows given");
+  }
+  const std::span<std::int64_t> in(inputs.data(), sz(B * T)), tg(targets.data(), sz(B * T));
+  for (std::int64_t c = first_chunk; c < last; ++c) {
+    const std::int64_t w0 = c * B, rows = std::min(B, W - w0);
+    // Rows past the last window repeat it; their losses are not counted.
+    fill_windows(in, tg, text, starts.subspan(sz(w0), sz(rows)), T);
+    gpt_forward(model, acts, in, tg, T, false, 0);
+    sums[sz(c - first_chunk)] = gpt_loss_sum(acts, rows * T);
+  }
+}
+
+double evaluate(const Gpt& model, Activations& acts, std::span<const std::uint8_t> text,
+                std::span<const std::int64_t> starts, std::int64_t T,
+                std::vector<std::int64_t>& inputs, std::vector<std::int64_t>& targets) {
+  const auto W = static_cast<std::int64_t>(starts.size());
+  double total = 0.0;
+  for (std::int64_t c = 0; c * acts.batch < W; ++c) {
+    double sum = 0.0;
+    evaluate_chunks(model, acts, text, starts, T, inputs, targets, c, {&sum, 1});
+    total += sum;
+  }
+  return W ? total / static_cast<double>(W * T) : 0.0;
+}
+
 double PositionLoss::range_mean(std::int64_t begin, std::int64_t end) const {
   end = std::min(end, seq_len);
   double sum = 0;

@@ -4,28 +4,25 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <optional>
-#include <map>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <fstream>
+#include <map>
 #include <memory>
+#include <optional>
 
 #include "posembed/core/error.h"
-#include "posembed/core/optim.h"
 #include "posembed/core/parallel.h"
-#include "posembed/core/parallel_for.h"
-#include "posembed/core/philox.h"
 #include "posembed/core/simd.h"
 #include "posembed/model/distributed.h"
 #include "posembed/model/gemm.h"
 #include "posembed/model/init_from.h"
 #include "posembed/model/run_files.h"
+#include "posembed/model/step.h"
 
 namespace posembed::model {
 namespace {
@@ -125,158 +122,56 @@ std::string seconds_text(double s) {
   return buf;
 }
 
-}  // namespace
-
-void grad_piece_squares(std::span<const float> grads, std::span<double> out) {
-  const std::size_t n = grads.size();
-  if (out.size() != (n + kParamPiece - 1) / kParamPiece) {
-    throw Error("grad_piece_squares: " + std::to_string(out.size()) + " outputs for " +
-                std::to_string(n) + " gradients in pieces of " + std::to_string(kParamPiece));
-  }
-  // Element i of a piece goes to partial sum i % kLanes, added up in a fixed
-  // tree at the end: one running sum waited on each add's latency (0.5% of a
-  // one-thread training step); these vectorise.
-  constexpr std::size_t kLanes = 8;
-  parallel_for(static_cast<std::int64_t>(out.size()), [&](std::int64_t k) {
-    const std::size_t i0 = sz(k) * kParamPiece, i1 = std::min(n, i0 + kParamPiece);
-    double s[kLanes] = {};
-    std::size_t i = i0;
-    for (; i + kLanes <= i1; i += kLanes) {
-      for (std::size_t l = 0; l < kLanes; ++l) {
-        const double g = grads[i + l];
-        s[l] += g * g;
+// Rank 0's settings on every rank, as the checkpoint's metadata holds them.
+void share_settings(Strategy& ranks, Checkpoint& info) {
+  std::vector<std::uint8_t> bytes;  // key \0 value \0 ...: neither holds a NUL
+  if (ranks.writes()) {
+    for (const auto& [key, value] : checkpoint_metadata(info)) {
+      for (const std::string* s : {&key, &value}) {
+        bytes.insert(bytes.end(), s->begin(), s->end());
+        bytes.push_back(0);
       }
     }
-    for (std::size_t l = 0; i < i1; ++i, ++l) {
-      const double g = grads[i];
-      s[l] += g * g;
-    }
-    out[sz(k)] = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
-  });
-}
-
-double grad_norm(const Gpt& model) {
-  // In rounds of kRound pieces so the partial sums fit on the stack (no allocation).
-  constexpr std::size_t kRound = 256;
-  const std::size_t n = model.grads.size();
-  double total = 0.0;
-  for (std::size_t i0 = 0; i0 < n; i0 += kRound * kParamPiece) {
-    double partial[kRound];
-    const std::size_t len = std::min(n - i0, kRound * kParamPiece);
-    const std::span<double> pieces(partial, (len + kParamPiece - 1) / kParamPiece);
-    grad_piece_squares(model.grads.subspan(i0, len), pieces);
-    for (const double p : pieces) total += p;
   }
-  return std::sqrt(total);
-}
-
-double micro_batch_gradient(const Gpt& model, ParamViews& grads, Activations& acts,
-                            std::span<const std::int64_t> inputs,
-                            std::span<const std::int64_t> targets, std::int64_t T,
-                            std::uint64_t dropout_step, std::int64_t loss_count,
-                            const TransposedWeights* transposed) {
-  gpt_forward(model, acts, inputs, targets, T, true, dropout_step, transposed);
-  gpt_backward(model, grads, acts, inputs, targets, loss_count, GradMode::write, transposed);
-  return gpt_loss_sum(acts, static_cast<std::int64_t>(inputs.size()));
-}
-
-double clip_and_update(Gpt& model, ParamRange range, double norm, std::int64_t step,
-                       const TrainConfig& c) {
-  if (range.begin > range.end || range.begin < model.moments.begin ||
-      range.end > model.moments.end) {
-    throw Error("the update of parameters [" + std::to_string(range.begin) + ", " +
-                std::to_string(range.end) + ") needs their AdamW moments, but the model holds "
-                "those of [" + std::to_string(model.moments.begin) + ", " +
-                std::to_string(model.moments.end) + ") only");
-  }
-  if (c.grad_clip > 0) {
-    // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6), capped at 1.
-    const double coef = std::min(1.0, c.grad_clip / (norm + 1e-6));
-    if (coef < 1.0) {
-      const auto f = static_cast<float>(coef);
-      parallel_for(static_cast<std::int64_t>(range.size()),
-                   [&](std::int64_t i) { model.grads[range.begin + sz(i)] *= f; });
+  ranks.share(bytes);
+  if (ranks.writes()) return;
+  std::map<std::string, std::string> meta;
+  std::vector<std::string> fields(1);
+  for (const std::uint8_t b : bytes) {
+    if (b != 0) {
+      fields.back() += static_cast<char>(b);
+    } else {
+      fields.emplace_back();
     }
   }
-  const double lr = lr_at(c, step);
-  // Two contiguous groups (make_gpt's layout): decayed 2-D weights, then the
-  // rest. wte and wpe open the first group; a frozen wpe is skipped. Each group
-  // is cut to `range`; AdamW is element-wise, so the cut changes no bit.
-  const auto update = [&](std::size_t begin, std::size_t end, double weight_decay) {
-    begin = std::max(begin, range.begin);
-    end = std::min(end, range.end);
-    if (begin >= end) return;
-    const AdamWConfig adamw{.lr = lr, .beta1 = c.beta1, .beta2 = c.beta2, .eps = c.eps,
-                            .weight_decay = weight_decay};
-    const std::size_t n = end - begin, at = begin - model.moments.begin;
-    adamw_step(model.params.subspan(begin, n), model.grads.subspan(begin, n), model.m.subspan(at, n),
-               model.v.subspan(at, n), step + 1, adamw);
-  };
-  const ParamTensor& wpe = *find_tensor(model, "wpe.weight");
-  if (model.freeze_positions) {
-    update(0, wpe.offset, c.weight_decay);
-    update(wpe.offset + wpe.numel, model.num_decayed, c.weight_decay);
-  } else {
-    update(0, model.num_decayed, c.weight_decay);
-  }
-  update(model.num_decayed, model.num_params, 0.0);
-  return lr;
+  for (std::size_t i = 0; i + 1 < fields.size(); i += 2) meta[fields[i]] = fields[i + 1];
+  info = checkpoint_from_metadata(meta, "rank 0's settings");
 }
 
-StepStats train_step(Gpt& model, Activations& acts, std::span<const std::int64_t> inputs,
-                     std::span<const std::int64_t> targets, std::int64_t T, std::int64_t step,
-                     const TrainConfig& c) {
-  StepStats stats;
-  stats.loss = micro_batch_gradient(model, model.g, acts, inputs, targets, T,
-                                    static_cast<std::uint64_t>(step), 0) /
-               static_cast<double>(inputs.size());
-  stats.grad_norm = grad_norm(model);
-  stats.lr = clip_and_update(model, {0, model.num_params}, stats.grad_norm, step, c);
-  return stats;
+// A checkpoint of the run, collectively: rank 0 writes it with every moment.
+void save_run(const std::filesystem::path& path, Gpt& model, Strategy& ranks,
+              const Checkpoint& info) {
+  const Strategy::Moments all = ranks.checkpoint_moments(model);
+  ranks.gather_moments(model, all);
+  if (ranks.writes()) save_checkpoint(path, model, info, all.m, all.v);
 }
 
-void evaluate_chunks(const Gpt& model, Activations& acts, std::span<const std::uint8_t> text,
-                     std::span<const std::int64_t> starts, std::int64_t T,
-                     std::vector<std::int64_t>& inputs, std::vector<std::int64_t>& targets,
-                     std::int64_t first_chunk, std::span<double> sums) {
-  const std::int64_t B = acts.batch, W = static_cast<std::int64_t>(starts.size());
-  const auto last = first_chunk + static_cast<std::int64_t>(sums.size());
-  if (sums.empty()) return;
-  if (first_chunk < 0 || (last - 1) * B >= W) {
-    throw Error("evaluation chunks [" + std::to_string(first_chunk) + ", " + std::to_string(last) +
-                ") of " + std::to_string(B) + " windows lie outside the " + std::to_string(W) +
-                " windows given");
-  }
-  const std::span<std::int64_t> in(inputs.data(), sz(B * T)), tg(targets.data(), sz(B * T));
-  for (std::int64_t c = first_chunk; c < last; ++c) {
-    const std::int64_t w0 = c * B, rows = std::min(B, W - w0);
-    // Rows past the last window repeat it; their losses are not counted.
-    fill_windows(in, tg, text, starts.subspan(sz(w0), sz(rows)), T);
-    gpt_forward(model, acts, in, tg, T, false, 0);
-    sums[sz(c - first_chunk)] = gpt_loss_sum(acts, rows * T);
-  }
+// A checkpoint into every rank's model: rank 0 reads it, the others get their part.
+void load_run(const std::filesystem::path& path, Gpt& model, Strategy& ranks) {
+  const Strategy::Moments all = ranks.checkpoint_moments(model);
+  if (ranks.writes()) load_checkpoint(path, model, all.m, all.v);
+  ranks.share(model, all);
 }
 
-double evaluate(const Gpt& model, Activations& acts, std::span<const std::uint8_t> text,
-                std::span<const std::int64_t> starts, std::int64_t T,
-                std::vector<std::int64_t>& inputs, std::vector<std::int64_t>& targets) {
-  const auto W = static_cast<std::int64_t>(starts.size());
-  double total = 0.0;
-  for (std::int64_t c = 0; c * acts.batch < W; ++c) {
-    double sum = 0.0;
-    evaluate_chunks(model, acts, text, starts, T, inputs, targets, c, {&sum, 1});
-    total += sum;
-  }
-  return W ? total / static_cast<double>(W * T) : 0.0;
-}
-
-// ---- the training loop ----
+}  // namespace
 
 TrainResult train(const TrainOptions& options) {
   const World w = world();
-  const bool leader = w.rank == 0;  // reads the text and the checkpoint, writes log and checkpoints
+  const std::unique_ptr<Strategy> strategy = strategy_for(w, options.shard_optimizer);
+  Strategy& ranks = *strategy;
+  const bool leader = ranks.writes();  // reads the text and the checkpoint, writes log and checkpoints
   const bool quiet = options.quiet || !leader;
-  set_num_threads(options.threads == 0 ? default_threads(w) : options.threads);
+  set_num_threads(options.threads == 0 ? ranks.default_threads() : options.threads);
   if (!options.resume.empty() && !options.init_from.empty()) {
     throw Error("--resume continues a run and --init-from starts a new one: give one of them");
   }
@@ -299,25 +194,25 @@ TrainResult train(const TrainOptions& options) {
       }
     }
   }
-  broadcast(w, info);
+  share_settings(ranks, info);
   const TrainConfig& tc = info.train;
   validate(tc, info.model);
   const std::int64_t B = tc.batch_size, T = effective_seq_len(tc, info.model);
-  Gpt model = make_gpt(info.model, options.shard_optimizer ? MomentShard{w.rank, w.size}
-                                                           : MomentShard{});
+  Gpt model = make_gpt(info.model, ranks.moment_shard());
   model.freeze_positions = info.freeze_positions;
-  DataParallel dp = make_data_parallel(w, model, tc, T, options.shard_optimizer);
-  if (!options.resume.empty()) load_checkpoint(options.resume, model, dp);
+  StepBuffers buffers = make_step_buffers(model, tc, T, ranks);
+  ranks.prepare(model, buffers.micro_batches);
+  if (!options.resume.empty()) load_run(options.resume, model, ranks);
   if (!options.init_from.empty()) {  // fresh optimizer state: only the weights come along
     if (init) {
       std::copy(init->model.params.begin(), init->model.params.end(), model.params.begin());
       init->model = Gpt{};  // the source's copy is not needed again
     }
-    broadcast(w, model.params);
+    ranks.share(model, {});
   }
   std::vector<std::uint8_t> text;
   if (leader) text = read_text(info.data);
-  broadcast(w, text);
+  ranks.share(text);
   const Corpus corpus = split_corpus(std::move(text), tc.val_fraction);
   if (corpus.train.size() < sz(T + 1) || corpus.val.size() < sz(T + 1)) {
     throw Error("the text at " + info.data + " has " + std::to_string(corpus.total_bytes) +
@@ -380,9 +275,9 @@ TrainResult train(const TrainOptions& options) {
     if (w.size > 1) {
       std::printf("ranks: %d (MPI), %lld micro-batches per step, optimizer state %s; %.2f MB "
                   "exchanged per step by each rank\n",
-                  w.size, static_cast<long long>(dp.micro_batches),
-                  options.shard_optimizer ? "sharded (ZeRO-1)" : "on every rank",
-                  static_cast<double>(dp.bytes_per_step) / 1e6);
+                  w.size, static_cast<long long>(buffers.micro_batches),
+                  ranks.sharded ? "sharded (ZeRO-1)" : "on every rank",
+                  static_cast<double>(ranks.bytes_per_step) / 1e6);
     }
     std::printf("compute: GEMM %s; embedding kernels %s\n", gemm_library().c_str(),
                 simd::target_name());
@@ -394,7 +289,7 @@ TrainResult train(const TrainOptions& options) {
   TrainResult result;
   result.first_step = info.step;
   result.unigram_entropy = corpus.unigram_entropy;
-  result.bytes_sent_per_step = dp.bytes_per_step;
+  result.bytes_sent_per_step = ranks.bytes_per_step;
   result.losses.reserve(sz(tc.steps - info.step));
   const auto start = std::chrono::steady_clock::now();
   const auto elapsed = [&] {
@@ -409,7 +304,7 @@ TrainResult train(const TrainOptions& options) {
       fill_train_batch(in, tg, corpus.train, tc.micro_batch, T, info.model.seed,
                        static_cast<std::uint64_t>(step), first_row);
     };
-    const StepStats s = data_parallel_step(model, dp, windows, step, tc);
+    const StepStats s = data_parallel_step(model, buffers, ranks, windows, step, tc);
     ++step;
     result.losses.push_back(s.loss);
     tokens += static_cast<double>(B * T);
@@ -417,7 +312,7 @@ TrainResult train(const TrainOptions& options) {
     const double tps = tokens / secs;
     double val = NAN;
     if (step % tc.eval_every == 0 || step == tc.steps) {
-      val = data_parallel_evaluate(model, dp, corpus.val, val_some);
+      val = data_parallel_evaluate(model, buffers, ranks, corpus.val, val_some);
     }
     if (log) {
       std::fprintf(log, "%lld,%.6g,%.6f,%s,%.6f,%.1f,%.4f\n", static_cast<long long>(step), s.lr,
@@ -442,11 +337,11 @@ TrainResult train(const TrainOptions& options) {
     }
     info.step = step;
     // Every rank stops at the same step: a signal may reach them at different times.
-    const int stop = flags_of_all_ranks(
-        w, (signals.stop_requested() ? kStopSignal : 0) | (step == options.stop_after ? kStopAfter : 0));
+    const int stop = ranks.agree((signals.stop_requested() ? kStopSignal : 0) |
+                                 (step == options.stop_after ? kStopAfter : 0));
     if (stop || step % tc.checkpoint_every == 0 || step == tc.steps) {
       if (log) std::fflush(log);
-      save_checkpoint(ckpt, model, dp, info);
+      save_run(ckpt, model, ranks, info);
     }
     if (stop) {
       result.interrupted = (stop & kStopSignal) != 0;
@@ -463,19 +358,20 @@ TrainResult train(const TrainOptions& options) {
   result.last_step = step;
   result.checkpoint = ckpt;
   result.tokens_per_second = tokens / elapsed();
-  result.exchange_seconds = dp.exchange_seconds;
+  result.exchange_seconds = ranks.exchange_seconds;
   if (!quiet && w.size > 1) {
     // Rank 0's time in MPI calls, waiting for slower ranks included.
     std::printf("exchange between ranks (rank 0): %.2f MB per step, %.2f ms per step (%.1f%% of "
                 "the training time)\n",
-                static_cast<double>(dp.bytes_per_step) / 1e6,
-                1e3 * dp.exchange_seconds / static_cast<double>(step - result.first_step),
-                100.0 * dp.exchange_seconds / elapsed());
+                static_cast<double>(ranks.bytes_per_step) / 1e6,
+                1e3 * ranks.exchange_seconds / static_cast<double>(step - result.first_step),
+                100.0 * ranks.exchange_seconds / elapsed());
   }
   if (step == tc.steps && !result.interrupted) {
     // (the checkpoint is already written; an interrupt here just ends the run)
-    result.final_val_loss = data_parallel_evaluate(model, dp, corpus.val, val_all);
-    result.final_train_loss = data_parallel_evaluate(model, dp, corpus.train, train_some);
+    result.final_val_loss = data_parallel_evaluate(model, buffers, ranks, corpus.val, val_all);
+    result.final_train_loss =
+        data_parallel_evaluate(model, buffers, ranks, corpus.train, train_some);
     if (!quiet) {
       std::printf("%sdone: %lld steps in %s, %.0f tokens/s\n", tty ? "\n" : "",
                   static_cast<long long>(step), seconds_text(elapsed()).c_str(),

@@ -3,15 +3,13 @@
 // windows from the train split, a held-out validation split, a CSV log,
 // safetensors checkpoints, bitwise-identical --resume and Ctrl-C handling.
 // Each step's batch is split into micro-batches whose gradients are summed in a
-// fixed order, one process or many (data parallel over MPI: model/distributed.h).
+// fixed order (model/step.h), one process or many: the ranks share the work
+// through a Strategy (model/strategy.h; MPI's in model/distributed.h).
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
-#include <functional>
-#include <map>
 #include <optional>
-#include <span>
 #include <string>
 #include <vector>
 
@@ -22,43 +20,6 @@
 #include "posembed/model/train_config.h"
 
 namespace posembed::model {
-
-// Sum of squares of each kParamPiece-long piece of grads (the last may be
-// shorter), in double, into out (one entry per piece).
-void grad_piece_squares(std::span<const float> grads, std::span<double> out);
-// Global L2 norm of the gradients: the piece sums added in piece order.
-double grad_norm(const Gpt& model);
-
-// The gradient of one micro-batch written into `grads` (param_views of a
-// buffer laid out as model.grads, any contents before): training forward with
-// dropout keyed by dropout_step, backward of the loss summed over the
-// micro-batch and divided by loss_count (the whole batch's token count).
-// Returns the micro-batch's loss sum, added in token order in double. Reads
-// the model only, so several run side by side with buffers of their own.
-// transposed: the model's weights transposed this step, or null.
-double micro_batch_gradient(const Gpt& model, ParamViews& grads, Activations& acts,
-                            std::span<const std::int64_t> inputs,
-                            std::span<const std::int64_t> targets, std::int64_t T,
-                            std::uint64_t dropout_step, std::int64_t loss_count,
-                            const TransposedWeights* transposed = nullptr);
-
-// Clips the gradients in `range` by the global norm (as
-// torch.nn.utils.clip_grad_norm_) and applies AdamW with lr_at(step) to the
-// parameters in `range`, whose moments the model must hold. Returns the lr.
-double clip_and_update(Gpt& model, ParamRange range, double grad_norm, std::int64_t step,
-                       const TrainConfig& config);
-
-struct StepStats {
-  double loss = 0, grad_norm = 0, lr = 0;
-};
-// One optimizer step on a batch taken as a single micro-batch (acts sized for
-// all of it): zero-grad, forward (train, dropout keyed by step), backward, clip,
-// AdamW with lr_at(step). step is 0-based. train() splits the batch into
-// micro-batches instead (data_parallel_step); with micro_batch == batch_size
-// both give the same bits.
-StepStats train_step(Gpt& model, Activations& acts, std::span<const std::int64_t> inputs,
-                     std::span<const std::int64_t> targets, std::int64_t T, std::int64_t step,
-                     const TrainConfig& config);
 
 struct TrainOptions {
   GptConfig model;
@@ -89,17 +50,5 @@ struct TrainResult {
 };
 
 TrainResult train(const TrainOptions& options);
-
-// Mean eval-mode loss over the given windows (start offsets) of text: the
-// windows go through the model acts.batch at a time (a chunk), each chunk's
-// loss sum is added in token order and the chunk sums in chunk order.
-double evaluate(const Gpt& model, Activations& acts, std::span<const std::uint8_t> text,
-                std::span<const std::int64_t> starts, std::int64_t T,
-                std::vector<std::int64_t>& inputs, std::vector<std::int64_t>& targets);
-// The loss sums of chunks first_chunk .. first_chunk + sums.size() - 1 into sums.
-void evaluate_chunks(const Gpt& model, Activations& acts, std::span<const std::uint8_t> text,
-                     std::span<const std::int64_t> starts, std::int64_t T,
-                     std::vector<std::int64_t>& inputs, std::vector<std::int64_t>& targets,
-                     std::int64_t first_chunk, std::span<double> sums);
 
 }  // namespace posembed::model

@@ -6,6 +6,7 @@
 #include "posembed/core/error.h"
 #include "posembed/core/philox.h"
 #include "posembed/model/eval.h"
+#include "posembed/model/step.h"
 
 namespace posembed::tools::claims {
 

@@ -15,8 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "posembed/model/corpus.h"
 #include "posembed/model/gpt.h"
-#include "posembed/model/train.h"
+#include "posembed/model/train_config.h"
 #include "posembed/tools/experiment.h"
 #include "posembed/tools/format.h"
 #include "posembed/tools/plot.h"
