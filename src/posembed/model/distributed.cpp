@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
-#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <type_traits>
@@ -225,13 +224,7 @@ std::unique_ptr<Strategy> strategy_for(const World& w, bool shard_optimizer) {
   return std::make_unique<MpiRanks>(w, shard_optimizer);
 }
 
-void abort_job(const World& w, const std::string& message, int code) {
-  if (w.size > 1) {
-    std::fprintf(stderr, "error (rank %d of %d): %s\n", w.rank, w.size, message.c_str());
-  } else {
-    std::fprintf(stderr, "error: %s\n", message.c_str());
-  }
-  std::fflush(stderr);
+void abort_job(const World& w, int code) {
   if (w.size > 1 && mpi_running()) mpi_abort(code);  // ends every rank; mpirun says which
   std::exit(code);
 }

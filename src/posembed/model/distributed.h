@@ -44,7 +44,6 @@
 
 #include <memory>
 #include <span>
-#include <string>
 #include <vector>
 
 #include "posembed/model/gpt.h"
@@ -78,9 +77,9 @@ World world();
 // MpiRanks otherwise (shard_optimizer: ZeRO-1; one process holds every moment).
 std::unique_ptr<Strategy> strategy_for(const World& world, bool shard_optimizer);
 
-// Prints "error: ..." naming the rank and ends the whole job (MPI_Abort) with
-// `code`; a world of one just exits.
-[[noreturn]] void abort_job(const World& world, const std::string& message, int code);
+// Ends the whole job (MPI_Abort) with `code` when several ranks run, else the
+// process: an error on one rank would leave the others waiting for it.
+[[noreturn]] void abort_job(const World& world, int code);
 
 // The exchanges of two or more ranks, in the order above; the MPI calls need
 // an MpiSession, the layout (prepare) does not.
