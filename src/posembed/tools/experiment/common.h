@@ -8,7 +8,6 @@
 #include <cmath>
 #include <cstdarg>
 #include <cstdint>
-#include <cstdio>
 #include <map>
 #include <optional>
 #include <span>
@@ -111,14 +110,14 @@ class Context {
   // A plot's file name in out_dir: the stem with the chosen format's extension.
   std::string image(const std::string& stem) const { return stem + "." + o_.image_format; }
 
+  // A progress line to options().progress.
   void log(const char* fmt, ...) __attribute__((format(printf, 2, 3))) {
-    if (o_.quiet) return;
+    if (!o_.progress) return;
     va_list args;
     va_start(args, fmt);
-    std::vfprintf(stdout, fmt, args);
+    const std::string line = vformat(fmt, args);
     va_end(args);
-    std::fputc('\n', stdout);
-    std::fflush(stdout);
+    o_.progress(line);
   }
 
   const std::vector<std::uint8_t>& text() {
