@@ -120,8 +120,11 @@ void run_sample(const SampleOptions& o) {
 std::string seconds_text(double s) {
   char buf[32];
   const auto total = static_cast<long long>(std::max(0.0, s) + 0.5);
-  if (total >= 60) std::snprintf(buf, sizeof buf, "%lldm%02llds", total / 60, total % 60);
-  else std::snprintf(buf, sizeof buf, "%llds", total);
+  if (total >= 60) {
+    std::snprintf(buf, sizeof buf, "%lldm%02llds", total / 60, total % 60);
+  } else {
+    std::snprintf(buf, sizeof buf, "%llds", total);
+  }
   return buf;
 }
 
@@ -139,30 +142,33 @@ class TrainPrinter {
     const model::TrainConfig& t = e.run.train;
     first_step_ = e.run.step;
     ranks_ = e.ranks;
-    std::printf("model: %lld layers, %lld heads, width %lld, max_seq_len %lld, %zu parameters "
-                "(position table %zu = %.2f%%), dropout %g\n",
-                static_cast<long long>(m.n_layer), static_cast<long long>(m.n_head),
-                static_cast<long long>(m.embed_dim), static_cast<long long>(m.max_seq_len),
-                e.num_params, e.position_params,
-                100.0 * static_cast<double>(e.position_params) / static_cast<double>(e.num_params),
-                m.dropout);
-    std::printf("data: %s, %llu bytes (train %zu, validation %zu), unigram entropy %.4f nats/byte\n",
-                e.run.data.c_str(), static_cast<unsigned long long>(e.text_bytes), e.train_bytes,
-                e.val_bytes, e.unigram_entropy);
+    std::printf(
+        "model: %lld layers, %lld heads, width %lld, max_seq_len %lld, %zu parameters "
+        "(position table %zu = %.2f%%), dropout %g\n",
+        static_cast<long long>(m.n_layer), static_cast<long long>(m.n_head),
+        static_cast<long long>(m.embed_dim), static_cast<long long>(m.max_seq_len), e.num_params,
+        e.position_params,
+        100.0 * static_cast<double>(e.position_params) / static_cast<double>(e.num_params),
+        m.dropout);
+    std::printf(
+        "data: %s, %llu bytes (train %zu, validation %zu), unigram entropy %.4f nats/byte\n",
+        e.run.data.c_str(), static_cast<unsigned long long>(e.text_bytes), e.train_bytes,
+        e.val_bytes, e.unigram_entropy);
     if (!e.run.origin.empty()) std::printf("weights from: %s\n", e.run.origin.c_str());
     for (const std::string& note : e.notes) std::printf("  note: %s\n", note.c_str());
-    std::printf("training: steps %lld, batch %lld x %lld bytes (micro-batches of %lld), lr %g, "
-                "threads %d%s\n",
-                static_cast<long long>(t.steps), static_cast<long long>(t.batch_size),
-                static_cast<long long>(e.seq_len), static_cast<long long>(t.micro_batch), t.lr,
-                e.threads,
-                e.resumed ? (", resumed at step " + std::to_string(e.run.step)).c_str() : "");
+    std::printf(
+        "training: steps %lld, batch %lld x %lld bytes (micro-batches of %lld), lr %g, "
+        "threads %d%s\n",
+        static_cast<long long>(t.steps), static_cast<long long>(t.batch_size),
+        static_cast<long long>(e.seq_len), static_cast<long long>(t.micro_batch), t.lr, e.threads,
+        e.resumed ? (", resumed at step " + std::to_string(e.run.step)).c_str() : "");
     if (e.ranks > 1) {
-      std::printf("ranks: %d (MPI), %lld micro-batches per step, optimizer state %s; %.2f MB "
-                  "exchanged per step by each rank\n",
-                  e.ranks, static_cast<long long>(e.micro_batches),
-                  e.sharded ? "sharded (ZeRO-1)" : "on every rank",
-                  static_cast<double>(e.bytes_per_step) / 1e6);
+      std::printf(
+          "ranks: %d (MPI), %lld micro-batches per step, optimizer state %s; %.2f MB "
+          "exchanged per step by each rank\n",
+          e.ranks, static_cast<long long>(e.micro_batches),
+          e.sharded ? "sharded (ZeRO-1)" : "on every rank",
+          static_cast<double>(e.bytes_per_step) / 1e6);
     }
     std::printf("compute: GEMM %s; embedding kernels %s\n", model::gemm_library().c_str(),
                 simd::target_name());
@@ -204,20 +210,22 @@ class TrainPrinter {
   void operator()(const model::TrainResult& r) {
     if (ranks_ > 1) {
       // Rank 0's time in MPI calls, waiting for slower ranks included.
-      std::printf("exchange between ranks (rank 0): %.2f MB per step, %.2f ms per step (%.1f%% of "
-                  "the training time)\n",
-                  static_cast<double>(r.bytes_sent_per_step) / 1e6,
-                  1e3 * r.exchange_seconds / static_cast<double>(r.last_step - r.first_step),
-                  100.0 * r.exchange_seconds / r.train_seconds);
+      std::printf(
+          "exchange between ranks (rank 0): %.2f MB per step, %.2f ms per step (%.1f%% of "
+          "the training time)\n",
+          static_cast<double>(r.bytes_sent_per_step) / 1e6,
+          1e3 * r.exchange_seconds / static_cast<double>(r.last_step - r.first_step),
+          100.0 * r.exchange_seconds / r.train_seconds);
     }
     if (!r.finished) return;
     std::printf("%sdone: %lld steps in %s, %.0f tokens/s\n", tty_ ? "\n" : "",
                 static_cast<long long>(r.last_step), seconds_text(r.seconds).c_str(),
                 r.tokens_per_second);
-    std::printf("final loss (nats/byte, eval mode): train %.4f (%zu windows), validation %.4f "
-                "(all %zu windows); unigram entropy of the text %.4f\n",
-                r.final_train_loss, r.final_train_windows, r.final_val_loss, r.final_val_windows,
-                r.unigram_entropy);
+    std::printf(
+        "final loss (nats/byte, eval mode): train %.4f (%zu windows), validation %.4f "
+        "(all %zu windows); unigram entropy of the text %.4f\n",
+        r.final_train_loss, r.final_train_windows, r.final_val_loss, r.final_val_windows,
+        r.unigram_entropy);
     std::printf("checkpoint: %s, log: %s\n", r.checkpoint.c_str(), r.log.c_str());
   }
 
@@ -231,8 +239,9 @@ class TrainPrinter {
 void add_train_command(CLI::App& app) {
   auto options = std::make_shared<model::TrainOptions>();
   CLI::App* cmd = app.add_subcommand(
-      "train", "train a small GPT (byte-level, learned position table) on text; default corpus: "
-               "the Debian 'fortunes' package");
+      "train",
+      "train a small GPT (byte-level, learned position table) on text; default corpus: "
+      "the Debian 'fortunes' package");
   add_config_flags(*cmd, options->model);
   add_config_flags(*cmd, options->train);
   cmd->add_option("--data", options->data,

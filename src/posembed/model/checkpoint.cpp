@@ -84,15 +84,16 @@ void save_checkpoint(const std::filesystem::path& path, const Gpt& model, const 
                      std::span<const float> m, std::span<const float> v) {
   if (m.size() != v.size() || (!m.empty() && m.size() != model.num_params)) {
     throw Error("saving the AdamW moments needs both for all " + std::to_string(model.num_params) +
-                " parameters, not " + std::to_string(m.size()) + " and " + std::to_string(v.size()) +
+                " parameters, not " + std::to_string(m.size()) + " and " +
+                std::to_string(v.size()) +
                 " (a model with a ZeRO-1 shard of them gathers them first)");
   }
   Checkpoint described = info;
   described.model = model.config;
   std::vector<io::TensorToWrite> tensors;
   const auto add = [&](const std::string& name, const ParamTensor& t, std::span<const float> buf) {
-    tensors.push_back({name, io::DType::F32, t.shape,
-                       std::as_bytes(buf.subspan(t.offset, t.numel))});
+    tensors.push_back(
+        {name, io::DType::F32, t.shape, std::as_bytes(buf.subspan(t.offset, t.numel))});
   };
   for (const auto& t : model.tensors) add(t.name, t, model.params);
   if (!m.empty()) {
@@ -121,7 +122,8 @@ void load_tensors(const io::SafetensorsFile& file, Gpt& model, std::span<float> 
     const io::TensorInfo* ti = file.find(name);
     if (!ti) throw Error(file.source() + ": tensor '" + name + "' is missing");
     if (ti->shape != t.shape || ti->dtype != io::DType::F32) {
-      throw Error(file.source() + ": tensor '" + name + "' has the wrong shape or dtype (want F32)");
+      throw Error(file.source() + ": tensor '" + name +
+                  "' has the wrong shape or dtype (want F32)");
     }
     plan.emplace_back(ti, buf.subspan(t.offset, t.numel));
   };

@@ -34,7 +34,8 @@ std::vector<std::uint8_t> read_text(const std::filesystem::path& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::exists(path, ec)) {
-    throw Error("training data " + path.string() + " not found; install the Debian package "
+    throw Error("training data " + path.string() +
+                " not found; install the Debian package "
                 "'fortunes' (scripts/deps.sh run) for the default corpus, or pass --data FILE");
   }
   std::vector<fs::path> files;
@@ -85,9 +86,9 @@ void fill_train_batch(std::span<std::int64_t> inputs, std::span<std::int64_t> ta
                       std::uint64_t seed, std::uint64_t step, std::int64_t first_row) {
   const std::uint64_t range = text.size() - static_cast<std::uint64_t>(T);  // offsets [0, range)
   for (std::int64_t b = 0; b < B; ++b) {
-    const PhiloxCounter w = philox4x32_10(
-        philox_counter(static_cast<std::uint64_t>(first_row + b), step, RandomStream::data_sampling),
-        philox_key(seed));
+    const PhiloxCounter w = philox4x32_10(philox_counter(static_cast<std::uint64_t>(first_row + b),
+                                                         step, RandomStream::data_sampling),
+                                          philox_key(seed));
     const std::uint64_t offset = ((std::uint64_t{w[0]} << 32) | w[1]) % range;
     copy_window(inputs.data() + b * T, targets.data() + b * T, text, offset, T);
   }

@@ -286,11 +286,16 @@ void MpiRanks::prepare(const Gpt& model, std::int64_t M) {
       },
       what);
   set_counts(
-      shard_floats, N, [&](int r) { return std::pair{shards[sz(r)].size(), shards[sz(r)].begin}; },
+      shard_floats, N,
+      [&](int r) {
+        return std::pair{shards[sz(r)].size(), shards[sz(r)].begin};
+      },
       what);
   set_counts(
       shard_pieces, N,
-      [&](int r) { return std::pair{pieces_in(shards[sz(r)]), shards[sz(r)].begin / kParamPiece}; },
+      [&](int r) {
+        return std::pair{pieces_in(shards[sz(r)]), shards[sz(r)].begin / kParamPiece};
+      },
       what);
   sent.assign(my_count * P, 0.0f);
   received.assign(sz(M) * own.size(), 0.0f);

@@ -90,8 +90,7 @@ class MpiRanks final : public Strategy {
   void share(std::vector<std::uint8_t>& bytes) override;
   void share(Gpt& model, Moments all) override;
   void prepare(const Gpt& model, std::int64_t micro_batches) override;
-  void collect(Gpt& model, std::span<const std::span<const float>> grads,
-               std::int64_t k0) override;
+  void collect(Gpt& model, std::span<const std::span<const float>> grads, std::int64_t k0) override;
   void reduce_gradients(Gpt& model) override;
   void gather_shares(std::span<double> values) override;
   void gather_pieces(std::span<double> piece_squares) override;
@@ -105,10 +104,10 @@ class MpiRanks final : public Strategy {
     std::vector<int> counts, displs;
   };
   // The layout, sized by prepare.
-  IndexRange mine;                  // this rank's micro-batches
-  std::vector<ParamRange> shards;   // every rank's parameters (whole pieces)
-  std::vector<float> sent;          // (mine.size, P), grouped by destination shard
-  std::vector<float> received;      // (M, own shard) in micro-batch order
+  IndexRange mine;                 // this rank's micro-batches
+  std::vector<ParamRange> shards;  // every rank's parameters (whole pieces)
+  std::vector<float> sent;         // (mine.size, P), grouped by destination shard
+  std::vector<float> received;     // (M, own shard) in micro-batch order
   std::vector<std::span<const float>> received_by_micro_batch;  // (M) views of received
   // Elements of `sent` for each rank and of `received` from it, its shard in
   // floats and in pieces, and (set by each call) its share of gathered values.

@@ -30,7 +30,7 @@ void side_by_side(StepBuffers& buffers, std::int64_t wave, Body&& body) {
   const int threads = num_threads(), levels = omp_get_max_active_levels();
   const int inner = std::max(1, threads / static_cast<int>(wave));
   if (inner > 1) omp_set_max_active_levels(std::max(levels, 2));
-#pragma omp parallel for schedule(static, 1) num_threads(static_cast<int>(wave))
+#pragma omp parallel for schedule(static, 1) num_threads(static_cast <int>(wave))
   for (std::int64_t s = 0; s < wave; ++s) {
     omp_set_num_threads(inner);  // this thread's own setting, for the regions nested in it
     try {
@@ -108,9 +108,11 @@ void clip_and_update(Gpt& model, ParamRange range, double norm, std::int64_t ste
   if (range.begin > range.end || range.begin < model.moments.begin ||
       range.end > model.moments.end) {
     throw Error("the update of parameters [" + std::to_string(range.begin) + ", " +
-                std::to_string(range.end) + ") needs their AdamW moments, but the model holds "
-                "those of [" + std::to_string(model.moments.begin) + ", " +
-                std::to_string(model.moments.end) + ") only");
+                std::to_string(range.end) +
+                ") needs their AdamW moments, but the model holds "
+                "those of [" +
+                std::to_string(model.moments.begin) + ", " + std::to_string(model.moments.end) +
+                ") only");
   }
   if (c.grad_clip > 0) {
     // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6), capped at 1.
@@ -128,11 +130,11 @@ void clip_and_update(Gpt& model, ParamRange range, double norm, std::int64_t ste
     begin = std::max(begin, range.begin);
     end = std::min(end, range.end);
     if (begin >= end) return;
-    const AdamWConfig adamw{.lr = lr, .beta1 = c.beta1, .beta2 = c.beta2, .eps = c.eps,
-                            .weight_decay = weight_decay};
+    const AdamWConfig adamw{
+        .lr = lr, .beta1 = c.beta1, .beta2 = c.beta2, .eps = c.eps, .weight_decay = weight_decay};
     const std::size_t n = end - begin, at = begin - model.moments.begin;
-    adamw_step(model.params.subspan(begin, n), model.grads.subspan(begin, n), model.m.subspan(at, n),
-               model.v.subspan(at, n), step + 1, adamw);
+    adamw_step(model.params.subspan(begin, n), model.grads.subspan(begin, n),
+               model.m.subspan(at, n), model.v.subspan(at, n), step + 1, adamw);
   };
   const ParamTensor& wpe = *find_tensor(model, "wpe.weight");
   if (model.freeze_positions) {
@@ -239,10 +241,10 @@ StepStats data_parallel_step(Gpt& model, StepBuffers& b, Strategy& ranks, const 
   // Shards are whole pieces: every rank's pieces, added in piece order, are
   // the norm's sum over all the parameters.
   const ParamRange own = ranks.updates(model.num_params);
-  grad_piece_squares(model.grads.subspan(own.begin, own.size()),
-                     std::span(b.piece_squares)
-                         .subspan(own.begin / kParamPiece,
-                                  (own.size() + kParamPiece - 1) / kParamPiece));
+  grad_piece_squares(
+      model.grads.subspan(own.begin, own.size()),
+      std::span(b.piece_squares)
+          .subspan(own.begin / kParamPiece, (own.size() + kParamPiece - 1) / kParamPiece));
   ranks.gather_pieces(b.piece_squares);
   double total = 0.0;
   for (const double p : b.piece_squares) total += p;
@@ -266,8 +268,8 @@ double data_parallel_evaluate(const Gpt& model, StepBuffers& b, Strategy& ranks,
   for (std::int64_t c0 = mine.begin; c0 < mine.end; c0 += slots) {
     side_by_side(b, std::min(slots, mine.end - c0), [&](std::int64_t s) {
       MicroBatchSlot& slot = b.slots[sz(s)];
-      evaluate_chunks(model, slot.acts, text, starts, b.seq_len, slot.inputs, slot.targets,
-                      c0 + s, std::span<double>(b.chunk_sums).subspan(sz(c0 + s), 1));
+      evaluate_chunks(model, slot.acts, text, starts, b.seq_len, slot.inputs, slot.targets, c0 + s,
+                      std::span<double>(b.chunk_sums).subspan(sz(c0 + s), 1));
     });
   }
   ranks.gather_shares(b.chunk_sums);

@@ -78,11 +78,11 @@ struct StepBuffers {
   // needs no hand-over between threads inside it, where the ops' own threading
   // takes hundreds a step.
   std::vector<MicroBatchSlot> slots;
-  TransposedWeights transposed;               // this step's, shared by its micro-batches
-  std::vector<std::span<const float>> wave;   // (slots) the wave's gradients, for the strategy
-  std::vector<double> loss_sums;              // (M)
-  std::vector<double> piece_squares;          // one per kParamPiece piece of the parameters
-  std::vector<double> chunk_sums;             // evaluation, one per chunk
+  TransposedWeights transposed;              // this step's, shared by its micro-batches
+  std::vector<std::span<const float>> wave;  // (slots) the wave's gradients, for the strategy
+  std::vector<double> loss_sums;             // (M)
+  std::vector<double> piece_squares;         // one per kParamPiece piece of the parameters
+  std::vector<double> chunk_sums;            // evaluation, one per chunk
 };
 
 // Checks the settings, that every rank gets at least one micro-batch and that

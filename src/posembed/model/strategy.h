@@ -64,11 +64,12 @@ class Strategy {
   // ---- before the first step ----
   // Rank 0's bytes (their count included) on every rank.
   virtual void share(std::vector<std::uint8_t>& bytes) = 0;
-  // Rank 0's parameters and, unless `all` is empty, the moments it loaded into
-  // `all` (checkpoint_moments) on every rank.
+  // The AdamW moments of every parameter (num_params each), or none (empty).
   struct Moments {
     std::span<float> m, v;
   };
+  // Rank 0's parameters and, unless `all` is empty, the moments it loaded into
+  // `all` (checkpoint_moments) on every rank.
   virtual void share(Gpt& model, Moments all) = 0;
   // Sizes the exchange of a step of `micro_batches` over `model`.
   virtual void prepare(const Gpt& model, std::int64_t micro_batches) = 0;
@@ -109,8 +110,7 @@ class SingleProcess final : public Strategy {
   void share(Gpt&, Moments) override {}
   void prepare(const Gpt&, std::int64_t) override {}
   // The left fold as the waves come, onto micro-batch 0's gradient.
-  void collect(Gpt& model, std::span<const std::span<const float>> grads,
-               std::int64_t k0) override;
+  void collect(Gpt& model, std::span<const std::span<const float>> grads, std::int64_t k0) override;
   void reduce_gradients(Gpt&) override {}
   void gather_shares(std::span<double>) override {}
   void gather_pieces(std::span<double>) override {}

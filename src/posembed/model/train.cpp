@@ -24,7 +24,9 @@ std::size_t sz(std::int64_t n) {
 }
 
 std::atomic<bool> g_interrupted{false};
-extern "C" void on_stop_signal(int) { g_interrupted.store(true); }
+extern "C" void on_stop_signal(int) {
+  g_interrupted.store(true);
+}
 
 // Signals that save a checkpoint and stop: Ctrl-C; under MPI also SIGTERM (what
 // mpirun sends every rank on Ctrl-C, SIGKILL following a second later by

@@ -1,6 +1,6 @@
 // The training loop of the GPT on a byte stream: sets a run up (new, resumed
-// from a checkpoint or started from other weights), takes the steps (model/
-// step.h) on random windows of the train split (model/corpus.h) at the
+// from a checkpoint or started from other weights), takes the steps
+// (model/step.h) on random windows of the train split (model/corpus.h) at the
 // schedule's learning rate (model/train_config.h), estimates the validation
 // loss now and then, logs every step to log.csv, writes checkpoints
 // (model/checkpoint.h) and stops with one on Ctrl-C or --stop-after. Resumed
@@ -31,14 +31,14 @@ struct TrainOptions {
   GptConfig model;
   TrainConfig train;
   std::string data = "/usr/share/games/fortunes";
-  std::filesystem::path out_dir;  // empty: "out", or a resumed run's own folder (run_files.h)
-  std::filesystem::path resume;   // a checkpoint to continue from
-  std::filesystem::path init_from;       // weights to start a new run from (init_from.h)
+  std::filesystem::path out_dir;    // empty: "out", or a resumed run's own folder (run_files.h)
+  std::filesystem::path resume;     // a checkpoint to continue from
+  std::filesystem::path init_from;  // weights to start a new run from (init_from.h)
   std::optional<PositionResize> extend;  // how init_from's table changes length
   bool overwrite = false;                // replace another run's files in the folder
-  bool freeze_positions = false;  // position table gets no gradient (and no update)
+  bool freeze_positions = false;         // position table gets no gradient (and no update)
   int threads = 0;
-  std::int64_t stop_after = -1;   // stop (saving a checkpoint) when this many steps are done
+  std::int64_t stop_after = -1;  // stop (saving a checkpoint) when this many steps are done
 };
 
 // ---- what the loop reports, on rank 0 only, in this order ----
@@ -55,8 +55,8 @@ struct TrainStarted {
   std::int64_t seq_len = 0;    // T
   int threads = 0;             // per rank
   int ranks = 1;
-  std::int64_t micro_batches = 0;  // per step
-  bool sharded = false;            // ZeRO-1
+  std::int64_t micro_batches = 0;    // per step
+  bool sharded = false;              // ZeRO-1
   std::uint64_t bytes_per_step = 0;  // exchanged by each rank
 };
 
@@ -87,8 +87,8 @@ struct TrainResult {
   std::size_t final_train_windows = 0, final_val_windows = 0;
   double unigram_entropy = 0;
   double tokens_per_second = 0;
-  double train_seconds = 0;  // the steps (and their evaluations and checkpoints)
-  double seconds = 0;        // the whole run, the final evaluation included
+  double train_seconds = 0;               // the steps (and their evaluations and checkpoints)
+  double seconds = 0;                     // the whole run, the final evaluation included
   double exchange_seconds = 0;            // in gradient and parameter exchange between ranks
   std::uint64_t bytes_sent_per_step = 0;  // by this rank
   std::filesystem::path checkpoint, log;

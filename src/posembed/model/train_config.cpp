@@ -22,8 +22,9 @@ void validate(const TrainConfig& t, const GptConfig& m) {
   positive("batch_size", t.batch_size);
   positive("micro_batch", t.micro_batch);
   if (t.batch_size % t.micro_batch != 0) {
-    throw Error("batch_size " + std::to_string(t.batch_size) + " is not a multiple of micro_batch " +
-                std::to_string(t.micro_batch) + ": every micro-batch holds the same number of "
+    throw Error("batch_size " + std::to_string(t.batch_size) +
+                " is not a multiple of micro_batch " + std::to_string(t.micro_batch) +
+                ": every micro-batch holds the same number of "
                 "windows; pick a --micro-batch that divides --batch-size");
   }
   positive("eval_every", t.eval_every);
@@ -61,8 +62,8 @@ double lr_at(const TrainConfig& c, std::int64_t step) {
   }
   const double min_lr = c.lr * c.min_lr_ratio;
   const std::int64_t decay_steps = std::max<std::int64_t>(1, c.steps - c.warmup_steps);
-  const double ratio = std::min(1.0, static_cast<double>(step - c.warmup_steps) /
-                                         static_cast<double>(decay_steps));
+  const double ratio =
+      std::min(1.0, static_cast<double>(step - c.warmup_steps) / static_cast<double>(decay_steps));
   return min_lr + 0.5 * (1.0 + std::cos(std::numbers::pi * ratio)) * (c.lr - min_lr);
 }
 

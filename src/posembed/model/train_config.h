@@ -13,9 +13,9 @@ struct TrainConfig {
   std::int64_t steps = 1000;
   std::int64_t batch_size = 16;
   std::int64_t micro_batch = 4;  // windows per micro-batch; divides batch_size
-  std::int64_t seq_len = 0;  // training window length; 0 = max_seq_len
-  double lr = 3e-3;          // peak learning rate
-  double min_lr_ratio = 0.1; // cosine decays to lr * min_lr_ratio
+  std::int64_t seq_len = 0;      // training window length; 0 = max_seq_len
+  double lr = 3e-3;              // peak learning rate
+  double min_lr_ratio = 0.1;     // cosine decays to lr * min_lr_ratio
   std::int64_t warmup_steps = 100;
   double weight_decay = 0.1;
   double beta1 = 0.9;
