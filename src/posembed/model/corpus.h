@@ -38,8 +38,8 @@ void fill_train_batch(std::span<std::int64_t> inputs, std::span<std::int64_t> ta
 std::vector<std::int64_t> consecutive_windows(std::size_t size, std::int64_t T,
                                               std::int64_t max_windows = 0);
 
-// The windows at `starts` into the rows of inputs and targets ((rows, T) each,
-// rows >= 1); rows past the last window repeat it (a last, short batch).
+// The windows at `starts` (at least one) into the rows of inputs and targets
+// ((rows, T) each); rows past the last window repeat it (a last, short batch).
 void fill_windows(std::span<std::int64_t> inputs, std::span<std::int64_t> targets,
                   std::span<const std::uint8_t> text, std::span<const std::int64_t> starts,
                   std::int64_t T);
