@@ -16,6 +16,7 @@
 #include "posembed/core/config.h"
 #include "posembed/core/error.h"
 #include "posembed/core/parallel.h"
+#include "posembed/model/corpus.h"
 #include "posembed/model/eval.h"
 #include "posembed/model/extend.h"
 #include "posembed/model/init_from.h"

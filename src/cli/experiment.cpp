@@ -17,6 +17,7 @@ struct ExperimentCliOptions {
   std::vector<std::string> names;
   tools::ExperimentOptions run;
   std::string out = "experiments";
+  bool quiet = false;
 };
 
 }  // namespace
@@ -58,8 +59,14 @@ void add_experiment_command(CLI::App& app) {
                   "kernel threads (0 = all cores); 1 is fastest for these small models on a busy "
                   "machine, and results are identical for any count")
       ->capture_default_str();
-  cmd->add_flag("--quiet", o->run.quiet, "no progress lines");
+  cmd->add_flag("--quiet", o->quiet, "no progress lines");
   cmd->callback([o] {
+    if (!o->quiet) {
+      o->run.progress = [](const std::string& line) {
+        std::printf("%s\n", line.c_str());
+        std::fflush(stdout);
+      };
+    }
     o->run.out_dir = o->out;
     o->run.command_line = "posembed experiment";
     for (const auto& n : o->names) o->run.command_line += " " + n;

@@ -10,9 +10,9 @@
 #include "posembed/core/config.h"
 #include "posembed/core/error.h"
 #include "posembed/io/resize.h"
+#include "posembed/model/checkpoint.h"
 #include "posembed/model/extend.h"
 #include "posembed/model/init_from.h"
-#include "posembed/model/train.h"
 
 namespace posembed::cli {
 namespace {

@@ -1,8 +1,14 @@
-// `posembed train`: trains the GPT on text (default: the fortunes package), and
-// `posembed sample`: generates text from a checkpoint with a KV cache.
+// `posembed train`: trains the GPT on text (default: the fortunes package) and
+// prints what the loop reports, and `posembed sample`: generates text from a
+// checkpoint with a KV cache.
+#include <unistd.h>  // isatty
+
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "cli/commands.h"
@@ -11,7 +17,10 @@
 #include "posembed/core/error.h"
 #include "posembed/core/parallel.h"
 #include "posembed/core/philox.h"
+#include "posembed/core/simd.h"
+#include "posembed/model/checkpoint.h"
 #include "posembed/model/distributed.h"
+#include "posembed/model/gemm.h"
 #include "posembed/model/init_from.h"
 #include "posembed/model/train.h"
 
@@ -107,13 +116,132 @@ void run_sample(const SampleOptions& o) {
   std::printf("\n");
 }
 
+// "41s", "1m30s".
+std::string seconds_text(double s) {
+  char buf[32];
+  const auto total = static_cast<long long>(std::max(0.0, s) + 0.5);
+  if (total >= 60) {
+    std::snprintf(buf, sizeof buf, "%lldm%02llds", total / 60, total % 60);
+  } else {
+    std::snprintf(buf, sizeof buf, "%llds", total);
+  }
+  return buf;
+}
+
+// Prints a run's events: its settings, then progress (on a terminal a bar,
+// else a plain line every twentieth of the run and at each validation
+// estimate), a stop, and the summary.
+class TrainPrinter {
+ public:
+  // tty: stdout is a terminal (mpirun hands its ranks one even when its own
+  // output goes to a file, so a job of several ranks prints plain lines).
+  explicit TrainPrinter(bool tty) : tty_(tty) {}
+
+  void operator()(const model::TrainStarted& e) {
+    const model::GptConfig& m = e.run.model;
+    const model::TrainConfig& t = e.run.train;
+    first_step_ = e.run.step;
+    ranks_ = e.ranks;
+    std::printf(
+        "model: %lld layers, %lld heads, width %lld, max_seq_len %lld, %zu parameters "
+        "(position table %zu = %.2f%%), dropout %g\n",
+        static_cast<long long>(m.n_layer), static_cast<long long>(m.n_head),
+        static_cast<long long>(m.embed_dim), static_cast<long long>(m.max_seq_len), e.num_params,
+        e.position_params,
+        100.0 * static_cast<double>(e.position_params) / static_cast<double>(e.num_params),
+        m.dropout);
+    std::printf(
+        "data: %s, %llu bytes (train %zu, validation %zu), unigram entropy %.4f nats/byte\n",
+        e.run.data.c_str(), static_cast<unsigned long long>(e.text_bytes), e.train_bytes,
+        e.val_bytes, e.unigram_entropy);
+    if (!e.run.origin.empty()) std::printf("weights from: %s\n", e.run.origin.c_str());
+    for (const std::string& note : e.notes) std::printf("  note: %s\n", note.c_str());
+    std::printf(
+        "training: steps %lld, batch %lld x %lld bytes (micro-batches of %lld), lr %g, "
+        "threads %d%s\n",
+        static_cast<long long>(t.steps), static_cast<long long>(t.batch_size),
+        static_cast<long long>(e.seq_len), static_cast<long long>(t.micro_batch), t.lr, e.threads,
+        e.resumed ? (", resumed at step " + std::to_string(e.run.step)).c_str() : "");
+    if (e.ranks > 1) {
+      std::printf(
+          "ranks: %d (MPI), %lld micro-batches per step, optimizer state %s; %.2f MB "
+          "exchanged per step by each rank\n",
+          e.ranks, static_cast<long long>(e.micro_batches),
+          e.sharded ? "sharded (ZeRO-1)" : "on every rank",
+          static_cast<double>(e.bytes_per_step) / 1e6);
+    }
+    std::printf("compute: GEMM %s; embedding kernels %s\n", model::gemm_library().c_str(),
+                simd::target_name());
+    std::fflush(stdout);
+  }
+
+  void operator()(const model::StepDone& e) {
+    if (tty_) {
+      const double left = e.seconds / static_cast<double>(e.step - first_step_) *
+                          static_cast<double>(e.steps - e.step);
+      const int width = 24, filled = static_cast<int>(width * e.step / e.steps);
+      std::printf("\r[%s%s] step %lld/%lld  loss %.4f  %.0f tok/s  %s left   ",
+                  std::string(static_cast<std::size_t>(filled), '#').c_str(),
+                  std::string(static_cast<std::size_t>(width - filled), '.').c_str(),
+                  static_cast<long long>(e.step), static_cast<long long>(e.steps), e.loss,
+                  e.tokens_per_second, seconds_text(left).c_str());
+      if (e.val_loss) {
+        std::printf("\n  step %lld: validation loss %.4f\n", static_cast<long long>(e.step),
+                    *e.val_loss);
+      }
+      std::fflush(stdout);
+    } else if (e.step % std::max<std::int64_t>(1, e.steps / 20) == 0 || e.val_loss) {
+      std::printf("step %lld/%lld loss %.4f lr %.3g grad_norm %.3f %.0f tok/s%s\n",
+                  static_cast<long long>(e.step), static_cast<long long>(e.steps), e.loss, e.lr,
+                  e.grad_norm, e.tokens_per_second,
+                  e.val_loss ? (" val " + std::to_string(*e.val_loss)).c_str() : "");
+      std::fflush(stdout);
+    }
+  }
+
+  void operator()(const model::CheckpointWritten& e) {
+    if (e.stop == model::StopReason::none) return;
+    std::printf("\n%s at step %lld; checkpoint saved to %s (continue with --resume %s)\n",
+                e.stop == model::StopReason::signal ? "interrupted" : "stopped",
+                static_cast<long long>(e.step), e.path.c_str(), e.path.c_str());
+    std::fflush(stdout);
+  }
+
+  void operator()(const model::TrainResult& r) {
+    if (ranks_ > 1) {
+      // Rank 0's time in MPI calls, waiting for slower ranks included.
+      std::printf(
+          "exchange between ranks (rank 0): %.2f MB per step, %.2f ms per step (%.1f%% of "
+          "the training time)\n",
+          static_cast<double>(r.bytes_sent_per_step) / 1e6,
+          1e3 * r.exchange_seconds / static_cast<double>(r.last_step - r.first_step),
+          100.0 * r.exchange_seconds / r.train_seconds);
+    }
+    if (!r.finished) return;
+    std::printf("%sdone: %lld steps in %s, %.0f tokens/s\n", tty_ ? "\n" : "",
+                static_cast<long long>(r.last_step), seconds_text(r.seconds).c_str(),
+                r.tokens_per_second);
+    std::printf(
+        "final loss (nats/byte, eval mode): train %.4f (%zu windows), validation %.4f "
+        "(all %zu windows); unigram entropy of the text %.4f\n",
+        r.final_train_loss, r.final_train_windows, r.final_val_loss, r.final_val_windows,
+        r.unigram_entropy);
+    std::printf("checkpoint: %s, log: %s\n", r.checkpoint.c_str(), r.log.c_str());
+  }
+
+ private:
+  bool tty_;
+  std::int64_t first_step_ = 0;  // the steps a resumed run had done, for the time left
+  int ranks_ = 1;
+};
 }  // namespace
 
 void add_train_command(CLI::App& app) {
   auto options = std::make_shared<model::TrainOptions>();
   CLI::App* cmd = app.add_subcommand(
-      "train", "train a small GPT (byte-level, learned position table) on text; default corpus: "
-               "the Debian 'fortunes' package");
+      "train",
+      "train a small GPT (byte-level, learned position table) on text; default corpus: "
+      "the Debian 'fortunes' package");
   add_config_flags(*cmd, options->model);
   add_config_flags(*cmd, options->train);
   cmd->add_option("--data", options->data,
@@ -144,14 +272,15 @@ void add_train_command(CLI::App& app) {
                   "stop when this many steps are done in all, saving a checkpoint to --resume "
                   "from (a run in parts, as by Ctrl-C); -1 = train to --steps")
       ->capture_default_str();
-  cmd->add_flag("--shard-optimizer", options->shard_optimizer,
+  auto shard_optimizer = std::make_shared<bool>(false);
+  cmd->add_flag("--shard-optimizer", *shard_optimizer,
                 "under mpirun: each rank keeps the AdamW moments of 1/N of the parameters "
                 "(ZeRO-1); the same bits as without");
   cmd->add_option("--threads", options->threads,
                   "threads per rank (0 = all cores, shared among the ranks on one machine; "
                   "results are identical)")
       ->capture_default_str();
-  cmd->callback([options, extend, cmd] {
+  cmd->callback([options, extend, shard_optimizer, cmd] {
     require_at_least("--threads", options->threads, 0, "0 = all cores");
     if (!extend->empty()) {
       if (options->init_from.empty()) throw Error("--extend applies to --init-from; give it too");
@@ -178,10 +307,18 @@ void add_train_command(CLI::App& app) {
     const model::World world = model::world();
     bool interrupted = false;
     try {
-      interrupted = model::train(*options).interrupted;
+      const std::unique_ptr<model::Strategy> ranks = model::strategy_for(world, *shard_optimizer);
+      TrainPrinter printer(world.size == 1 && isatty(fileno(stdout)));
+      interrupted = model::train(*options, *ranks, [&printer](const model::TrainEvent& event) {
+                      std::visit(printer, event);
+                    }).interrupted;
     } catch (const std::exception& e) {
       // The other ranks would wait for this one forever: end the whole job.
-      if (world.size > 1) model::abort_job(world, e.what(), 2);
+      if (world.size > 1) {
+        std::fprintf(stderr, "error (rank %d of %d): %s\n", world.rank, world.size, e.what());
+        std::fflush(stderr);
+        model::abort_job(world, 2);
+      }
       throw;
     }
     if (interrupted) throw CLI::RuntimeError(130);  // as a shell's Ctrl-C

@@ -1,6 +1,6 @@
 // The data-parallel pieces that need no MPI: parameter shards, sharded moments,
-// the micro-batch step in a world of one, and checkpoints from before
-// micro-batches. mpi_test.sh runs the same code over mpirun.
+// the micro-batch step in a world of one (SingleProcess), and checkpoints from
+// before micro-batches. mpi_test.sh runs the same code over mpirun.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -8,7 +8,10 @@
 #include "posembed/core/error.h"
 #include "posembed/core/parallel.h"
 #include "posembed/core/philox.h"
+#include "posembed/model/checkpoint.h"
+#include "posembed/model/corpus.h"
 #include "posembed/model/distributed.h"
+#include "posembed/model/step.h"
 
 namespace posembed::model {
 namespace {
@@ -71,10 +74,10 @@ TEST(MomentShard, HoldsOneShardOfTheMoments) {
             std::vector<float>(full.params.begin(), full.params.end()));
   // Updating parameters whose moments it lacks is refused before anything moves.
   const std::vector<float> before(part.params.begin(), part.params.end());
-  EXPECT_THROW(clip_and_update(part, {0, part.num_params}, 1.0, 0, TrainConfig{}), Error);
+  EXPECT_THROW(clip_and_update(part, {0, part.num_params}, 1.0, 0, 1e-3, TrainConfig{}), Error);
   EXPECT_EQ(std::vector<float>(part.params.begin(), part.params.end()), before);
   // A checkpoint needs every moment.
-  EXPECT_THROW(save_checkpoint("unused.safetensors", part, Checkpoint{}, true), Error);
+  EXPECT_THROW(save_checkpoint("unused.safetensors", part, Checkpoint{}, part.m, part.v), Error);
 }
 
 // In a world of one with micro_batch == batch_size, the data-parallel step is
@@ -95,7 +98,8 @@ TEST(DataParallel, OneMicroBatchIsTrainStep) {
   Gpt a = make_gpt(c), b = make_gpt(c);
   Activations acts = make_activations(c, t.batch_size, T);
   std::vector<std::int64_t> in(static_cast<std::size_t>(t.batch_size * T)), tg(in.size());
-  DataParallel dp = make_data_parallel(World{}, b, t, T, false);
+  SingleProcess one;
+  StepBuffers dp = make_step_buffers(b, t, T, one);
   for (std::int64_t step = 0; step < 4; ++step) {
     fill_train_batch(in, tg, text, t.batch_size, T, c.seed, static_cast<std::uint64_t>(step));
     const StepStats sa = train_step(a, acts, in, tg, T, step, t);
@@ -104,7 +108,7 @@ TEST(DataParallel, OneMicroBatchIsTrainStep) {
       fill_train_batch(ins, tgs, text, t.micro_batch, T, c.seed, static_cast<std::uint64_t>(step),
                        first);
     };
-    const StepStats sb = data_parallel_step(b, dp, rows, step, t);
+    const StepStats sb = data_parallel_step(b, dp, one, rows, step, t);
     EXPECT_EQ(sa.loss, sb.loss) << step;
     EXPECT_EQ(sa.grad_norm, sb.grad_norm) << step;
   }
@@ -115,7 +119,7 @@ TEST(DataParallel, OneMicroBatchIsTrainStep) {
   c0.dropout = 0;
   t.micro_batch = 1;
   Gpt m = make_gpt(c0);
-  DataParallel dm = make_data_parallel(World{}, m, t, T, false);
+  StepBuffers dm = make_step_buffers(m, t, T, one);
   const auto rows = [&](std::span<std::int64_t> ins, std::span<std::int64_t> tgs,
                         std::int64_t first) {
     fill_train_batch(ins, tgs, text, 1, T, c.seed, 0, first);
@@ -124,12 +128,12 @@ TEST(DataParallel, OneMicroBatchIsTrainStep) {
   Activations acts0 = make_activations(c0, t.batch_size, T);
   fill_train_batch(in, tg, text, t.batch_size, T, c.seed, 0);
   const StepStats whole = train_step(ref, acts0, in, tg, T, 0, t);
-  const StepStats split = data_parallel_step(m, dm, rows, 0, t);
+  const StepStats split = data_parallel_step(m, dm, one, rows, 0, t);
   EXPECT_NEAR(split.loss, whole.loss, 1e-6 * whole.loss);
   EXPECT_NEAR(split.grad_norm, whole.grad_norm, 1e-5 * whole.grad_norm);
 }
 
-// Micro-batches run side by side, one per thread (DataParallel::slots): waves
+// Micro-batches run side by side, one per thread (StepBuffers::slots): waves
 // of 1 to 4 slots, a last wave shorter than the rest (5 micro-batches on 2 or
 // 3 threads), and slots sharing threads with the ops inside them (5 threads:
 // 5 slots; 2 micro-batches on 5 threads: 2 threads each). Every step gives
@@ -149,7 +153,8 @@ TEST(DataParallel, MicroBatchesSideBySideGiveTheBitsOfOneThread) {
     const auto run = [&](int threads) {
       set_num_threads(threads);
       Gpt m = make_gpt(c);
-      DataParallel dp = make_data_parallel(World{}, m, t, T, false);
+      SingleProcess one;
+      StepBuffers dp = make_step_buffers(m, t, T, one);
       EXPECT_EQ(static_cast<int>(dp.slots.size()), std::min<int>(threads, int(micro_batches)));
       std::vector<double> stats;
       for (std::int64_t step = 0; step < 3; ++step) {
@@ -158,7 +163,7 @@ TEST(DataParallel, MicroBatchesSideBySideGiveTheBitsOfOneThread) {
           fill_train_batch(ins, tgs, text, t.micro_batch, T, c.seed,
                            static_cast<std::uint64_t>(step), first);
         };
-        const StepStats s = data_parallel_step(m, dp, rows, step, t);
+        const StepStats s = data_parallel_step(m, dp, one, rows, step, t);
         stats.push_back(s.loss);
         stats.push_back(s.grad_norm);
       }
@@ -185,7 +190,8 @@ TEST(DataParallel, AnErrorInOneSlotEndsTheStepUnchanged) {
   t.micro_batch = 2;
   set_num_threads(2);
   Gpt m = make_gpt(c);
-  DataParallel dp = make_data_parallel(World{}, m, t, 16, false);
+  SingleProcess one;
+  StepBuffers dp = make_step_buffers(m, t, 16, one);
   ASSERT_EQ(dp.slots.size(), 2u);
   const std::vector<float> before(m.params.begin(), m.params.end());
   const auto rows = [&](std::span<std::int64_t> ins, std::span<std::int64_t> tgs,
@@ -195,7 +201,7 @@ TEST(DataParallel, AnErrorInOneSlotEndsTheStepUnchanged) {
     std::fill(tgs.begin(), tgs.end(), 2);
   };
   try {
-    data_parallel_step(m, dp, rows, 0, t);
+    data_parallel_step(m, dp, one, rows, 0, t);
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
     EXPECT_STREQ(e.what(), "no windows for row 2");
@@ -211,14 +217,14 @@ TEST(DataParallel, RanksNeedAMicroBatchEach) {
   t.batch_size = 8;
   t.micro_batch = 4;
   try {
-    make_data_parallel(World{0, 3}, model, t, 16, false);
+    make_step_buffers(model, t, 16, MpiRanks(World{0, 3}, false));
     FAIL() << "3 ranks for 2 micro-batches";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("3 ranks but only 2 micro-batches"), std::string::npos)
         << e.what();
   }
   t.micro_batch = 3;
-  EXPECT_THROW(make_data_parallel(World{}, model, t, 16, false), Error);  // 8 % 3
+  EXPECT_THROW(make_step_buffers(model, t, 16, SingleProcess{}), Error);  // 8 % 3
 }
 
 TEST(Checkpoint, BeforeMicroBatchesResumesAsOneMicroBatch) {

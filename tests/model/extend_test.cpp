@@ -13,6 +13,8 @@
 #include "posembed/core/error.h"
 #include "posembed/core/parallel.h"
 #include "posembed/io/safetensors.h"
+#include "posembed/model/checkpoint.h"
+#include "posembed/model/corpus.h"
 #include "posembed/model/eval.h"
 #include "posembed/model/extend.h"
 #include "posembed/model/init_from.h"
@@ -48,7 +50,6 @@ TrainOptions tiny_run(const fs::path& dir) {
   o.train.eval_batches = 1;
   o.data = POSEMBED_MODEL_SOURCES;
   o.out_dir = dir / "base";
-  o.quiet = true;
   return o;
 }
 
@@ -235,7 +236,6 @@ TEST_F(Extend, InitFromCopiesTheWeightsExtendsAndRecordsTheOrigin) {
   // A resume keeps it.
   TrainOptions more;
   more.resume = r.checkpoint;
-  more.quiet = true;
   EXPECT_EQ(read_checkpoint_info(train(more).checkpoint).origin, init.origin);
 }
 
@@ -317,7 +317,6 @@ TEST_F(Extend, ResizedTrainerCheckpointResumes) {
   }
   TrainOptions o;
   o.resume = resized;
-  o.quiet = true;
   const TrainResult t = train(o);
   EXPECT_EQ(t.first_step, 4);
   EXPECT_EQ(t.last_step, 6);

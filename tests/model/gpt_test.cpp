@@ -12,7 +12,7 @@
 #include "posembed/model/gpt.h"
 #include "posembed/model/ops.h"
 #include "posembed/model/reference.h"
-#include "posembed/model/train.h"
+#include "posembed/model/checkpoint.h"
 #include "test_util.h"
 
 namespace posembed::model {
@@ -244,7 +244,7 @@ TEST(Gpt, CheckpointRoundTripsBitwise) {
   const auto path = std::filesystem::temp_directory_path() / "posembed_gpt_ckpt_test.safetensors";
   Checkpoint info{c, TrainConfig{}, 17, "some/data.txt", false, ""};
   info.train.lr = 3.5e-4;
-  save_checkpoint(path, model, info, true);
+  save_checkpoint(path, model, info, model.m, model.v);
   Checkpoint back;
   Gpt loaded = load_checkpoint(path, &back, true);
   EXPECT_EQ(back.model, c);

@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "posembed/core/philox.h"
-#include "posembed/model/train.h"
+#include "posembed/model/train_config.h"
 
 namespace posembed::model::testing {
 

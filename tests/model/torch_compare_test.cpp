@@ -10,7 +10,8 @@
 #include <limits>
 
 #include "posembed/io/safetensors.h"
-#include "posembed/model/distributed.h"
+#include "posembed/model/checkpoint.h"
+#include "posembed/model/step.h"
 #include "test_util.h"
 #include "torch_case.h"
 
@@ -123,7 +124,8 @@ TEST(TorchComparison, LogitsLossGradientsAndTenAdamWSteps) {
     TrainConfig tc = c.train;
     tc.batch_size = B;
     tc.micro_batch = micro_batch;
-    DataParallel dp = make_data_parallel(World{}, model, tc, T, false);
+    SingleProcess one;
+    StepBuffers buffers = make_step_buffers(model, tc, T, one);
     double worst_step = 0;
     for (std::int64_t s = 0; s < c.train.steps; ++s) {
       const std::span<const std::int64_t> in(c.inputs.data() + s * B * T, n), tg(c.targets.data() + s * B * T, n);
@@ -133,7 +135,7 @@ TEST(TorchComparison, LogitsLossGradientsAndTenAdamWSteps) {
         std::copy_n(tg.begin() + at, tgs.size(), tgs.begin());
       };
       const StepStats st = micro_batch == B ? train_step(model, acts, in, tg, T, s, tc)
-                                            : data_parallel_step(model, dp, rows, s, tc);
+                                            : data_parallel_step(model, buffers, one, rows, s, tc);
       const double r = ref_losses[static_cast<std::size_t>(s)];
       EXPECT_NEAR(st.loss, r, 1e-5 * r) << "step " << s;
       // Adam and clipping would hide a wrongly scaled sum of micro-batch

@@ -16,6 +16,8 @@
 #include "posembed/core/error.h"
 #include "posembed/core/parallel.h"
 #include "posembed/core/philox.h"
+#include "posembed/model/checkpoint.h"
+#include "posembed/model/step.h"
 #include "posembed/model/train.h"
 #include "test_util.h"
 
@@ -64,7 +66,6 @@ TrainOptions small_run(const fs::path& dir) {
   o.data = write_text(dir).string();
   o.out_dir = dir / "out";
   o.overwrite = true;  // the tests rerun into the same folder
-  o.quiet = true;
   return o;
 }
 
@@ -105,7 +106,6 @@ TEST(Train, ResumeMatchesUninterruptedRun) {
   TrainOptions rest;
   rest.resume = first.checkpoint;
   rest.out_dir = o.out_dir;
-  rest.quiet = true;
   rest.threads = 2;
   const TrainResult second = train(rest);
   std::vector<double> joined = first.losses;
@@ -179,7 +179,6 @@ TEST(Train, ResumeAfterCrashLogsEachStepOnce) {
   TrainOptions rest;
   rest.resume = at4;
   rest.out_dir = o.out_dir;
-  rest.quiet = true;
   rest.stop_after = 7;  // "killed" at 7: rows 5-7 logged, checkpoint at 4 reused below
   ASSERT_EQ(train(rest).last_step, 7);
   EXPECT_EQ(logged_steps(o.out_dir / "log.csv"), (std::vector<long long>{1, 2, 3, 4, 5, 6, 7}));

@@ -111,20 +111,19 @@ TEST(Plan, TrainingMemoryBytesPerParameter) {
 TEST(Plan, DataParallelIsWhatTheTrainerAllocates) {
   const Plan plan = make_plan(preset("trainer"), 0, 16, 3, 4);
   const DataParallelPlan& d = plan.data_parallel;
-  model::TrainConfig t;
-  t.batch_size = 16;
-  t.micro_batch = 4;
+  const std::int64_t micro_batches = 16 / 4;  // batch 16, micro-batches of 4
   std::uint64_t sent = 0, received = 0, sharded = 0, exchanged = 0;
   std::int64_t most = 0;
   for (int r = 0; r < 3; ++r) {
     const model::Gpt m = model::make_gpt(model::GptConfig{}, model::MomentShard{r, 3});
     ASSERT_EQ(static_cast<std::int64_t>(m.num_params), plan.params.total());
-    const model::DataParallel dp = model::make_data_parallel(model::World{r, 3}, m, t, 128, true);
-    sent = std::max<std::uint64_t>(sent, 4 * dp.sent.size());
-    received = std::max<std::uint64_t>(received, 4 * dp.received.size());
+    model::MpiRanks ranks(model::World{r, 3}, true);
+    ranks.prepare(m, micro_batches);
+    sent = std::max<std::uint64_t>(sent, 4 * ranks.sent.size());
+    received = std::max<std::uint64_t>(received, 4 * ranks.received.size());
     sharded = std::max<std::uint64_t>(sharded, 4 * (m.m.size() + m.v.size()));
-    exchanged = std::max(exchanged, dp.bytes_per_step);
-    most = std::max(most, dp.mine.size());
+    exchanged = std::max(exchanged, ranks.bytes_per_step);
+    most = std::max(most, ranks.mine.size());
   }
   EXPECT_EQ(d.micro_batches, 4);
   EXPECT_EQ(d.most_micro_batches, most);

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "posembed/core/error.h"
+#include "posembed/model/corpus.h"
 
 namespace posembed::model {
 namespace {
@@ -12,16 +13,39 @@ std::size_t sz(std::int64_t n) {
 }
 }  // namespace
 
-std::vector<std::int64_t> consecutive_windows(std::size_t size, std::int64_t T,
-                                              std::int64_t max_windows) {
-  if (T < 1) throw Error("window length " + std::to_string(T) + " must be >= 1");
-  std::vector<std::int64_t> all;
-  for (std::int64_t s = 0; sz(s + T) + 1 <= size; s += T) all.push_back(s);
-  const auto n = static_cast<std::int64_t>(all.size());
-  if (max_windows <= 0 || max_windows >= n) return all;
-  std::vector<std::int64_t> some(sz(max_windows));
-  for (std::int64_t i = 0; i < max_windows; ++i) some[sz(i)] = all[sz(i * n / max_windows)];
-  return some;
+void evaluate_chunks(const Gpt& model, Activations& acts, std::span<const std::uint8_t> text,
+                     std::span<const std::int64_t> starts, std::int64_t T,
+                     std::vector<std::int64_t>& inputs, std::vector<std::int64_t>& targets,
+                     std::int64_t first_chunk, std::span<double> sums) {
+  const std::int64_t B = acts.batch, W = static_cast<std::int64_t>(starts.size());
+  const auto last = first_chunk + static_cast<std::int64_t>(sums.size());
+  if (sums.empty()) return;
+  if (first_chunk < 0 || (last - 1) * B >= W) {
+    throw Error("evaluation chunks [" + std::to_string(first_chunk) + ", " + std::to_string(last) +
+                ") of " + std::to_string(B) + " windows lie outside the " + std::to_string(W) +
+                " windows given");
+  }
+  const std::span<std::int64_t> in(inputs.data(), sz(B * T)), tg(targets.data(), sz(B * T));
+  for (std::int64_t c = first_chunk; c < last; ++c) {
+    const std::int64_t w0 = c * B, rows = std::min(B, W - w0);
+    // Rows past the last window repeat it; their losses are not counted.
+    fill_windows(in, tg, text, starts.subspan(sz(w0), sz(rows)), T);
+    gpt_forward(model, acts, in, tg, T, false, 0);
+    sums[sz(c - first_chunk)] = gpt_loss_sum(acts, rows * T);
+  }
+}
+
+double evaluate(const Gpt& model, Activations& acts, std::span<const std::uint8_t> text,
+                std::span<const std::int64_t> starts, std::int64_t T,
+                std::vector<std::int64_t>& inputs, std::vector<std::int64_t>& targets) {
+  const auto W = static_cast<std::int64_t>(starts.size());
+  double total = 0.0;
+  for (std::int64_t c = 0; c * acts.batch < W; ++c) {
+    double sum = 0.0;
+    evaluate_chunks(model, acts, text, starts, T, inputs, targets, c, {&sum, 1});
+    total += sum;
+  }
+  return W ? total / static_cast<double>(W * T) : 0.0;
 }
 
 double PositionLoss::range_mean(std::int64_t begin, std::int64_t end) const {
@@ -59,14 +83,8 @@ PositionLoss position_loss(const Gpt& model, std::span<const std::uint8_t> text,
   r.by_position.assign(sz(T), 0.0);
   for (std::int64_t w0 = 0; w0 < n; w0 += B) {
     const std::int64_t rows = std::min(B, n - w0);
-    for (std::int64_t b = 0; b < B; ++b) {
-      // Rows past the last window repeat it; their losses are not counted.
-      const auto s = sz(starts[sz(w0 + std::min(b, rows - 1))]);
-      for (std::int64_t t = 0; t < T; ++t) {
-        inputs[sz(b * T + t)] = text[s + sz(t)];
-        targets[sz(b * T + t)] = text[s + sz(t) + 1];
-      }
-    }
+    // Rows past the last window repeat it; their losses are not counted.
+    fill_windows(inputs, targets, text, starts.subspan(sz(w0), sz(rows)), T);
     gpt_forward(model, acts, inputs, targets, T, false, 0);
     for (std::int64_t b = 0; b < rows; ++b) {
       for (std::int64_t t = 0; t < T; ++t) r.by_position[sz(t)] += acts.losses[sz(b * T + t)];

@@ -1,7 +1,9 @@
-// Eval-mode loss by position: how well a trained model predicts the byte after
-// position t of a window, for every t, over windows of a text (`posembed eval`,
-// experiment claim 7). A learned table has a row per position, so the loss at
-// positions a model never trained on shows what that row (or its absence) does.
+// Eval-mode loss of a model over windows of a text (model/corpus.h picks them):
+// the mean, as the trainer's validation estimates it, and by position: how well
+// the model predicts the byte after position t of a window, for every t
+// (`posembed eval`, experiment claim 7). A learned table has a row per position,
+// so the loss at positions a model never trained on shows what that row (or its
+// absence) does.
 #pragma once
 
 #include <cstdint>
@@ -12,11 +14,17 @@
 
 namespace posembed::model {
 
-// Start offsets of the consecutive windows of T bytes of a text of `size` bytes
-// (0, T, 2T, ...; each needs T + 1 bytes: inputs and next-byte targets), as the
-// trainer's validation uses them. max_windows > 0 keeps that many, evenly spread.
-std::vector<std::int64_t> consecutive_windows(std::size_t size, std::int64_t T,
-                                              std::int64_t max_windows = 0);
+// Mean eval-mode loss over the given windows (start offsets) of text: the
+// windows go through the model acts.batch at a time (a chunk), each chunk's
+// loss sum is added in token order and the chunk sums in chunk order.
+double evaluate(const Gpt& model, Activations& acts, std::span<const std::uint8_t> text,
+                std::span<const std::int64_t> starts, std::int64_t T,
+                std::vector<std::int64_t>& inputs, std::vector<std::int64_t>& targets);
+// The loss sums of chunks first_chunk .. first_chunk + sums.size() - 1 into sums.
+void evaluate_chunks(const Gpt& model, Activations& acts, std::span<const std::uint8_t> text,
+                     std::span<const std::int64_t> starts, std::int64_t T,
+                     std::vector<std::int64_t>& inputs, std::vector<std::int64_t>& targets,
+                     std::int64_t first_chunk, std::span<double> sums);
 
 struct PositionLoss {
   std::int64_t seq_len = 0, windows = 0;

@@ -5,7 +5,7 @@
 
 #include "posembed/core/error.h"
 #include "posembed/io/safetensors.h"
-#include "posembed/model/train.h"
+#include "posembed/model/checkpoint.h"
 
 namespace posembed::model {
 
@@ -87,7 +87,8 @@ CheckpointResize resize_trainer_checkpoint(const std::filesystem::path& in,
         (resize.method == io::ResizeMethod::init ? " (the new rows' moments start at zero)" : "") +
         "; --resume continues at step " + std::to_string(info.step));
   }
-  save_checkpoint(out, resized, info, r.moments);
+  save_checkpoint(out, resized, info, r.moments ? resized.m : std::span<const float>(),
+                  r.moments ? resized.v : std::span<const float>());
   return r;
 }
 

@@ -8,8 +8,6 @@
 namespace posembed::model {
 namespace {
 
-constexpr const char* kTrainerFormat = "posembed-gpt";
-
 std::string shape_text(const std::vector<std::int64_t>& shape) {
   std::string s = "[";
   for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
@@ -18,7 +16,7 @@ std::string shape_text(const std::vector<std::int64_t>& shape) {
 
 bool is_trainer(const io::SafetensorsFile& file) {
   const auto format = file.metadata().find("format");
-  return format != file.metadata().end() && format->second == kTrainerFormat;
+  return format != file.metadata().end() && format->second == kCheckpointFormat;
 }
 
 InitSource inspect(const io::SafetensorsFile& file, const GptConfig& fallback) {

@@ -18,9 +18,9 @@
 #include <string>
 #include <vector>
 
+#include "posembed/model/checkpoint.h"
 #include "posembed/model/extend.h"
 #include "posembed/model/gpt.h"
-#include "posembed/model/train.h"
 
 namespace posembed::model {
 

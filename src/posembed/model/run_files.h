@@ -1,5 +1,5 @@
-// Where a training run writes its checkpoint and log, and the rule that keeps it
-// from overwriting another run's files.
+// Where a training run writes its checkpoint and log, the rule that keeps it
+// from overwriting another run's files, and the log itself.
 //
 // The folder is --out when given; otherwise a resumed run continues in its
 // checkpoint's own folder, and a new run writes to "out". A run continues the
@@ -10,7 +10,11 @@
 // never writes over the checkpoint it starts from.
 #pragma once
 
+#include <cstdint>
+#include <cstdio>
 #include <filesystem>
+#include <memory>
+#include <optional>
 
 namespace posembed::model {
 
@@ -24,5 +28,26 @@ struct RunFiles {
 // posembed::Error naming the folder, what it holds and the fixes.
 RunFiles plan_run_files(const std::filesystem::path& out_dir, const std::filesystem::path& resume,
                         const std::filesystem::path& init_from, bool overwrite);
+
+// The run's log.csv: a row per step (step, lr, train loss, validation loss
+// when estimated, gradient norm, tokens/s, seconds), flushed at checkpoints
+// and closed with the log.
+class RunLog {
+ public:
+  // Opens files.log for a run that has done `step` steps: a new log with its
+  // header, or the folder's own run's log without its rows past `step` (steps
+  // that a run which died before its next checkpoint logged, and that are
+  // trained and logged again).
+  RunLog(const RunFiles& files, std::int64_t step);
+  void write(std::int64_t step, double lr, double loss, std::optional<double> val_loss,
+             double grad_norm, double tokens_per_second, double seconds);
+  void flush();
+
+ private:
+  struct Closer {
+    void operator()(std::FILE* f) const { std::fclose(f); }
+  };
+  std::unique_ptr<std::FILE, Closer> file_;
+};
 
 }  // namespace posembed::model

@@ -1,54 +1,33 @@
 #include "posembed/model/train.h"
 
 #include <signal.h>  // pthread_sigmask, sigtimedwait
-#include <unistd.h>
 
 #include <algorithm>
-#include <optional>
-#include <array>
-#include <map>
 #include <atomic>
 #include <chrono>
-#include <cmath>
 #include <csignal>
-#include <cstdio>
-#include <bit>
-#include <cstdlib>
-#include <cstring>
-#include <fstream>
-#include <memory>
-#include <numbers>
+#include <map>
+#include <utility>
 
 #include "posembed/core/error.h"
-#include "posembed/core/optim.h"
 #include "posembed/core/parallel.h"
-#include "posembed/core/parallel_for.h"
-#include "posembed/core/philox.h"
-#include "posembed/core/simd.h"
-#include "posembed/io/safetensors.h"
-#include "posembed/model/distributed.h"
-#include "posembed/model/gemm.h"
+#include "posembed/model/corpus.h"
 #include "posembed/model/init_from.h"
 #include "posembed/model/run_files.h"
+#include "posembed/model/step.h"
 
 namespace posembed::model {
 namespace {
 
-std::size_t sz(std::int64_t n) { return static_cast<std::size_t>(n); }
-
-constexpr const char* kFormat = "posembed-gpt";
-constexpr const char* kFormatVersion = "1";
-constexpr std::int64_t kChunkBytes = 4096;  // granularity of the train/validation split
+std::size_t sz(std::int64_t n) {
+  return static_cast<std::size_t>(n);
+}
 
 std::atomic<bool> g_interrupted{false};
-extern "C" void on_stop_signal(int) { g_interrupted.store(true); }
+extern "C" void on_stop_signal(int) {
+  g_interrupted.store(true);
+}
 
-// Closes the log and restores the previous signal handlers however train()
-// leaves (return or exception).
-struct FileCloser {
-  void operator()(std::FILE* f) const { std::fclose(f); }
-};
-using FilePtr = std::unique_ptr<std::FILE, FileCloser>;
 // Signals that save a checkpoint and stop: Ctrl-C; under MPI also SIGTERM (what
 // mpirun sends every rank on Ctrl-C, SIGKILL following a second later by
 // default) and SIGUSR1 (which mpirun forwards as it is).
@@ -96,482 +75,60 @@ class StopSignalGuard {
 // Why a run stops at a step, as flags every rank ORs together.
 constexpr int kStopSignal = 1, kStopAfter = 2;
 
-// On resume, rows after the checkpoint's step were logged by a run that died
-// before its next checkpoint and will be trained (and logged) again: keep the
-// header and rows with step <= `step`, written to a temporary file and renamed
-// over the log so a crash here leaves either the old or the new log.
-void truncate_log(const std::filesystem::path& log_path, std::int64_t step) {
-  std::ifstream in(log_path);
-  if (!in) throw Error("cannot read " + log_path.string());
-  const std::filesystem::path tmp = log_path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    if (!out) throw Error("cannot write " + tmp.string());
-    std::string line;
-    bool header = true;
-    while (std::getline(in, line)) {
-      if (!header) {
-        char* end = nullptr;
-        const long long row = std::strtoll(line.c_str(), &end, 10);
-        if (end == line.c_str() || *end != ',' || row > step) continue;
-      }
-      header = false;
-      out << line << '\n';
-    }
-    out.flush();
-    if (!out) throw Error("cannot write " + tmp.string());
-  }
-  std::filesystem::rename(tmp, log_path);
-}
-
-std::string seconds_text(double s) {
-  char buf[32];
-  const auto total = static_cast<long long>(std::max(0.0, s) + 0.5);
-  if (total >= 60) std::snprintf(buf, sizeof buf, "%lldm%02llds", total / 60, total % 60);
-  else std::snprintf(buf, sizeof buf, "%llds", total);
-  return buf;
-}
-
-}  // namespace
-
-std::int64_t effective_seq_len(const TrainConfig& t, const GptConfig& m) {
-  return t.seq_len == 0 ? m.max_seq_len : t.seq_len;
-}
-
-void validate(const TrainConfig& t, const GptConfig& m) {
-  validate(m);
-  const auto positive = [](const char* name, std::int64_t v) {
-    if (v < 1) throw Error(std::string(name) + " = " + std::to_string(v) + " must be >= 1");
-  };
-  positive("steps", t.steps);
-  positive("batch_size", t.batch_size);
-  positive("micro_batch", t.micro_batch);
-  if (t.batch_size % t.micro_batch != 0) {
-    throw Error("batch_size " + std::to_string(t.batch_size) + " is not a multiple of micro_batch " +
-                std::to_string(t.micro_batch) + ": every micro-batch holds the same number of "
-                "windows; pick a --micro-batch that divides --batch-size");
-  }
-  positive("eval_every", t.eval_every);
-  positive("eval_batches", t.eval_batches);
-  positive("checkpoint_every", t.checkpoint_every);
-  if (t.seq_len < 0 || t.seq_len > m.max_seq_len) {
-    throw Error("seq_len " + std::to_string(t.seq_len) + " exceeds max_seq_len " +
-                std::to_string(m.max_seq_len) + ": the position table has only " +
-                std::to_string(m.max_seq_len) + " rows. Use --seq-len <= " +
-                std::to_string(m.max_seq_len) + " or a larger --max-seq-len");
-  }
-  if (t.warmup_steps < 0) throw Error("warmup_steps must be >= 0");
-  if (!(t.lr > 0) || !std::isfinite(t.lr)) throw Error("lr must be finite and > 0");
-  if (!(t.min_lr_ratio >= 0 && t.min_lr_ratio <= 1)) throw Error("min_lr_ratio must lie in [0, 1]");
-  if (!(t.grad_clip >= 0)) throw Error("grad_clip must be >= 0 (0 disables clipping)");
-  if (!(t.val_fraction > 0 && t.val_fraction < 1)) {
-    throw Error("val_fraction = " + std::to_string(t.val_fraction) + " must lie in (0, 1)");
-  }
-  if (!(t.beta1 >= 0 && t.beta1 < 1 && t.beta2 >= 0 && t.beta2 < 1)) {
-    throw Error("AdamW needs 0 <= beta1, beta2 < 1 (beta1 = " + std::to_string(t.beta1) +
-                ", beta2 = " + std::to_string(t.beta2) + ")");
-  }
-  if (!(t.eps > 0) || !std::isfinite(t.eps)) {
-    throw Error("eps = " + std::to_string(t.eps) + " must be finite and > 0 (AdamW epsilon)");
-  }
-  if (!(t.weight_decay >= 0) || !std::isfinite(t.weight_decay)) {
-    throw Error("weight_decay = " + std::to_string(t.weight_decay) +
-                " must be finite and >= 0 (0 disables it)");
-  }
-}
-
-double lr_at(const TrainConfig& c, std::int64_t step) {
-  if (step < c.warmup_steps) {
-    return c.lr * static_cast<double>(step + 1) / static_cast<double>(c.warmup_steps);
-  }
-  const double min_lr = c.lr * c.min_lr_ratio;
-  const std::int64_t decay_steps = std::max<std::int64_t>(1, c.steps - c.warmup_steps);
-  const double ratio = std::min(1.0, static_cast<double>(step - c.warmup_steps) /
-                                         static_cast<double>(decay_steps));
-  return min_lr + 0.5 * (1.0 + std::cos(std::numbers::pi * ratio)) * (c.lr - min_lr);
-}
-
-void grad_piece_squares(std::span<const float> grads, std::span<double> out) {
-  const std::size_t n = grads.size();
-  if (out.size() != (n + kParamPiece - 1) / kParamPiece) {
-    throw Error("grad_piece_squares: " + std::to_string(out.size()) + " outputs for " +
-                std::to_string(n) + " gradients in pieces of " + std::to_string(kParamPiece));
-  }
-  // Element i of a piece goes to partial sum i % kLanes, added up in a fixed
-  // tree at the end: one running sum waited on each add's latency (0.5% of a
-  // one-thread training step); these vectorise.
-  constexpr std::size_t kLanes = 8;
-  parallel_for(static_cast<std::int64_t>(out.size()), [&](std::int64_t k) {
-    const std::size_t i0 = sz(k) * kParamPiece, i1 = std::min(n, i0 + kParamPiece);
-    double s[kLanes] = {};
-    std::size_t i = i0;
-    for (; i + kLanes <= i1; i += kLanes) {
-      for (std::size_t l = 0; l < kLanes; ++l) {
-        const double g = grads[i + l];
-        s[l] += g * g;
+// Rank 0's settings on every rank, as the checkpoint's metadata holds them.
+void share_settings(Strategy& ranks, Checkpoint& info) {
+  std::vector<std::uint8_t> bytes;  // key \0 value \0 ...: neither holds a NUL
+  if (ranks.writes()) {
+    for (const auto& [key, value] : checkpoint_metadata(info)) {
+      for (const std::string* s : {&key, &value}) {
+        bytes.insert(bytes.end(), s->begin(), s->end());
+        bytes.push_back(0);
       }
     }
-    for (std::size_t l = 0; i < i1; ++i, ++l) {
-      const double g = grads[i];
-      s[l] += g * g;
-    }
-    out[sz(k)] = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
-  });
-}
-
-double grad_norm(const Gpt& model) {
-  // In rounds of kRound pieces so the partial sums fit on the stack (no allocation).
-  constexpr std::size_t kRound = 256;
-  const std::size_t n = model.grads.size();
-  double total = 0.0;
-  for (std::size_t i0 = 0; i0 < n; i0 += kRound * kParamPiece) {
-    double partial[kRound];
-    const std::size_t len = std::min(n - i0, kRound * kParamPiece);
-    const std::span<double> pieces(partial, (len + kParamPiece - 1) / kParamPiece);
-    grad_piece_squares(model.grads.subspan(i0, len), pieces);
-    for (const double p : pieces) total += p;
   }
-  return std::sqrt(total);
-}
-
-double micro_batch_gradient(const Gpt& model, ParamViews& grads, Activations& acts,
-                            std::span<const std::int64_t> inputs,
-                            std::span<const std::int64_t> targets, std::int64_t T,
-                            std::uint64_t dropout_step, std::int64_t loss_count,
-                            const TransposedWeights* transposed) {
-  gpt_forward(model, acts, inputs, targets, T, true, dropout_step, transposed);
-  gpt_backward(model, grads, acts, inputs, targets, loss_count, GradMode::write, transposed);
-  return gpt_loss_sum(acts, static_cast<std::int64_t>(inputs.size()));
-}
-
-double clip_and_update(Gpt& model, ParamRange range, double norm, std::int64_t step,
-                       const TrainConfig& c) {
-  if (range.begin > range.end || range.begin < model.moments.begin ||
-      range.end > model.moments.end) {
-    throw Error("the update of parameters [" + std::to_string(range.begin) + ", " +
-                std::to_string(range.end) + ") needs their AdamW moments, but the model holds "
-                "those of [" + std::to_string(model.moments.begin) + ", " +
-                std::to_string(model.moments.end) + ") only");
-  }
-  if (c.grad_clip > 0) {
-    // torch.nn.utils.clip_grad_norm_: scale by max_norm / (norm + 1e-6), capped at 1.
-    const double coef = std::min(1.0, c.grad_clip / (norm + 1e-6));
-    if (coef < 1.0) {
-      const auto f = static_cast<float>(coef);
-      parallel_for(static_cast<std::int64_t>(range.size()),
-                   [&](std::int64_t i) { model.grads[range.begin + sz(i)] *= f; });
-    }
-  }
-  const double lr = lr_at(c, step);
-  // Two contiguous groups (make_gpt's layout): decayed 2-D weights, then the
-  // rest. wte and wpe open the first group; a frozen wpe is skipped. Each group
-  // is cut to `range`; AdamW is element-wise, so the cut changes no bit.
-  const auto update = [&](std::size_t begin, std::size_t end, double weight_decay) {
-    begin = std::max(begin, range.begin);
-    end = std::min(end, range.end);
-    if (begin >= end) return;
-    const AdamWConfig adamw{.lr = lr, .beta1 = c.beta1, .beta2 = c.beta2, .eps = c.eps,
-                            .weight_decay = weight_decay};
-    const std::size_t n = end - begin, at = begin - model.moments.begin;
-    adamw_step(model.params.subspan(begin, n), model.grads.subspan(begin, n), model.m.subspan(at, n),
-               model.v.subspan(at, n), step + 1, adamw);
-  };
-  const ParamTensor& wpe = *find_tensor(model, "wpe.weight");
-  if (model.freeze_positions) {
-    update(0, wpe.offset, c.weight_decay);
-    update(wpe.offset + wpe.numel, model.num_decayed, c.weight_decay);
-  } else {
-    update(0, model.num_decayed, c.weight_decay);
-  }
-  update(model.num_decayed, model.num_params, 0.0);
-  return lr;
-}
-
-StepStats train_step(Gpt& model, Activations& acts, std::span<const std::int64_t> inputs,
-                     std::span<const std::int64_t> targets, std::int64_t T, std::int64_t step,
-                     const TrainConfig& c) {
-  StepStats stats;
-  stats.loss = micro_batch_gradient(model, model.g, acts, inputs, targets, T,
-                                    static_cast<std::uint64_t>(step), 0) /
-               static_cast<double>(inputs.size());
-  stats.grad_norm = grad_norm(model);
-  stats.lr = clip_and_update(model, {0, model.num_params}, stats.grad_norm, step, c);
-  return stats;
-}
-
-std::vector<std::uint8_t> read_text(const std::filesystem::path& path) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (!fs::exists(path, ec)) {
-    throw Error("training data " + path.string() + " not found; install the Debian package "
-                "'fortunes' (scripts/deps.sh run) for the default corpus, or pass --data FILE");
-  }
-  std::vector<fs::path> files;
-  if (fs::is_directory(path)) {
-    for (const auto& entry : fs::directory_iterator(path)) {
-      if (entry.is_symlink() || !entry.is_regular_file()) continue;
-      if (entry.path().extension() == ".dat") continue;  // strfile's binary index
-      files.push_back(entry.path());
-    }
-    std::sort(files.begin(), files.end());
-  } else {
-    files.push_back(path);
-  }
-  std::vector<std::uint8_t> text;
-  for (const auto& f : files) {
-    std::ifstream in(f, std::ios::binary);
-    if (!in) throw Error("cannot read " + f.string());
-    text.insert(text.end(), std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  }
-  return text;
-}
-
-Corpus split_corpus(std::vector<std::uint8_t> text, double val_fraction) {
-  Corpus c;
-  c.total_bytes = text.size();
-  std::array<std::uint64_t, 256> counts{};
-  for (auto b : text) ++counts[b];
-  for (auto n : counts) {
-    if (n == 0) continue;
-    const double p = static_cast<double>(n) / static_cast<double>(text.size());
-    c.unigram_entropy -= p * std::log(p);
-  }
-  // Chunk k goes to validation when floor((k+1) f) > floor(k f): an even spread,
-  // so both splits see every part (every fortune file) of the text.
-  for (std::size_t k = 0, at = 0; at < text.size(); ++k, at += kChunkBytes) {
-    const auto end = std::min(text.size(), at + kChunkBytes);
-    const bool val = std::floor(static_cast<double>(k + 1) * val_fraction) >
-                     std::floor(static_cast<double>(k) * val_fraction);
-    auto& dst = val ? c.val : c.train;
-    dst.insert(dst.end(), text.begin() + static_cast<std::ptrdiff_t>(at),
-               text.begin() + static_cast<std::ptrdiff_t>(end));
-  }
-  return c;
-}
-
-void fill_train_batch(std::span<std::int64_t> inputs, std::span<std::int64_t> targets,
-                      std::span<const std::uint8_t> text, std::int64_t B, std::int64_t T,
-                      std::uint64_t seed, std::uint64_t step, std::int64_t first_row) {
-  const std::uint64_t range = text.size() - static_cast<std::uint64_t>(T);  // offsets [0, range)
-  for (std::int64_t b = 0; b < B; ++b) {
-    const PhiloxCounter w = philox4x32_10(
-        philox_counter(static_cast<std::uint64_t>(first_row + b), step, RandomStream::data_sampling),
-        philox_key(seed));
-    const std::uint64_t offset = ((std::uint64_t{w[0]} << 32) | w[1]) % range;
-    for (std::int64_t t = 0; t < T; ++t) {
-      inputs[sz(b * T + t)] = text[offset + static_cast<std::uint64_t>(t)];
-      targets[sz(b * T + t)] = text[offset + static_cast<std::uint64_t>(t) + 1];
-    }
-  }
-}
-
-void evaluate_chunks(const Gpt& model, Activations& acts, std::span<const std::uint8_t> text,
-                     std::span<const std::int64_t> starts, std::int64_t T,
-                     std::vector<std::int64_t>& inputs, std::vector<std::int64_t>& targets,
-                     std::int64_t first_chunk, std::span<double> sums) {
-  const std::int64_t B = acts.batch, W = static_cast<std::int64_t>(starts.size());
-  const auto last = first_chunk + static_cast<std::int64_t>(sums.size());
-  if (sums.empty()) return;
-  if (first_chunk < 0 || (last - 1) * B >= W) {
-    throw Error("evaluation chunks [" + std::to_string(first_chunk) + ", " + std::to_string(last) +
-                ") of " + std::to_string(B) + " windows lie outside the " + std::to_string(W) +
-                " windows given");
-  }
-  const std::span<std::int64_t> in(inputs.data(), sz(B * T)), tg(targets.data(), sz(B * T));
-  for (std::int64_t c = first_chunk; c < last; ++c) {
-    const std::int64_t w0 = c * B, rows = std::min(B, W - w0);
-    for (std::int64_t b = 0; b < B; ++b) {
-      // Rows past the last window repeat it; their losses are not counted.
-      const auto s = static_cast<std::size_t>(starts[sz(w0 + std::min(b, rows - 1))]);
-      for (std::int64_t t = 0; t < T; ++t) {
-        in[sz(b * T + t)] = text[s + sz(t)];
-        tg[sz(b * T + t)] = text[s + sz(t) + 1];
-      }
-    }
-    gpt_forward(model, acts, in, tg, T, false, 0);
-    sums[sz(c - first_chunk)] = gpt_loss_sum(acts, rows * T);
-  }
-}
-
-double evaluate(const Gpt& model, Activations& acts, std::span<const std::uint8_t> text,
-                std::span<const std::int64_t> starts, std::int64_t T,
-                std::vector<std::int64_t>& inputs, std::vector<std::int64_t>& targets) {
-  const auto W = static_cast<std::int64_t>(starts.size());
-  double total = 0.0;
-  for (std::int64_t c = 0; c * acts.batch < W; ++c) {
-    double sum = 0.0;
-    evaluate_chunks(model, acts, text, starts, T, inputs, targets, c, {&sum, 1});
-    total += sum;
-  }
-  return W ? total / static_cast<double>(W * T) : 0.0;
-}
-
-// ---- checkpoints ----
-
-namespace {
-
-template <class Config>
-void put_fields(std::map<std::string, std::string>& meta, const std::string& prefix, Config c) {
-  visit_fields(c, [&](const char* name, auto& field, const char*) {
-    meta[prefix + name] = field_to_string(field);
-  });
-}
-
-template <class Config>
-void get_fields(const std::map<std::string, std::string>& meta, const std::string& prefix,
-                Config& c, const std::string& source) {
-  visit_fields(c, [&](const char* name, auto& field, const char*) {
-    const auto it = meta.find(prefix + name);
-    if (it == meta.end()) {
-      throw Error(source + ": metadata lacks '" + prefix + name + "'; not a posembed checkpoint?");
-    }
-    field_from_string(prefix + name, it->second, field);
-  });
-}
-
-std::string meta_get(const std::map<std::string, std::string>& meta, const std::string& key,
-                     const std::string& source) {
-  const auto it = meta.find(key);
-  if (it == meta.end()) throw Error(source + ": metadata lacks '" + key + "'");
-  return it->second;
-}
-
-}  // namespace
-
-std::map<std::string, std::string> checkpoint_metadata(const Checkpoint& info) {
+  ranks.share(bytes);
+  if (ranks.writes()) return;
   std::map<std::string, std::string> meta;
-  meta["format"] = kFormat;
-  meta["format_version"] = kFormatVersion;
-  put_fields(meta, "model.", info.model);
-  meta["model.vocab_size"] = field_to_string(info.model.vocab_size);
-  put_fields(meta, "train.", info.train);
-  meta["train.step"] = field_to_string(info.step);
-  meta["train.data"] = info.data;
-  meta["train.freeze_positions"] = info.freeze_positions ? "1" : "0";
-  if (!info.origin.empty()) meta["train.origin"] = info.origin;
-  return meta;
-}
-
-Checkpoint checkpoint_from_metadata(const std::map<std::string, std::string>& file_meta,
-                                    const std::string& src) {
-  if (meta_get(file_meta, "format", src) != kFormat) {
-    throw Error(src + ": metadata format is '" + file_meta.at("format") + "', expected " + kFormat);
-  }
-  if (meta_get(file_meta, "format_version", src) != kFormatVersion) {
-    throw Error(src + ": checkpoint format version " + file_meta.at("format_version") +
-                " but this build reads version " + kFormatVersion);
-  }
-  // Checkpoints from before micro-batches trained each step as one micro-batch
-  // of the whole batch; that is what micro_batch = batch_size continues.
-  std::map<std::string, std::string> meta = file_meta;
-  if (!meta.contains("train.micro_batch")) {
-    meta["train.micro_batch"] = meta_get(meta, "train.batch_size", src);
-  }
-  Checkpoint info;
-  get_fields(meta, "model.", info.model, src);
-  get_fields(meta, "train.", info.train, src);
-  field_from_string("train.step", meta_get(meta, "train.step", src), info.step);
-  info.data = meta_get(meta, "train.data", src);
-  info.freeze_positions = meta_get(meta, "train.freeze_positions", src) == "1";
-  if (const auto it = meta.find("train.origin"); it != meta.end()) info.origin = it->second;
-  return info;
-}
-
-void save_checkpoint(const std::filesystem::path& path, const Gpt& model, const Checkpoint& info,
-                     std::span<const float> m, std::span<const float> v) {
-  if (m.size() != v.size() || (!m.empty() && m.size() != model.num_params)) {
-    throw Error("saving the AdamW moments needs both for all " + std::to_string(model.num_params) +
-                " parameters, not " + std::to_string(m.size()) + " and " + std::to_string(v.size()));
-  }
-  Checkpoint described = info;
-  described.model = model.config;
-  std::vector<io::TensorToWrite> tensors;
-  const auto add = [&](const std::string& name, const ParamTensor& t, std::span<const float> buf) {
-    tensors.push_back({name, io::DType::F32, t.shape,
-                       std::as_bytes(buf.subspan(t.offset, t.numel))});
-  };
-  for (const auto& t : model.tensors) add(t.name, t, model.params);
-  if (!m.empty()) {
-    for (const auto& t : model.tensors) add("optimizer.exp_avg." + t.name, t, m);
-    for (const auto& t : model.tensors) add("optimizer.exp_avg_sq." + t.name, t, v);
-  }
-  io::save_safetensors(path, tensors, checkpoint_metadata(described));
-}
-
-void save_checkpoint(const std::filesystem::path& path, const Gpt& model, const Checkpoint& info,
-                     bool with_optimizer) {
-  if (with_optimizer && model.moments.size() != model.num_params) {
-    throw Error("this model holds the AdamW moments of " + std::to_string(model.moments.size()) +
-                " of its " + std::to_string(model.num_params) + " parameters (a ZeRO-1 shard); "
-                "gather them and pass all of them");
-  }
-  save_checkpoint(path, model, info, with_optimizer ? model.m : std::span<const float>(),
-                  with_optimizer ? model.v : std::span<const float>());
-}
-
-Checkpoint read_checkpoint_info(const std::filesystem::path& path) {
-  const io::SafetensorsFile file = io::SafetensorsFile::open(path);
-  return checkpoint_from_metadata(file.metadata(), file.source());
-}
-
-namespace {
-void load_tensors(const io::SafetensorsFile& file, Gpt& model, std::span<float> m,
-                  std::span<float> v) {
-  if (m.size() != v.size() || (!m.empty() && m.size() != model.num_params)) {
-    throw Error("loading the AdamW moments needs room for both for all " +
-                std::to_string(model.num_params) + " parameters, not " + std::to_string(m.size()) +
-                " and " + std::to_string(v.size()));
-  }
-  // Validate every tensor first, then copy: a bad file leaves nothing half-loaded.
-  std::vector<std::pair<const io::TensorInfo*, std::span<float>>> plan;
-  const auto want = [&](const std::string& name, const ParamTensor& t, std::span<float> buf) {
-    const io::TensorInfo* ti = file.find(name);
-    if (!ti) throw Error(file.source() + ": tensor '" + name + "' is missing");
-    if (ti->shape != t.shape || ti->dtype != io::DType::F32) {
-      throw Error(file.source() + ": tensor '" + name + "' has the wrong shape or dtype (want F32)");
+  std::vector<std::string> fields(1);
+  for (const std::uint8_t b : bytes) {
+    if (b != 0) {
+      fields.back() += static_cast<char>(b);
+    } else {
+      fields.emplace_back();
     }
-    plan.emplace_back(ti, buf.subspan(t.offset, t.numel));
-  };
-  for (const auto& t : model.tensors) want(t.name, t, model.params);
-  if (!m.empty()) {
-    for (const auto& t : model.tensors) want("optimizer.exp_avg." + t.name, t, m);
-    for (const auto& t : model.tensors) want("optimizer.exp_avg_sq." + t.name, t, v);
   }
-  // Shape and dtype (F32) are checked above: copy the little-endian bytes as they are.
-  static_assert(std::endian::native == std::endian::little, "checkpoints are little-endian F32");
-  for (auto& [ti, dst] : plan) {
-    if (ti->data.size() != dst.size_bytes()) {
-      throw Error(file.source() + ": tensor data holds " + std::to_string(ti->data.size()) +
-                  " bytes, expected " + std::to_string(dst.size_bytes()));
-    }
-    std::memcpy(dst.data(), ti->data.data(), dst.size_bytes());
-  }
+  for (std::size_t i = 0; i + 1 < fields.size(); i += 2) meta[fields[i]] = fields[i + 1];
+  info = checkpoint_from_metadata(meta, "rank 0's settings");
 }
+
+// A checkpoint of the run, collectively: rank 0 writes it with every moment.
+void save_run(const std::filesystem::path& path, Gpt& model, Strategy& ranks,
+              const Checkpoint& info) {
+  const Strategy::Moments all = ranks.checkpoint_moments(model);
+  ranks.gather_moments(model, all);
+  if (ranks.writes()) save_checkpoint(path, model, info, all.m, all.v);
+}
+
+// A checkpoint into every rank's model: rank 0 reads it, the others get their part.
+void load_run(const std::filesystem::path& path, Gpt& model, Strategy& ranks) {
+  const Strategy::Moments all = ranks.checkpoint_moments(model);
+  if (ranks.writes()) load_checkpoint(path, model, all.m, all.v);
+  ranks.share(model, all);
+}
+
 }  // namespace
 
-void load_checkpoint_tensors(const std::filesystem::path& path, Gpt& model, std::span<float> m,
-                             std::span<float> v) {
-  load_tensors(io::SafetensorsFile::open(path), model, m, v);
+TrainResult train(const TrainOptions& options, const TrainReport& report) {
+  SingleProcess one;
+  return train(options, one, report);
 }
 
-Gpt load_checkpoint(const std::filesystem::path& path, Checkpoint* info_out, bool with_optimizer) {
-  const io::SafetensorsFile file = io::SafetensorsFile::open(path);
-  const Checkpoint info = checkpoint_from_metadata(file.metadata(), file.source());
-  Gpt model = make_gpt(info.model);
-  model.freeze_positions = info.freeze_positions;
-  load_tensors(file, model, with_optimizer ? model.m : std::span<float>(),
-               with_optimizer ? model.v : std::span<float>());
-  if (info_out) *info_out = info;
-  return model;
-}
-
-// ---- the training loop ----
-
-TrainResult train(const TrainOptions& options) {
-  const World w = world();
-  const bool leader = w.rank == 0;  // reads the text and the checkpoint, writes log and checkpoints
-  const bool quiet = options.quiet || !leader;
-  set_num_threads(options.threads == 0 ? default_threads(w) : options.threads);
+TrainResult train(const TrainOptions& options, Strategy& ranks, const TrainReport& report) {
+  const bool leader = ranks.writes();
+  const auto tell = [&](TrainEvent event) {
+    if (leader && report) report(event);
+  };
+  set_num_threads(options.threads == 0 ? ranks.default_threads() : options.threads);
   if (!options.resume.empty() && !options.init_from.empty()) {
     throw Error("--resume continues a run and --init-from starts a new one: give one of them");
   }
@@ -594,25 +151,25 @@ TrainResult train(const TrainOptions& options) {
       }
     }
   }
-  broadcast(w, info);
+  share_settings(ranks, info);
   const TrainConfig& tc = info.train;
   validate(tc, info.model);
   const std::int64_t B = tc.batch_size, T = effective_seq_len(tc, info.model);
-  Gpt model = make_gpt(info.model, options.shard_optimizer ? MomentShard{w.rank, w.size}
-                                                           : MomentShard{});
+  Gpt model = make_gpt(info.model, ranks.moment_shard());
   model.freeze_positions = info.freeze_positions;
-  DataParallel dp = make_data_parallel(w, model, tc, T, options.shard_optimizer);
-  if (!options.resume.empty()) load_checkpoint(options.resume, model, dp);
+  StepBuffers buffers = make_step_buffers(model, tc, T, ranks);
+  ranks.prepare(model, buffers.micro_batches);
+  if (!options.resume.empty()) load_run(options.resume, model, ranks);
   if (!options.init_from.empty()) {  // fresh optimizer state: only the weights come along
     if (init) {
       std::copy(init->model.params.begin(), init->model.params.end(), model.params.begin());
       init->model = Gpt{};  // the source's copy is not needed again
     }
-    broadcast(w, model.params);
+    ranks.share(model, {});
   }
   std::vector<std::uint8_t> text;
   if (leader) text = read_text(info.data);
-  broadcast(w, text);
+  ranks.share(text);
   const Corpus corpus = split_corpus(std::move(text), tc.val_fraction);
   if (corpus.train.size() < sz(T + 1) || corpus.val.size() < sz(T + 1)) {
     throw Error("the text at " + info.data + " has " + std::to_string(corpus.total_bytes) +
@@ -623,92 +180,46 @@ TrainResult train(const TrainOptions& options) {
     throw Error("the checkpoint has done " + std::to_string(info.step) + " of its " +
                 std::to_string(tc.steps) + " steps; nothing left to train");
   }
+  // The periodic validation estimates take B * eval_batches of the split's
+  // windows, the final one all of them; the final train loss at most 512 (an
+  // estimate, comparable with the validation loss).
+  const std::vector<std::int64_t> val_all = consecutive_windows(corpus.val.size(), T);
+  const std::vector<std::int64_t> val_some =
+      consecutive_windows(corpus.val.size(), T, B * tc.eval_batches);
+  const std::vector<std::int64_t> train_some = consecutive_windows(corpus.train.size(), T, 512);
 
-  // Validation windows: the split cut into consecutive windows (none truncated away:
-  // every byte but the last is some window's input).
-  std::vector<std::int64_t> val_all;
-  for (std::int64_t s = 0; s + T + 1 <= static_cast<std::int64_t>(corpus.val.size()); s += T) {
-    val_all.push_back(s);
-  }
-  std::vector<std::int64_t> val_some;  // evenly spread subset for periodic estimates
-  const std::int64_t some = std::min<std::int64_t>(static_cast<std::int64_t>(val_all.size()),
-                                                   B * tc.eval_batches);
-  for (std::int64_t i = 0; i < some; ++i) {
-    val_some.push_back(val_all[sz(i * static_cast<std::int64_t>(val_all.size()) / some)]);
-  }
-  // Evenly spread train windows for the final eval-mode train loss (at most 512:
-  // an estimate, comparable with the validation loss).
-  std::vector<std::int64_t> train_some;
-  const auto train_windows = static_cast<std::int64_t>((corpus.train.size() - 1) / sz(T));
-  const std::int64_t train_count = std::min<std::int64_t>(train_windows, 512);
-  for (std::int64_t i = 0; i < train_count; ++i) {
-    train_some.push_back(i * train_windows / train_count * T);
-  }
-
-  const std::filesystem::path& ckpt = files.checkpoint;
-  const std::filesystem::path& log_path = files.log;
-  FilePtr log_file;
+  std::optional<RunLog> log;
   if (leader) {
     std::filesystem::create_directories(files.dir);
-    const bool fresh_log = !files.continues || !std::filesystem::exists(log_path);
-    if (!fresh_log) truncate_log(log_path, info.step);
-    log_file.reset(std::fopen(log_path.c_str(), fresh_log ? "w" : "a"));
-    if (!log_file) throw Error("cannot write " + log_path.string());
-    if (fresh_log) {
-      std::fprintf(log_file.get(), "step,lr,train_loss,val_loss,grad_norm,tokens_per_s,elapsed_s\n");
-    }
+    log.emplace(files, info.step);
   }
-  std::FILE* const log = log_file.get();
-
-  // mpirun hands its ranks a terminal even when its own output goes to a file:
-  // under MPI, plain lines.
-  const bool tty = !quiet && w.size == 1 && isatty(fileno(stdout));
-  if (!quiet) {
-    std::printf("model: %lld layers, %lld heads, width %lld, max_seq_len %lld, %zu parameters "
-                "(position table %lld = %.2f%%), dropout %g\n",
-                static_cast<long long>(info.model.n_layer), static_cast<long long>(info.model.n_head),
-                static_cast<long long>(info.model.embed_dim),
-                static_cast<long long>(info.model.max_seq_len), model.num_params,
-                static_cast<long long>(model.p.wpe.size()),
-                100.0 * static_cast<double>(model.p.wpe.size()) / static_cast<double>(model.num_params),
-                info.model.dropout);
-    std::printf("data: %s, %llu bytes (train %zu, validation %zu), unigram entropy %.4f nats/byte\n",
-                info.data.c_str(), static_cast<unsigned long long>(corpus.total_bytes),
-                corpus.train.size(), corpus.val.size(), corpus.unigram_entropy);
-    if (!info.origin.empty()) std::printf("weights from: %s\n", info.origin.c_str());
-    if (init) {
-      for (const std::string& note : init->notes) std::printf("  note: %s\n", note.c_str());
-    }
-    std::printf("training: steps %lld, batch %lld x %lld bytes (micro-batches of %lld), lr %g, "
-                "threads %d%s\n",
-                static_cast<long long>(tc.steps), static_cast<long long>(B),
-                static_cast<long long>(T), static_cast<long long>(tc.micro_batch), tc.lr,
-                num_threads(),
-                options.resume.empty() ? "" : (", resumed at step " + std::to_string(info.step)).c_str());
-    if (w.size > 1) {
-      std::printf("ranks: %d (MPI), %lld micro-batches per step, optimizer state %s; %.2f MB "
-                  "exchanged per step by each rank\n",
-                  w.size, static_cast<long long>(dp.micro_batches),
-                  options.shard_optimizer ? "sharded (ZeRO-1)" : "on every rank",
-                  static_cast<double>(dp.bytes_per_step) / 1e6);
-    }
-    std::printf("compute: GEMM %s; embedding kernels %s\n", gemm_library().c_str(),
-                simd::target_name());
-    std::fflush(stdout);
-  }
+  tell(TrainStarted{.run = info,
+                    .resumed = !options.resume.empty(),
+                    .notes = init ? init->notes : std::vector<std::string>{},
+                    .num_params = model.num_params,
+                    .position_params = model.p.wpe.size(),
+                    .text_bytes = corpus.total_bytes,
+                    .train_bytes = corpus.train.size(),
+                    .val_bytes = corpus.val.size(),
+                    .unigram_entropy = corpus.unigram_entropy,
+                    .seq_len = T,
+                    .threads = num_threads(),
+                    .ranks = ranks.world.size,
+                    .micro_batches = buffers.micro_batches,
+                    .sharded = ranks.sharded,
+                    .bytes_per_step = ranks.bytes_per_step});
 
   g_interrupted.store(false);
-  const StopSignalGuard signals(w.size > 1);  // restored on return and on exceptions
+  const StopSignalGuard signals(ranks.world.size > 1);  // restored on return and on exceptions
   TrainResult result;
   result.first_step = info.step;
   result.unigram_entropy = corpus.unigram_entropy;
-  result.bytes_sent_per_step = dp.bytes_per_step;
+  result.bytes_sent_per_step = ranks.bytes_per_step;
   result.losses.reserve(sz(tc.steps - info.step));
   const auto start = std::chrono::steady_clock::now();
   const auto elapsed = [&] {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
-  const std::int64_t print_every = std::max<std::int64_t>(1, tc.steps / 20);
   double tokens = 0;
   std::int64_t step = info.step;
   while (step < tc.steps) {
@@ -717,84 +228,61 @@ TrainResult train(const TrainOptions& options) {
       fill_train_batch(in, tg, corpus.train, tc.micro_batch, T, info.model.seed,
                        static_cast<std::uint64_t>(step), first_row);
     };
-    const StepStats s = data_parallel_step(model, dp, windows, step, tc);
+    const StepStats s = data_parallel_step(model, buffers, ranks, windows, step, tc);
     ++step;
     result.losses.push_back(s.loss);
     tokens += static_cast<double>(B * T);
     const double secs = elapsed();
     const double tps = tokens / secs;
-    double val = NAN;
+    std::optional<double> val;
     if (step % tc.eval_every == 0 || step == tc.steps) {
-      val = data_parallel_evaluate(model, dp, corpus.val, val_some);
+      val = data_parallel_evaluate(model, buffers, ranks, corpus.val, val_some);
     }
-    if (log) {
-      std::fprintf(log, "%lld,%.6g,%.6f,%s,%.6f,%.1f,%.4f\n", static_cast<long long>(step), s.lr,
-                   s.loss, std::isnan(val) ? "" : std::to_string(val).c_str(), s.grad_norm, tps, secs);
-    }
-    if (tty) {
-      const double left = secs / static_cast<double>(step - result.first_step) *
-                          static_cast<double>(tc.steps - step);
-      const int width = 24, filled = static_cast<int>(width * step / tc.steps);
-      std::printf("\r[%s%s] step %lld/%lld  loss %.4f  %.0f tok/s  %s left   ",
-                  std::string(sz(filled), '#').c_str(), std::string(sz(width - filled), '.').c_str(),
-                  static_cast<long long>(step), static_cast<long long>(tc.steps), s.loss, tps,
-                  seconds_text(left).c_str());
-      if (!std::isnan(val)) std::printf("\n  step %lld: validation loss %.4f\n", static_cast<long long>(step), val);
-      std::fflush(stdout);
-    } else if (!quiet && (step % print_every == 0 || !std::isnan(val))) {
-      std::printf("step %lld/%lld loss %.4f lr %.3g grad_norm %.3f %.0f tok/s%s\n",
-                  static_cast<long long>(step), static_cast<long long>(tc.steps), s.loss, s.lr,
-                  s.grad_norm, tps,
-                  std::isnan(val) ? "" : (" val " + std::to_string(val)).c_str());
-      std::fflush(stdout);
-    }
+    if (log) log->write(step, s.lr, s.loss, val, s.grad_norm, tps, secs);
+    tell(StepDone{.step = step,
+                  .steps = tc.steps,
+                  .loss = s.loss,
+                  .lr = s.lr,
+                  .grad_norm = s.grad_norm,
+                  .tokens_per_second = tps,
+                  .seconds = secs,
+                  .val_loss = val});
     info.step = step;
     // Every rank stops at the same step: a signal may reach them at different times.
-    const int stop = flags_of_all_ranks(
-        w, (signals.stop_requested() ? kStopSignal : 0) | (step == options.stop_after ? kStopAfter : 0));
+    const int stop = ranks.agree((signals.stop_requested() ? kStopSignal : 0) |
+                                 (step == options.stop_after ? kStopAfter : 0));
     if (stop || step % tc.checkpoint_every == 0 || step == tc.steps) {
-      if (log) std::fflush(log);
-      save_checkpoint(ckpt, model, dp, info);
+      if (log) log->flush();
+      save_run(files.checkpoint, model, ranks, info);
+      tell(CheckpointWritten{.step = step,
+                             .path = files.checkpoint,
+                             .stop = (stop & kStopSignal) ? StopReason::signal
+                                     : stop               ? StopReason::stop_after
+                                                          : StopReason::none});
     }
     if (stop) {
       result.interrupted = (stop & kStopSignal) != 0;
-      if (!quiet) {
-        std::printf("\n%s at step %lld; checkpoint saved to %s (continue with --resume %s)\n",
-                    result.interrupted ? "interrupted" : "stopped", static_cast<long long>(step),
-                    ckpt.c_str(), ckpt.c_str());
-        std::fflush(stdout);
-      }
       break;
     }
   }
-  log_file.reset();
+  log.reset();
   result.last_step = step;
-  result.checkpoint = ckpt;
-  result.tokens_per_second = tokens / elapsed();
-  result.exchange_seconds = dp.exchange_seconds;
-  if (!quiet && w.size > 1) {
-    // Rank 0's time in MPI calls, waiting for slower ranks included.
-    std::printf("exchange between ranks (rank 0): %.2f MB per step, %.2f ms per step (%.1f%% of "
-                "the training time)\n",
-                static_cast<double>(dp.bytes_per_step) / 1e6,
-                1e3 * dp.exchange_seconds / static_cast<double>(step - result.first_step),
-                100.0 * dp.exchange_seconds / elapsed());
-  }
+  result.checkpoint = files.checkpoint;
+  result.log = files.log;
+  result.train_seconds = elapsed();
+  result.tokens_per_second = tokens / result.train_seconds;
+  result.exchange_seconds = ranks.exchange_seconds;
   if (step == tc.steps && !result.interrupted) {
     // (the checkpoint is already written; an interrupt here just ends the run)
-    result.final_val_loss = data_parallel_evaluate(model, dp, corpus.val, val_all);
-    result.final_train_loss = data_parallel_evaluate(model, dp, corpus.train, train_some);
-    if (!quiet) {
-      std::printf("%sdone: %lld steps in %s, %.0f tokens/s\n", tty ? "\n" : "",
-                  static_cast<long long>(step), seconds_text(elapsed()).c_str(),
-                  result.tokens_per_second);
-      std::printf("final loss (nats/byte, eval mode): train %.4f (%zu windows), validation %.4f "
-                  "(all %zu windows); unigram entropy of the text %.4f\n",
-                  result.final_train_loss, train_some.size(), result.final_val_loss,
-                  val_all.size(), corpus.unigram_entropy);
-      std::printf("checkpoint: %s, log: %s\n", ckpt.c_str(), log_path.c_str());
-    }
+    result.final_val_loss = data_parallel_evaluate(model, buffers, ranks, corpus.val, val_all);
+    result.final_train_loss =
+        data_parallel_evaluate(model, buffers, ranks, corpus.train, train_some);
+    result.final_val_windows = val_all.size();
+    result.final_train_windows = train_some.size();
+    result.finished = true;
   }
+  result.seconds = elapsed();
+  tell(result);
   return result;  // the handlers stay until here: Ctrl-C during the final evaluation only skips it
 }
 

@@ -1,205 +1,106 @@
-// Training the GPT on a byte stream: AdamW with GPT-2 decay groups, gradient-norm
-// clipping, a cosine learning-rate schedule with linear warmup, random training
-// windows from the train split, a held-out validation split, a CSV log,
-// safetensors checkpoints, bitwise-identical --resume and Ctrl-C handling.
-// Each step's batch is split into micro-batches whose gradients are summed in a
-// fixed order, one process or many (data parallel over MPI: model/distributed.h).
+// The training loop of the GPT on a byte stream: sets a run up (new, resumed
+// from a checkpoint or started from other weights), takes the steps
+// (model/step.h) on random windows of the train split (model/corpus.h) at the
+// schedule's learning rate (model/train_config.h), estimates the validation
+// loss now and then, logs every step to log.csv, writes checkpoints
+// (model/checkpoint.h) and stops with one on Ctrl-C or --stop-after. Resumed
+// runs continue bit for bit. The ranks of a data-parallel job share the work
+// through a Strategy (model/strategy.h); one process is the trivial one.
+//
+// The loop prints nothing: it reports what happens through a callback, and the
+// program (src/cli/train.cpp) prints.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
 #include <functional>
-#include <map>
 #include <optional>
-#include <span>
 #include <string>
+#include <variant>
 #include <vector>
 
+#include "posembed/model/checkpoint.h"
 #include "posembed/model/extend.h"
 #include "posembed/model/gpt.h"
+#include "posembed/model/strategy.h"
+#include "posembed/model/train_config.h"
 
 namespace posembed::model {
-
-struct TrainConfig {
-  std::int64_t steps = 1000;
-  std::int64_t batch_size = 16;
-  std::int64_t micro_batch = 4;  // windows per micro-batch; divides batch_size
-  std::int64_t seq_len = 0;  // training window length; 0 = max_seq_len
-  double lr = 3e-3;          // peak learning rate
-  double min_lr_ratio = 0.1; // cosine decays to lr * min_lr_ratio
-  std::int64_t warmup_steps = 100;
-  double weight_decay = 0.1;
-  double beta1 = 0.9;
-  double beta2 = 0.95;
-  double eps = 1e-8;
-  double grad_clip = 1.0;  // 0 disables
-  double val_fraction = 0.1;
-  std::int64_t eval_every = 200;
-  std::int64_t eval_batches = 8;
-  std::int64_t checkpoint_every = 500;
-  bool operator==(const TrainConfig&) const = default;
-};
-
-template <class Visitor>
-void visit_fields(TrainConfig& c, Visitor&& visitor) {
-  visitor("steps", c.steps, "optimizer steps in total (a resumed run continues to this count)");
-  visitor("batch_size", c.batch_size, "windows per step, over all ranks");
-  visitor("micro_batch", c.micro_batch,
-          "windows per micro-batch (divides batch_size). Gradients are computed per micro-batch "
-          "and summed in micro-batch order, so any number of ranks up to batch_size / "
-          "micro_batch gives the same bits; changing it changes the last bits");
-  visitor("seq_len", c.seq_len,
-          "training window length in bytes, at most max_seq_len; 0 = max_seq_len");
-  visitor("lr", c.lr, "peak learning rate, reached after the warmup");
-  visitor("min_lr_ratio", c.min_lr_ratio, "the cosine schedule ends at lr * min_lr_ratio");
-  visitor("warmup_steps", c.warmup_steps, "linear warmup from lr/warmup_steps to lr");
-  visitor("weight_decay", c.weight_decay,
-          "AdamW decoupled weight decay on 2-D weights (both embedding tables included); biases "
-          "and LayerNorm gains are not decayed");
-  visitor("beta1", c.beta1, "AdamW beta1");
-  visitor("beta2", c.beta2, "AdamW beta2 (GPT-2 style 0.95)");
-  visitor("eps", c.eps, "AdamW epsilon");
-  visitor("grad_clip", c.grad_clip, "clip the global gradient L2 norm to this; 0 disables");
-  visitor("val_fraction", c.val_fraction,
-          "share of the text held out for validation, as interleaved 4 KiB chunks");
-  visitor("eval_every", c.eval_every, "steps between validation estimates");
-  visitor("eval_batches", c.eval_batches,
-          "batches per periodic validation estimate (the final one uses the whole split)");
-  visitor("checkpoint_every", c.checkpoint_every, "steps between checkpoints (and one at the end)");
-}
-
-void validate(const TrainConfig& train, const GptConfig& model);
-std::int64_t effective_seq_len(const TrainConfig& train, const GptConfig& model);
-
-// The learning rate of 0-based step `step`.
-double lr_at(const TrainConfig& c, std::int64_t step);
-
-// Sum of squares of each kParamPiece-long piece of grads (the last may be
-// shorter), in double, into out (one entry per piece).
-void grad_piece_squares(std::span<const float> grads, std::span<double> out);
-// Global L2 norm of the gradients: the piece sums added in piece order.
-double grad_norm(const Gpt& model);
-
-// The gradient of one micro-batch written into `grads` (param_views of a
-// buffer laid out as model.grads, any contents before): training forward with
-// dropout keyed by dropout_step, backward of the loss summed over the
-// micro-batch and divided by loss_count (the whole batch's token count).
-// Returns the micro-batch's loss sum, added in token order in double. Reads
-// the model only, so several run side by side with buffers of their own.
-// transposed: the model's weights transposed this step, or null.
-double micro_batch_gradient(const Gpt& model, ParamViews& grads, Activations& acts,
-                            std::span<const std::int64_t> inputs,
-                            std::span<const std::int64_t> targets, std::int64_t T,
-                            std::uint64_t dropout_step, std::int64_t loss_count,
-                            const TransposedWeights* transposed = nullptr);
-
-// Clips the gradients in `range` by the global norm (as
-// torch.nn.utils.clip_grad_norm_) and applies AdamW with lr_at(step) to the
-// parameters in `range`, whose moments the model must hold. Returns the lr.
-double clip_and_update(Gpt& model, ParamRange range, double grad_norm, std::int64_t step,
-                       const TrainConfig& config);
-
-struct StepStats {
-  double loss = 0, grad_norm = 0, lr = 0;
-};
-// One optimizer step on a batch taken as a single micro-batch (acts sized for
-// all of it): zero-grad, forward (train, dropout keyed by step), backward, clip,
-// AdamW with lr_at(step). step is 0-based. train() splits the batch into
-// micro-batches instead (data_parallel_step); with micro_batch == batch_size
-// both give the same bits.
-StepStats train_step(Gpt& model, Activations& acts, std::span<const std::int64_t> inputs,
-                     std::span<const std::int64_t> targets, std::int64_t T, std::int64_t step,
-                     const TrainConfig& config);
-
-// The text, split into train and validation bytes.
-struct Corpus {
-  std::vector<std::uint8_t> train, val;
-  double unigram_entropy = 0;  // nats per byte, over the whole text
-  std::uint64_t total_bytes = 0;
-};
-// path: a file, or a directory whose regular files (not symlinks, not *.dat
-// index files) are concatenated in name order: the fortunes package's layout.
-std::vector<std::uint8_t> read_text(const std::filesystem::path& path);
-Corpus split_corpus(std::vector<std::uint8_t> text, double val_fraction);
-
-// Training windows of batch rows first_row .. first_row + B - 1 at `step`: row
-// r starts at a random offset in the train split keyed by (seed, step, r).
-void fill_train_batch(std::span<std::int64_t> inputs, std::span<std::int64_t> targets,
-                      std::span<const std::uint8_t> text, std::int64_t B, std::int64_t T,
-                      std::uint64_t seed, std::uint64_t step, std::int64_t first_row = 0);
-
-// Checkpoints: parameters under GPT-2 Hugging Face names, the AdamW moments under
-// "optimizer.exp_avg.<name>" / "optimizer.exp_avg_sq.<name>" and every setting
-// in __metadata__.
-struct Checkpoint {
-  GptConfig model;
-  TrainConfig train;
-  std::int64_t step = 0;  // optimizer steps done
-  std::string data;
-  bool freeze_positions = false;
-  std::string origin;  // where the weights came from (--init-from, resize); empty: initialised
-};
-void save_checkpoint(const std::filesystem::path& path, const Gpt& model, const Checkpoint& info,
-                     bool with_optimizer);
-// The same with the moments of every parameter given (m, v: num_params each, or
-// both empty for none): a model whose moments are sharded gathers them first.
-void save_checkpoint(const std::filesystem::path& path, const Gpt& model, const Checkpoint& info,
-                     std::span<const float> m, std::span<const float> v);
-// The settings as the checkpoint's __metadata__ holds them, and back (source
-// names the metadata in errors).
-std::map<std::string, std::string> checkpoint_metadata(const Checkpoint& info);
-Checkpoint checkpoint_from_metadata(const std::map<std::string, std::string>& meta,
-                                    const std::string& source);
-// Reads the settings, builds the model and loads its parameters (and the AdamW
-// moments when present and wanted).
-Checkpoint read_checkpoint_info(const std::filesystem::path& path);
-Gpt load_checkpoint(const std::filesystem::path& path, Checkpoint* info, bool with_optimizer);
-// Loads the parameters of a model made from the checkpoint's settings and, when
-// m and v are not empty (num_params each), every parameter's moments into them.
-// Validates every tensor before copying any.
-void load_checkpoint_tensors(const std::filesystem::path& path, Gpt& model, std::span<float> m,
-                             std::span<float> v);
 
 struct TrainOptions {
   GptConfig model;
   TrainConfig train;
   std::string data = "/usr/share/games/fortunes";
-  std::filesystem::path out_dir;  // empty: "out", or a resumed run's own folder (run_files.h)
-  std::filesystem::path resume;   // a checkpoint to continue from
-  std::filesystem::path init_from;       // weights to start a new run from (init_from.h)
+  std::filesystem::path out_dir;    // empty: "out", or a resumed run's own folder (run_files.h)
+  std::filesystem::path resume;     // a checkpoint to continue from
+  std::filesystem::path init_from;  // weights to start a new run from (init_from.h)
   std::optional<PositionResize> extend;  // how init_from's table changes length
   bool overwrite = false;                // replace another run's files in the folder
-  bool freeze_positions = false;  // position table gets no gradient (and no update)
-  bool shard_optimizer = false;   // ZeRO-1 over MPI ranks: same bits, 1/N of the moments each
+  bool freeze_positions = false;         // position table gets no gradient (and no update)
   int threads = 0;
-  bool quiet = false;             // no progress output (tests)
-  std::int64_t stop_after = -1;   // stop (saving a checkpoint) when this many steps are done
+  std::int64_t stop_after = -1;  // stop (saving a checkpoint) when this many steps are done
 };
 
+// ---- what the loop reports, on rank 0 only, in this order ----
+
+// Once, before the first step: the run's settings and what it trains on.
+struct TrainStarted {
+  Checkpoint run;                  // settings, data path, origin; run.step: the steps done
+  bool resumed = false;            // from options.resume
+  std::vector<std::string> notes;  // about the --init-from source's tensors
+  std::size_t num_params = 0, position_params = 0;
+  std::uint64_t text_bytes = 0;
+  std::size_t train_bytes = 0, val_bytes = 0;
+  double unigram_entropy = 0;  // nats per byte
+  std::int64_t seq_len = 0;    // T
+  int threads = 0;             // per rank
+  int ranks = 1;
+  std::int64_t micro_batches = 0;    // per step
+  bool sharded = false;              // ZeRO-1
+  std::uint64_t bytes_per_step = 0;  // exchanged by each rank
+};
+
+// After every step (step counts from 1): its row of log.csv.
+struct StepDone {
+  std::int64_t step = 0, steps = 0;
+  double loss = 0, lr = 0, grad_norm = 0;
+  double tokens_per_second = 0, seconds = 0;  // since this run's first step
+  std::optional<double> val_loss;             // the validation estimate, when due after it
+};
+
+// Why a run stops before its last step; a checkpoint is written at that step.
+enum class StopReason { none, stop_after, signal };
+
+struct CheckpointWritten {
+  std::int64_t step = 0;
+  std::filesystem::path path;
+  StopReason stop = StopReason::none;  // the run ends here unless none
+};
+
+// The last event: what train() returns.
 struct TrainResult {
   std::vector<double> losses;  // per step, this run
   std::int64_t first_step = 0, last_step = 0;
+  bool interrupted = false;
+  bool finished = false;  // trained to the last step: the final losses are set
   double final_train_loss = 0, final_val_loss = 0;  // eval mode, nats per byte
+  std::size_t final_train_windows = 0, final_val_windows = 0;
   double unigram_entropy = 0;
   double tokens_per_second = 0;
-  double exchange_seconds = 0;        // in gradient and parameter exchange between ranks
+  double train_seconds = 0;               // the steps (and their evaluations and checkpoints)
+  double seconds = 0;                     // the whole run, the final evaluation included
+  double exchange_seconds = 0;            // in gradient and parameter exchange between ranks
   std::uint64_t bytes_sent_per_step = 0;  // by this rank
-  bool interrupted = false;
-  std::filesystem::path checkpoint;
+  std::filesystem::path checkpoint, log;
 };
 
-TrainResult train(const TrainOptions& options);
+using TrainEvent = std::variant<TrainStarted, StepDone, CheckpointWritten, TrainResult>;
+using TrainReport = std::function<void(const TrainEvent&)>;
 
-// Mean eval-mode loss over the given windows (start offsets) of text: the
-// windows go through the model acts.batch at a time (a chunk), each chunk's
-// loss sum is added in token order and the chunk sums in chunk order.
-double evaluate(const Gpt& model, Activations& acts, std::span<const std::uint8_t> text,
-                std::span<const std::int64_t> starts, std::int64_t T,
-                std::vector<std::int64_t>& inputs, std::vector<std::int64_t>& targets);
-// The loss sums of chunks first_chunk .. first_chunk + sums.size() - 1 into sums.
-void evaluate_chunks(const Gpt& model, Activations& acts, std::span<const std::uint8_t> text,
-                     std::span<const std::int64_t> starts, std::int64_t T,
-                     std::vector<std::int64_t>& inputs, std::vector<std::int64_t>& targets,
-                     std::int64_t first_chunk, std::span<double> sums);
+// Every rank of a job calls it with its own strategy (model/distributed.h:
+// strategy_for); the results agree but for the timings.
+TrainResult train(const TrainOptions& options, Strategy& ranks, const TrainReport& report = {});
+// One process.
+TrainResult train(const TrainOptions& options, const TrainReport& report = {});
 
 }  // namespace posembed::model

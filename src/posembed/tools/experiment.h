@@ -27,6 +27,7 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -38,7 +39,8 @@ struct ExperimentOptions {
   std::filesystem::path out_dir = "experiments";
   std::string data = "/usr/share/games/fortunes";  // a file or a directory (model::read_text)
   int threads = 1;     // kernel threads; 1 is fastest for these small models on a shared machine
-  bool quiet = false;  // no progress lines
+  // Called with each progress line (no newline); none when empty.
+  std::function<void(const std::string& line)> progress;
   std::string image_format = "png";  // the plots' files: png or svg
   std::string command_line;          // written into the report, so it says how to rerun it
 };

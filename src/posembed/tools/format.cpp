@@ -8,13 +8,18 @@ namespace posembed::tools {
 std::string format(const char* fmt, ...) {
   va_list args;
   va_start(args, fmt);
+  std::string out = vformat(fmt, args);
+  va_end(args);
+  return out;
+}
+
+std::string vformat(const char* fmt, va_list args) {
   va_list copy;
   va_copy(copy, args);
   const int n = std::vsnprintf(nullptr, 0, fmt, copy);
   va_end(copy);
   std::string out(n > 0 ? static_cast<std::size_t>(n) : 0, '\0');
   if (n > 0) std::vsnprintf(out.data(), out.size() + 1, fmt, args);
-  va_end(args);
   return out;
 }
 

@@ -1,6 +1,7 @@
 // Text helpers shared by the tools' reports.
 #pragma once
 
+#include <cstdarg>
 #include <cstdint>
 #include <string>
 
@@ -8,6 +9,7 @@ namespace posembed::tools {
 
 // printf into a std::string.
 std::string format(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+std::string vformat(const char* fmt, va_list args) __attribute__((format(printf, 1, 0)));
 // 124439808 -> "124,439,808".
 std::string with_commas(std::int64_t n);
 // Binary units: "474.7 MiB".

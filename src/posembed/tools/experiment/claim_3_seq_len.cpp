@@ -6,6 +6,7 @@
 #include "posembed/core/parallel.h"
 #include "posembed/core/philox.h"
 #include "posembed/model/ops.h"
+#include "posembed/model/step.h"
 #include "posembed/tools/plan.h"
 
 namespace posembed::tools::claims {

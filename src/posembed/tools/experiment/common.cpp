@@ -6,6 +6,7 @@
 #include "posembed/core/error.h"
 #include "posembed/core/philox.h"
 #include "posembed/model/eval.h"
+#include "posembed/model/step.h"
 
 namespace posembed::tools::claims {
 
@@ -109,14 +110,6 @@ std::string RunSpec::key() const {
                     static_cast<long long>(eval_windows), static_cast<long long>(final_windows));
 }
 
-std::vector<std::int64_t> spread_windows(std::size_t size, std::int64_t T, std::int64_t count) {
-  const auto n = static_cast<std::int64_t>((size - 1) / sz(T));
-  const std::int64_t k = std::min(n, count);
-  std::vector<std::int64_t> starts;
-  for (std::int64_t i = 0; i < k; ++i) starts.push_back(i * n / k * T);
-  return starts;
-}
-
 void fill_copy_batch(std::span<std::int64_t> in, std::span<std::int64_t> tg, std::int64_t B,
                      std::int64_t T, std::uint64_t seed, std::uint64_t step) {
   for (std::size_t i = 0; i < in.size(); ++i) {
@@ -178,13 +171,12 @@ RunResult Context::run_text(const RunSpec& s) {
   m.freeze_positions = s.freeze_positions;
   model::Activations acts = model::make_activations(s.model, B, T);
   std::vector<std::int64_t> in(sz(B * T)), tg(sz(B * T));
-  const auto val_some = spread_windows(c.val.size(), T, s.eval_windows);
-  const auto train_some = spread_windows(c.train.size(), T, s.eval_windows);
+  const auto val_some = model::consecutive_windows(c.val.size(), T, s.eval_windows);
+  const auto train_some = model::consecutive_windows(c.train.size(), T, s.eval_windows);
   RunResult r;
   r.initial_position_table.assign(m.p.wpe.begin(), m.p.wpe.end());
   r.losses.reserve(sz(s.train.steps));
-  // The same windows either way (spread_windows and model::consecutive_windows
-  // pick the same starts), so by_position's mean is evaluate's loss.
+  // Both see the windows at `starts`: by_position's mean is evaluate's loss.
   const auto val_loss = [&](std::span<const std::int64_t> starts,
                             std::vector<double>* by_position) {
     if (!s.by_position) return model::evaluate(m, acts, c.val, starts, T, in, tg);
@@ -215,10 +207,12 @@ RunResult Context::run_text(const RunSpec& s) {
     r.final_val_by_position = r.eval_val_by_position.back();
   } else if (std::isfinite(r.losses.back())) {
     r.final_val =
-        val_loss(spread_windows(c.val.size(), T, s.final_windows), &r.final_val_by_position);
+        val_loss(model::consecutive_windows(c.val.size(), T, s.final_windows),
+                 &r.final_val_by_position);
   }
   if (!s.by_position && std::isfinite(r.losses.back())) {
-    r.final_train = model::evaluate(m, acts, c.train, spread_windows(c.train.size(), T, s.final_windows), T, in, tg);
+    r.final_train = model::evaluate(
+        m, acts, c.train, model::consecutive_windows(c.train.size(), T, s.final_windows), T, in, tg);
   }
   r.best_val = INFINITY;
   for (std::size_t i = 0; i < r.eval_val.size(); ++i) {

@@ -8,15 +8,15 @@
 #include <cmath>
 #include <cstdarg>
 #include <cstdint>
-#include <cstdio>
 #include <map>
 #include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "posembed/model/corpus.h"
 #include "posembed/model/gpt.h"
-#include "posembed/model/train.h"
+#include "posembed/model/train_config.h"
 #include "posembed/tools/experiment.h"
 #include "posembed/tools/format.h"
 #include "posembed/tools/plot.h"
@@ -96,9 +96,6 @@ struct RunResult {
   double seconds = 0;
 };
 
-// Window starts spread evenly over a text: at most `count` of the (size-1)/T windows.
-std::vector<std::int64_t> spread_windows(std::size_t size, std::int64_t T, std::int64_t count);
-
 // The copy-k-back task: random symbols; the target at position t is the input
 // at t - k (symbol 0 for t < k). It cannot be solved without position information:
 // causal attention sees its prefix as an unordered bag.
@@ -113,14 +110,14 @@ class Context {
   // A plot's file name in out_dir: the stem with the chosen format's extension.
   std::string image(const std::string& stem) const { return stem + "." + o_.image_format; }
 
+  // A progress line to options().progress.
   void log(const char* fmt, ...) __attribute__((format(printf, 2, 3))) {
-    if (o_.quiet) return;
+    if (!o_.progress) return;
     va_list args;
     va_start(args, fmt);
-    std::vfprintf(stdout, fmt, args);
+    const std::string line = vformat(fmt, args);
     va_end(args);
-    std::fputc('\n', stdout);
-    std::fflush(stdout);
+    o_.progress(line);
   }
 
   const std::vector<std::uint8_t>& text() {

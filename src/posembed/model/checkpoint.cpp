@@ -1,0 +1,163 @@
+#include "posembed/model/checkpoint.h"
+
+#include <bit>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "posembed/core/error.h"
+#include "posembed/io/safetensors.h"
+
+namespace posembed::model {
+namespace {
+
+constexpr const char* kFormatVersion = "1";
+
+template <class Config>
+void put_fields(std::map<std::string, std::string>& meta, const std::string& prefix, Config c) {
+  visit_fields(c, [&](const char* name, auto& field, const char*) {
+    meta[prefix + name] = field_to_string(field);
+  });
+}
+
+template <class Config>
+void get_fields(const std::map<std::string, std::string>& meta, const std::string& prefix,
+                Config& c, const std::string& source) {
+  visit_fields(c, [&](const char* name, auto& field, const char*) {
+    const auto it = meta.find(prefix + name);
+    if (it == meta.end()) {
+      throw Error(source + ": metadata lacks '" + prefix + name + "'; not a posembed checkpoint?");
+    }
+    field_from_string(prefix + name, it->second, field);
+  });
+}
+
+std::string meta_get(const std::map<std::string, std::string>& meta, const std::string& key,
+                     const std::string& source) {
+  const auto it = meta.find(key);
+  if (it == meta.end()) throw Error(source + ": metadata lacks '" + key + "'");
+  return it->second;
+}
+
+}  // namespace
+
+std::map<std::string, std::string> checkpoint_metadata(const Checkpoint& info) {
+  std::map<std::string, std::string> meta{{"format", kCheckpointFormat},
+                                          {"format_version", kFormatVersion}};
+  put_fields(meta, "model.", info.model);
+  meta["model.vocab_size"] = field_to_string(info.model.vocab_size);
+  put_fields(meta, "train.", info.train);
+  meta["train.step"] = field_to_string(info.step);
+  meta["train.data"] = info.data;
+  meta["train.freeze_positions"] = std::string(info.freeze_positions ? "1" : "0");
+  if (!info.origin.empty()) meta["train.origin"] = info.origin;
+  return meta;
+}
+
+Checkpoint checkpoint_from_metadata(const std::map<std::string, std::string>& file_meta,
+                                    const std::string& src) {
+  if (meta_get(file_meta, "format", src) != kCheckpointFormat) {
+    throw Error(src + ": metadata format is '" + file_meta.at("format") + "', expected " +
+                kCheckpointFormat);
+  }
+  if (meta_get(file_meta, "format_version", src) != kFormatVersion) {
+    throw Error(src + ": checkpoint format version " + file_meta.at("format_version") +
+                " but this build reads version " + kFormatVersion);
+  }
+  // Checkpoints from before micro-batches trained each step as one micro-batch
+  // of the whole batch; that is what micro_batch = batch_size continues.
+  std::map<std::string, std::string> meta = file_meta;
+  if (!meta.contains("train.micro_batch")) {
+    meta["train.micro_batch"] = meta_get(meta, "train.batch_size", src);
+  }
+  Checkpoint info;
+  get_fields(meta, "model.", info.model, src);
+  get_fields(meta, "train.", info.train, src);
+  field_from_string("train.step", meta_get(meta, "train.step", src), info.step);
+  info.data = meta_get(meta, "train.data", src);
+  info.freeze_positions = meta_get(meta, "train.freeze_positions", src) == "1";
+  if (const auto it = meta.find("train.origin"); it != meta.end()) info.origin = it->second;
+  return info;
+}
+
+void save_checkpoint(const std::filesystem::path& path, const Gpt& model, const Checkpoint& info,
+                     std::span<const float> m, std::span<const float> v) {
+  if (m.size() != v.size() || (!m.empty() && m.size() != model.num_params)) {
+    throw Error("saving the AdamW moments needs both for all " + std::to_string(model.num_params) +
+                " parameters, not " + std::to_string(m.size()) + " and " +
+                std::to_string(v.size()) +
+                " (a model with a ZeRO-1 shard of them gathers them first)");
+  }
+  Checkpoint described = info;
+  described.model = model.config;
+  std::vector<io::TensorToWrite> tensors;
+  const auto add = [&](const std::string& name, const ParamTensor& t, std::span<const float> buf) {
+    tensors.push_back(
+        {name, io::DType::F32, t.shape, std::as_bytes(buf.subspan(t.offset, t.numel))});
+  };
+  for (const auto& t : model.tensors) add(t.name, t, model.params);
+  if (!m.empty()) {
+    for (const auto& t : model.tensors) add("optimizer.exp_avg." + t.name, t, m);
+    for (const auto& t : model.tensors) add("optimizer.exp_avg_sq." + t.name, t, v);
+  }
+  io::save_safetensors(path, tensors, checkpoint_metadata(described));
+}
+
+Checkpoint read_checkpoint_info(const std::filesystem::path& path) {
+  const io::SafetensorsFile file = io::SafetensorsFile::open(path);
+  return checkpoint_from_metadata(file.metadata(), file.source());
+}
+
+namespace {
+void load_tensors(const io::SafetensorsFile& file, Gpt& model, std::span<float> m,
+                  std::span<float> v) {
+  if (m.size() != v.size() || (!m.empty() && m.size() != model.num_params)) {
+    throw Error("loading the AdamW moments needs room for both for all " +
+                std::to_string(model.num_params) + " parameters, not " + std::to_string(m.size()) +
+                " and " + std::to_string(v.size()));
+  }
+  // Validate every tensor first, then copy: a bad file leaves nothing half-loaded.
+  std::vector<std::pair<const io::TensorInfo*, std::span<float>>> plan;
+  const auto want = [&](const std::string& name, const ParamTensor& t, std::span<float> buf) {
+    const io::TensorInfo* ti = file.find(name);
+    if (!ti) throw Error(file.source() + ": tensor '" + name + "' is missing");
+    if (ti->shape != t.shape || ti->dtype != io::DType::F32) {
+      throw Error(file.source() + ": tensor '" + name +
+                  "' has the wrong shape or dtype (want F32)");
+    }
+    plan.emplace_back(ti, buf.subspan(t.offset, t.numel));
+  };
+  for (const auto& t : model.tensors) want(t.name, t, model.params);
+  if (!m.empty()) {
+    for (const auto& t : model.tensors) want("optimizer.exp_avg." + t.name, t, m);
+    for (const auto& t : model.tensors) want("optimizer.exp_avg_sq." + t.name, t, v);
+  }
+  // Shape and dtype (F32) are checked above: copy the little-endian bytes as they are.
+  static_assert(std::endian::native == std::endian::little, "checkpoints are little-endian F32");
+  for (auto& [ti, dst] : plan) {
+    if (ti->data.size() != dst.size_bytes()) {
+      throw Error(file.source() + ": tensor data holds " + std::to_string(ti->data.size()) +
+                  " bytes, expected " + std::to_string(dst.size_bytes()));
+    }
+    std::memcpy(dst.data(), ti->data.data(), dst.size_bytes());
+  }
+}
+}  // namespace
+
+void load_checkpoint(const std::filesystem::path& path, Gpt& model, std::span<float> m,
+                     std::span<float> v) {
+  load_tensors(io::SafetensorsFile::open(path), model, m, v);
+}
+
+Gpt load_checkpoint(const std::filesystem::path& path, Checkpoint* info_out, bool with_optimizer) {
+  const io::SafetensorsFile file = io::SafetensorsFile::open(path);
+  const Checkpoint info = checkpoint_from_metadata(file.metadata(), file.source());
+  Gpt model = make_gpt(info.model);
+  model.freeze_positions = info.freeze_positions;
+  load_tensors(file, model, with_optimizer ? model.m : std::span<float>(),
+               with_optimizer ? model.v : std::span<float>());
+  if (info_out) *info_out = info;
+  return model;
+}
+
+}  // namespace posembed::model

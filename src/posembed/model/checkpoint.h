@@ -1,0 +1,54 @@
+// A training run's checkpoint: one safetensors file holding the parameters
+// under GPT-2's Hugging Face names, the AdamW moments under
+// "optimizer.exp_avg.<name>" / "optimizer.exp_avg_sq.<name>" (when saved), and
+// in __metadata__ every setting, the steps done and where the weights came
+// from. A run resumed from it continues bit for bit.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <span>
+#include <string>
+
+#include "posembed/model/gpt.h"
+#include "posembed/model/train_config.h"
+
+namespace posembed::model {
+
+// The metadata's "format": what marks a file as a trainer checkpoint.
+inline constexpr const char* kCheckpointFormat = "posembed-gpt";
+
+struct Checkpoint {
+  GptConfig model;
+  TrainConfig train;
+  std::int64_t step = 0;  // optimizer steps done
+  std::string data;
+  bool freeze_positions = false;
+  std::string origin;  // where the weights came from (--init-from, resize); empty: initialised
+};
+
+// The settings as the checkpoint's __metadata__ holds them, and back (source
+// names the metadata in errors).
+std::map<std::string, std::string> checkpoint_metadata(const Checkpoint& info);
+Checkpoint checkpoint_from_metadata(const std::map<std::string, std::string>& meta,
+                                    const std::string& source);
+// The settings alone: no tensor is read.
+Checkpoint read_checkpoint_info(const std::filesystem::path& path);
+
+// Writes the model's parameters, `info` (its model settings taken from the
+// model) and the moments m and v: those of every parameter (num_params each),
+// or both empty for none. A model that holds one shard of the moments (ZeRO-1)
+// gathers them first.
+void save_checkpoint(const std::filesystem::path& path, const Gpt& model, const Checkpoint& info,
+                     std::span<const float> m, std::span<const float> v);
+// Loads the parameters of a model made from the checkpoint's settings and, when
+// m and v are not empty (num_params each), every parameter's moments into them.
+// Validates every tensor before copying any.
+void load_checkpoint(const std::filesystem::path& path, Gpt& model, std::span<float> m,
+                     std::span<float> v);
+// The same into a model made here from the file's settings, its moments loaded
+// when with_optimizer; the settings into *info when info is not null.
+Gpt load_checkpoint(const std::filesystem::path& path, Checkpoint* info, bool with_optimizer);
+
+}  // namespace posembed::model
