@@ -9,13 +9,11 @@
 
 #include "posembed/core/error.h"
 #include "posembed/core/philox.h"
+#include "posembed/core/sizes.h"
 
 namespace posembed::model {
 namespace {
 
-std::size_t sz(std::int64_t n) {
-  return static_cast<std::size_t>(n);
-}
 
 constexpr std::size_t kChunkBytes = 4096;  // granularity of the train/validation split
 

@@ -18,13 +18,11 @@
 #endif
 
 #include "posembed/core/error.h"
+#include "posembed/core/sizes.h"
 
 namespace posembed::model {
 namespace {
 
-std::size_t sz(std::int64_t n) {
-  return static_cast<std::size_t>(n);
-}
 
 // Ranks an MPI launcher started, from the variables Open MPI (OMPI_COMM_WORLD_SIZE)
 // and MPICH's Hydra (PMI_SIZE) give each process; 0 when no launcher did.

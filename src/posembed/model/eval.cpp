@@ -4,14 +4,10 @@
 #include <string>
 
 #include "posembed/core/error.h"
+#include "posembed/core/sizes.h"
 #include "posembed/model/corpus.h"
 
 namespace posembed::model {
-namespace {
-std::size_t sz(std::int64_t n) {
-  return static_cast<std::size_t>(n);
-}
-}  // namespace
 
 void evaluate_chunks(const Gpt& model, Activations& acts, std::span<const std::uint8_t> text,
                      std::span<const std::int64_t> starts, std::int64_t T,

@@ -12,12 +12,12 @@
 #include "posembed/core/parallel_for.h"
 #include "posembed/core/position_ids.h"
 #include "posembed/core/simd.h"
+#include "posembed/core/sizes.h"
 #include "posembed/model/ops.h"
 
 namespace posembed::model {
 namespace {
 
-std::size_t sz(std::int64_t n) { return static_cast<std::size_t>(n); }
 
 // Carves consecutive spans out of one buffer: first a counting pass (base ==
 // nullptr), then the real one.

@@ -9,6 +9,7 @@
 
 #include "posembed/core/philox.h"
 #include "posembed/core/simd.h"
+#include "posembed/core/sizes.h"
 #include "posembed/model/gemm.h"
 #include "posembed/model/small_gemm.h"
 
@@ -455,7 +456,6 @@ std::int64_t score_columns(std::int64_t keys, std::int64_t T) {
   return std::min(T, (keys + kScoreColumns - 1) / kScoreColumns * kScoreColumns);
 }
 
-std::size_t sz(std::int64_t v) { return static_cast<std::size_t>(v); }
 
 template <class Body>
 void for_query_blocks(std::int64_t T, Body&& body) {

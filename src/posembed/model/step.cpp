@@ -12,14 +12,12 @@
 #include "posembed/core/optim.h"
 #include "posembed/core/parallel.h"
 #include "posembed/core/parallel_for.h"
+#include "posembed/core/sizes.h"
 #include "posembed/model/eval.h"
 
 namespace posembed::model {
 namespace {
 
-std::size_t sz(std::int64_t n) {
-  return static_cast<std::size_t>(n);
-}
 
 // body(s) for slots s in [0, wave), side by side on `wave` threads, each with
 // num_threads() / wave (at least 1) for the ops inside it. A slot's exception

@@ -11,6 +11,7 @@
 
 #include "posembed/core/error.h"
 #include "posembed/core/parallel.h"
+#include "posembed/core/sizes.h"
 #include "posembed/model/corpus.h"
 #include "posembed/model/init_from.h"
 #include "posembed/model/run_files.h"
@@ -19,9 +20,6 @@
 namespace posembed::model {
 namespace {
 
-std::size_t sz(std::int64_t n) {
-  return static_cast<std::size_t>(n);
-}
 
 std::atomic<bool> g_interrupted{false};
 extern "C" void on_stop_signal(int) {

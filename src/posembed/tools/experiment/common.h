@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "posembed/core/sizes.h"
 #include "posembed/model/corpus.h"
 #include "posembed/model/gpt.h"
 #include "posembed/model/train_config.h"
@@ -26,9 +27,6 @@ namespace posembed::tools::claims {
 using model::GptConfig;
 using model::TrainConfig;
 
-inline std::size_t sz(std::int64_t n) {
-  return static_cast<std::size_t>(n);
-}
 inline double dbl(std::int64_t n) {
   return static_cast<double>(n);
 }
