@@ -4,10 +4,15 @@
 // functions only loop over one contiguous span. Each has a plain-loop twin in
 // core/reference.h or philox.h that the tests compare it against.
 //
+// One file per kernel family in core/simd/, each compiled once per target by
+// foreach_target.h and exporting its entry points below; helpers that several
+// share (partial vectors, Philox, keep words) are per-target `-inl.h` headers
+// there, so that they inline into each kernel.
+//
 // Bits do not depend on where an element falls in a vector: partial vectors run
-// the same operations as full ones, and simd.cpp is built
-// with -ffp-contract=off, so thread count (which moves span boundaries) and
-// target (AVX2 vs AVX-512) give the same results.
+// the same operations as full ones, and every kernel file is built with
+// -ffp-contract=off, so thread count (which moves span boundaries) and target
+// (AVX2 vs AVX-512) give the same results.
 #pragma once
 
 #include <cstddef>
@@ -17,8 +22,12 @@
 
 namespace posembed::simd {
 
+// simd/dispatch.cpp: which instruction set runs.
+
 // Name of the instruction set chosen at run time, for instance "AVX3" or "AVX2".
 const char* target_name();
+
+// simd/dropout.cpp: the dropout mask's bits.
 
 // Philox4x32-10 of `blocks` consecutive counters: counter k is `first` with its
 // 64-bit block index (c0 low, c1 high) advanced by k, carrying into c1.
@@ -40,6 +49,8 @@ struct DropoutMask {
 // + 63, each a draw compared with the threshold. mask.active is required.
 // out: (count)
 void dropout_keep_words(std::uint64_t* out, std::uint64_t word0, std::size_t count, const DropoutMask& mask);
+
+// simd/forward.cpp: the fused forward.
 
 // out[j] = (a[j] + b[j]) * mask(first + j), j < n; mask(i) is scale or 0.
 // stream: write `out` with non-temporal stores, past the cache (for outputs much
@@ -68,6 +79,8 @@ void forward_rows(float* out, const float* token_table, const std::int64_t* toke
                   const float* position_table, const std::int64_t* position_ids, std::size_t d,
                   std::size_t r0, std::size_t r1, const DropoutMask& mask, bool stream, bool ahead,
                   std::uint64_t* keep = nullptr);
+
+// simd/backward.cpp: the backward into both tables, and fresh gradients' zeros.
 
 // One gradient table of backward_rows. The masked grad_out row of token r is
 // added to row rows[r] of grad, by the thread that owns row rows[r].
@@ -110,6 +123,20 @@ void stream_zeros(float* out, std::size_t n);
 void zero_untouched_rows(float* grad, const std::uint64_t* touched, std::size_t r0, std::size_t r1,
                          std::size_t d, bool stream);
 
+// simd/adamw.cpp: the optimizer's update.
+
+// One AdamW element update, in the order of optim.cpp's scalar definition:
+//   p *= decay; m = beta1*m + (1-beta1)*g; v = beta2*v + (1-beta2)*g*g;
+//   p -= step_size * m / (sqrt(v) / sqrt_correction2 + eps)
+struct AdamWCoefficients {
+  float decay, beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, sqrt_correction2, eps;
+};
+// param, grad, m, v: (n)
+void adamw(float* param, const float* grad, float* m, float* v, std::size_t n,
+           const AdamWCoefficients& c);
+
+// simd/row_ops.cpp: the GPT's row kernels (model/ops.cpp).
+
 // out[j] = exp(in[j] - max) * (1 / sum) for j < n, with max and sum over in[0, n);
 // out[j] = 0 for n <= j < width. out may be in. Returns sum and sets *max, so
 // the log-sum-exp of the input is *max + log(sum). 1 <= n <= width.
@@ -132,15 +159,5 @@ void layernorm_row_backward(float* dx, const float* g, const float* x, const flo
 // of 128-bit vectors (a plain loop on a one-lane target). For the products that
 // would otherwise multiply by a transposed operand (model/ops.cpp).
 void transpose(float* b, const float* a, std::size_t rows, std::size_t cols, std::size_t lda);
-
-// One AdamW element update, in the order of optim.cpp's scalar definition:
-//   p *= decay; m = beta1*m + (1-beta1)*g; v = beta2*v + (1-beta2)*g*g;
-//   p -= step_size * m / (sqrt(v) / sqrt_correction2 + eps)
-struct AdamWCoefficients {
-  float decay, beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, sqrt_correction2, eps;
-};
-// param, grad, m, v: (n)
-void adamw(float* param, const float* grad, float* m, float* v, std::size_t n,
-           const AdamWCoefficients& c);
 
 }  // namespace posembed::simd

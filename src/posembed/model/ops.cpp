@@ -84,7 +84,7 @@ std::int64_t strip_end(std::int64_t s, std::int64_t C) {
 // division measured no faster). VECTOR_CLONES builds a function three times,
 // for AVX-512, for AVX2 with FMA and for baseline x86-64, and the loader picks
 // the one this CPU runs (GCC's target_clones): runtime dispatch without
-// -march, as simd.cpp's Highway kernels. A piece's arithmetic is fixed by the
+// -march, as core/simd/'s Highway kernels. A piece's arithmetic is fixed by the
 // shapes, so the bits never depend on the thread count (they may on the
 // instruction set, as the GEMM's).
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -97,7 +97,7 @@ std::int64_t strip_end(std::int64_t s, std::int64_t C) {
 // x = n ln2 + r with |r| <= ln2/2, exp(r) by Cephes' degree-6 polynomial
 // (relative error ~2 ulp), times 2^n built in the exponent bits. Inputs are
 // clamped to [-87, 88]: the results there are tiny or huge but finite, which
-// is all GELU's sigmoid needs. (The softmaxes use Highway's Exp, in simd.cpp.)
+// is all GELU's sigmoid needs. (The softmaxes have their own, in core/simd/row_ops.cpp.)
 inline float exp_poly(float x) {
   x = std::min(88.0f, std::max(-87.0f, x));
   constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
