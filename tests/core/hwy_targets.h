@@ -1,5 +1,6 @@
 // Runs a test body once per instruction set Highway built and this CPU runs,
-// its dispatcher forced to each in turn (core/simd/, model/small_gemm.cpp).
+// its dispatcher forced to each in turn (core/simd/, model/row_ops.cpp,
+// model/small_gemm.cpp).
 #pragma once
 
 #include <gtest/gtest.h>

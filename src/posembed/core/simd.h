@@ -7,7 +7,8 @@
 // One file per kernel family in core/simd/, each compiled once per target by
 // foreach_target.h and exporting its entry points below; helpers that several
 // share (partial vectors, Philox, keep words) are per-target `-inl.h` headers
-// there, so that they inline into each kernel.
+// there, so that they inline into each kernel. The model's row kernels are in
+// model/row_ops.h.
 //
 // Bits do not depend on where an element falls in a vector: partial vectors run
 // the same operations as full ones, and every kernel file is built with
@@ -134,30 +135,5 @@ struct AdamWCoefficients {
 // param, grad, m, v: (n)
 void adamw(float* param, const float* grad, float* m, float* v, std::size_t n,
            const AdamWCoefficients& c);
-
-// simd/row_ops.cpp: the GPT's row kernels (model/ops.cpp).
-
-// out[j] = exp(in[j] - max) * (1 / sum) for j < n, with max and sum over in[0, n);
-// out[j] = 0 for n <= j < width. out may be in. Returns sum and sets *max, so
-// the log-sum-exp of the input is *max + log(sum). 1 <= n <= width.
-float softmax_row(float* out, const float* in, std::size_t n, std::size_t width, float* max);
-
-// The softmax's VJP in place: d[j] = p[j] * (d[j] - sum_k p[k] d[k]) over
-// j < n, d[j] = 0 for n <= j < width; p is softmax_row's output.
-void softmax_row_backward(float* d, const float* p, std::size_t n, std::size_t width);
-
-// One row of LayerNorm: out (n) = (x - mean) * rstd * weight + bias, with the
-// row's mean and rstd = 1 / sqrt(variance + eps) stored for the backward.
-void layernorm_row(float* out, float* mean, float* rstd, const float* x, const float* weight,
-                   const float* bias, std::size_t n, float eps);
-// Its VJP for x: dx (n) += (or = when `write`) (wg - mean(wg) - xhat * mean(wg * xhat)) * rstd,
-// wg = weight * g, xhat = (x - mean) * rstd.
-void layernorm_row_backward(float* dx, const float* g, const float* x, const float* weight,
-                            float mean, float rstd, std::size_t n, bool write);
-
-// b (cols, rows) = a (rows, cols)^T, a's rows lda >= cols apart, in 4 x 4 tiles
-// of 128-bit vectors (a plain loop on a one-lane target). For the products that
-// would otherwise multiply by a transposed operand (model/ops.cpp).
-void transpose(float* b, const float* a, std::size_t rows, std::size_t cols, std::size_t lda);
 
 }  // namespace posembed::simd

@@ -1,5 +1,5 @@
-// Internal to the kernel files (core/simd/*.cpp): the cap on the instruction
-// set that POSEMBED_CPU_CAPABILITY sets.
+// Internal to the kernel files (core/simd/*.cpp, model/row_ops.cpp): the cap
+// on the instruction set that POSEMBED_CPU_CAPABILITY sets.
 #pragma once
 
 namespace posembed::simd {

@@ -1,15 +1,15 @@
-// The GPT's row kernels (simd.h: softmax, LayerNorm, transpose), compiled
-// once per x86 target by foreach_target.h and chosen at run time by
-// HWY_DYNAMIC_DISPATCH.
+// The row kernels of row_ops.h, compiled once per x86 target by
+// foreach_target.h and chosen at run time by HWY_DYNAMIC_DISPATCH.
+#include "posembed/model/row_ops.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 
-#include "posembed/core/simd.h"
 #include "posembed/core/simd/dispatch.h"
 
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "posembed/core/simd/row_ops.cpp"
+#define HWY_TARGET_INCLUDE "posembed/model/row_ops.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 // After foreach_target.h, which includes this file once per target:
 #include <hwy/highway.h>
@@ -17,9 +17,11 @@
 #include "posembed/core/simd/vectors-inl.h"
 
 HWY_BEFORE_NAMESPACE();
-namespace posembed::simd {
+namespace posembed::model {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
+using simd::HWY_NAMESPACE::LoadPart;
+using simd::HWY_NAMESPACE::StorePart;
 
 // exp(x) for x <= 0, as a softmax takes it (x - max): x = n ln2 + r with |r| <=
 // ln2/2, exp(r) by Cephes' degree-6 polynomial (about 2 ulp), times 2^n built
@@ -215,11 +217,11 @@ void Transpose(float* HWY_RESTRICT b, const float* HWY_RESTRICT a, std::size_t r
 }
 
 }  // namespace HWY_NAMESPACE
-}  // namespace posembed::simd
+}  // namespace posembed::model
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
-namespace posembed::simd {
+namespace posembed::model {
 
 HWY_EXPORT(SoftmaxRow);
 HWY_EXPORT(SoftmaxRowBackward);
@@ -228,7 +230,7 @@ HWY_EXPORT(LayerNormRowBackward);
 HWY_EXPORT(Transpose);
 
 namespace {
-[[maybe_unused]] const bool kCapped = cap_instruction_set();  // dispatch.h
+[[maybe_unused]] const bool kCapped = simd::cap_instruction_set();  // core/simd/dispatch.h
 }  // namespace
 
 float softmax_row(float* out, const float* in, std::size_t n, std::size_t width, float* max) {
@@ -253,5 +255,5 @@ void transpose(float* b, const float* a, std::size_t rows, std::size_t cols, std
   HWY_DYNAMIC_DISPATCH(Transpose)(b, a, rows, cols, lda);
 }
 
-}  // namespace posembed::simd
+}  // namespace posembed::model
 #endif  // HWY_ONCE

@@ -1,6 +1,8 @@
-// The GPT's row kernels (core/simd/row_ops.cpp: transpose, softmax, LayerNorm
-// and their backwards) against their definitions (plain loops, double), on
-// every instruction set this CPU supports and lengths around each vector width.
+// The model's row kernels (row_ops.h: transpose, softmax, LayerNorm and their
+// backwards) against their definitions (plain loops, double), on every
+// instruction set this CPU supports and lengths around each vector width.
+#include "posembed/model/row_ops.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -14,9 +16,8 @@
 
 #include "core/hwy_targets.h"
 #include "core/test_util.h"
-#include "posembed/core/simd.h"
 
-namespace posembed {
+namespace posembed::model {
 namespace {
 
 using test::as_bits;
@@ -24,14 +25,14 @@ using test::for_each_target;
 
 constexpr double kEps = std::numeric_limits<float>::epsilon();
 
-TEST(SimdTranspose, MatchesThePlainLoopOnAwkwardShapes) {
+TEST(RowOps, TransposeMatchesThePlainLoopOnAwkwardShapes) {
   for_each_target([&] {
     for (const std::size_t rows : {1, 3, 4, 5, 8, 17, 128}) {
       for (const std::size_t cols : {1, 2, 4, 7, 16, 33, 130, 384}) {
         for (const std::size_t lda : {cols, cols + 5}) {
           const std::vector<float> a = test::random_floats(rows * lda, 11);
           std::vector<float> b(rows * cols, std::numeric_limits<float>::quiet_NaN());
-          simd::transpose(b.data(), a.data(), rows, cols, lda);
+          transpose(b.data(), a.data(), rows, cols, lda);
           for (std::size_t i = 0; i < rows; ++i) {
             for (std::size_t j = 0; j < cols; ++j) {
               ASSERT_EQ(std::bit_cast<std::uint32_t>(b[j * rows + i]),
@@ -48,13 +49,13 @@ TEST(SimdTranspose, MatchesThePlainLoopOnAwkwardShapes) {
 // The softmax's exponential over the float range below the max: exp(-87) (a
 // normal float) within a few ulp, values whose exponential lies below 2^-126.5
 // (-90, -200, a -inf mask) exactly 0, never a NaN; on every target.
-TEST(SimdRows, SoftmaxFarBelowTheMaxGivesZerosNotNaNs) {
+TEST(RowOps, SoftmaxFarBelowTheMaxGivesZerosNotNaNs) {
   for_each_target([] {
     const std::vector<float> in = {3.0f,           3.0f - 87.0f, 3.0f - 90.0f,
                                    3.0f - 200.0f, -INFINITY,     3.0f};
     std::vector<float> p(in.size());
     float max = 0;
-    const float sum = simd::softmax_row(p.data(), in.data(), in.size(), in.size(), &max);
+    const float sum = softmax_row(p.data(), in.data(), in.size(), in.size(), &max);
     EXPECT_EQ(max, 3.0f);
     EXPECT_NEAR(sum, 2.0, 2 * kEps);
     EXPECT_NEAR(p[0], 0.5, kEps);
@@ -70,7 +71,7 @@ TEST(SimdRows, SoftmaxFarBelowTheMaxGivesZerosNotNaNs) {
 // against double definitions, on every target and lengths around each vector
 // width; a sentinel after `width` must survive, [n, width) must be zeros, and
 // writing into NaNs must equal adding to zeros.
-TEST(SimdRows, SoftmaxAndLayerNormMatchDoubleOnEveryTarget) {
+TEST(RowOps, SoftmaxAndLayerNormMatchDoubleOnEveryTarget) {
   constexpr float kSentinel = 12345.0f;
   const auto nan = std::numeric_limits<float>::quiet_NaN();
   for_each_target([&] {
@@ -88,7 +89,7 @@ TEST(SimdRows, SoftmaxAndLayerNormMatchDoubleOnEveryTarget) {
       std::vector<float> p(width + 1, nan);
       p[width] = kSentinel;
       float got_max = 0;
-      const float got_sum = simd::softmax_row(p.data(), in.data(), n, width, &got_max);
+      const float got_sum = softmax_row(p.data(), in.data(), n, width, &got_max);
       EXPECT_EQ(got_max, static_cast<float>(mx));
       EXPECT_NEAR(got_sum, sum, (dn + 8) * kEps * sum);
       std::vector<double> want(width), tol(width, 0.0);
@@ -101,13 +102,13 @@ TEST(SimdRows, SoftmaxAndLayerNormMatchDoubleOnEveryTarget) {
           "softmax");
       EXPECT_EQ(p[width], kSentinel);
       std::vector<float> in_place = in;
-      simd::softmax_row(in_place.data(), in_place.data(), n, width, &got_max);
+      softmax_row(in_place.data(), in_place.data(), n, width, &got_max);
       EXPECT_EQ(as_bits(in_place), as_bits(std::vector<float>(p.begin(), p.end() - 1)))
           << "in place";
       // Its backward, in place: p (d - sum p d).
       std::vector<float> d(g.begin(), g.end());
       d.push_back(kSentinel);
-      simd::softmax_row_backward(d.data(), p.data(), n, width);
+      softmax_row_backward(d.data(), p.data(), n, width);
       double dot = 0, dot_abs = 0;
       for (std::size_t j = 0; j < n; ++j)
         dot += double(p[j]) * g[j], dot_abs += std::abs(double(p[j]) * g[j]);
@@ -133,7 +134,7 @@ TEST(SimdRows, SoftmaxAndLayerNormMatchDoubleOnEveryTarget) {
       std::vector<float> out(n + 1, nan);
       out[n] = kSentinel;
       float got_mean = 0, got_rstd = 0;
-      simd::layernorm_row(out.data(), &got_mean, &got_rstd, in.data(), weight.data(), bias.data(),
+      layernorm_row(out.data(), &got_mean, &got_rstd, in.data(), weight.data(), bias.data(),
                           n, 1e-5f);
       EXPECT_NEAR(got_mean, m, (dn + 2) * kEps * 8.0);
       EXPECT_NEAR(got_rstd, rstd, (2 * dn + 8) * kEps * rstd);
@@ -148,9 +149,9 @@ TEST(SimdRows, SoftmaxAndLayerNormMatchDoubleOnEveryTarget) {
       EXPECT_EQ(out[n], kSentinel);
       std::vector<float> written(n + 1, nan), added(n + 1, 0.0f);
       written[n] = added[n] = kSentinel;
-      simd::layernorm_row_backward(written.data(), g.data(), in.data(), weight.data(), got_mean,
+      layernorm_row_backward(written.data(), g.data(), in.data(), weight.data(), got_mean,
                                    got_rstd, n, true);
-      simd::layernorm_row_backward(added.data(), g.data(), in.data(), weight.data(), got_mean,
+      layernorm_row_backward(added.data(), g.data(), in.data(), weight.data(), got_mean,
                                    got_rstd, n, false);
       double mean_wg = 0, mean_wg_xhat = 0, scale = 0;
       for (std::size_t j = 0; j < n; ++j) {
@@ -173,4 +174,4 @@ TEST(SimdRows, SoftmaxAndLayerNormMatchDoubleOnEveryTarget) {
 }
 
 }  // namespace
-}  // namespace posembed
+}  // namespace posembed::model
