@@ -71,7 +71,7 @@ TEST(SimdDropout, AddMatchesTheMaskDefinitionBitForBit) {
   });
 }
 
-// The forward's row walk with and without running ahead (simd::forward_rows:
+// The forward's row walk with and without running ahead (simd::ForwardPlan:
 // keep words drawn a step at a time between its vectors, ties resolved as they
 // gather), streamed or not, against the mask's definition, on every
 // instruction set. Whole batches and batches split where threads would split
@@ -129,7 +129,8 @@ TEST(SimdForward, RunningAheadMatchesTheMaskDefinition) {
             for (std::size_t k = 0; k + 1 < split.size(); ++k) {
               simd::forward_rows(out.data(), token_table.data(), tokens.data(),
                                  position_table.data(), position_ids.data(), d, split[k],
-                                 split[k + 1], mask, stream, ahead, kept.data());
+                                 split[k + 1], mask,
+                                 {.keep = kept.data(), .stream = stream, .ahead = ahead});
               // Words past this part's rows are untouched (the next part's first word).
               const std::size_t end_word = (split[k + 1] * d + 63) / 64;
               ASSERT_EQ(kept[end_word], 0x5A5A5A5A5A5A5A5Aull)
@@ -205,13 +206,15 @@ TEST(SimdForward, TablesBetweenUnmappedPagesAreNeverReadPast) {
       SCOPED_TRACE(std::string(ahead ? "ahead" : "not ahead") + (stream ? ", streamed" : ""));
       std::fill_n(out.data(), n * d, 42.0f);
       simd::forward_rows(out.data(), token_table.data(), tokens.data(), position_table.data(),
-                         position_ids.data(), d, 0, n, simd::DropoutMask{}, stream, ahead);
+                         position_ids.data(), d, 0, n, simd::DropoutMask{},
+                         {.stream = stream, .ahead = ahead});
       ASSERT_EQ(as_bits(std::vector<float>(out.data(), out.data() + n * d)), as_bits(want));
       // With dropout, the same loads; every kept element is the scaled sum.
       const simd::DropoutMask mask = mask_of({0.1, 5, 1});
       std::vector<std::uint64_t> kept((n * d + 63) / 64);
       simd::forward_rows(out.data(), token_table.data(), tokens.data(), position_table.data(),
-                         position_ids.data(), d, 0, n, mask, stream, ahead, kept.data());
+                         position_ids.data(), d, 0, n, mask,
+                         {.keep = kept.data(), .stream = stream, .ahead = ahead});
       for (std::size_t i = 0; i < n * d; ++i) {
         const bool keep = (kept[i / 64] >> (i % 64)) & 1;
         ASSERT_EQ(std::bit_cast<std::uint32_t>(out.data()[i]),

@@ -60,26 +60,34 @@ void dropout_keep_words(std::uint64_t* out, std::uint64_t word0, std::size_t cou
 void add_dropout(float* out, const float* a, const float* b, std::size_t n, std::uint64_t first,
                  const DropoutMask& mask, bool stream = false);
 
+// How forward_rows walks its rows: chosen by its caller (embedding_forward)
+// from the output's size and whether the mask is kept. Every plan writes the
+// same bits.
+struct ForwardPlan {
+  // The batch's keep words, or null: with an active mask, the call writes those
+  // of its elements r0 * d .. r1 * d - 1 (r0 * d a multiple of 64 unless r0 is
+  // 0, so that no word is shared with another call's rows) and walks its rows
+  // reading them in place. Null: the walk draws them as it reaches them.
+  // keep: (ceil(n * d / 64))
+  std::uint64_t* keep = nullptr;
+  // The output goes past the cache (non-temporal stores, then a store fence):
+  // for outputs much larger than it.
+  bool stream = false;
+  // The walk waits on memory (a large batch; [r0, r1) best a thread's whole
+  // share): it fetches the token row two ahead a few lines at a time and draws
+  // the words into `keep` a step at a time, between its vectors, so that the
+  // draws' arithmetic overlaps the loads. Else it fetches each row whole as the
+  // row two before it starts, and draws all the words into `keep` before it
+  // walks (faster where the walk stays in the cache).
+  bool ahead = false;
+};
+
 // Rows [r0, r1) of the fused forward: out row r = add_dropout of token row
 // token_ids[r] and position row position_ids[r], flat indices r * d + j.
-// stream: as add_dropout's; the rows end with a store fence. keep: null, or the
-// batch's keep words, of which this call writes those of elements r0 * d ..
-// r1 * d - 1 (with an active mask; r0 * d a multiple of 64 unless r0 is 0, so
-// that no word is shared with another call's rows).
-// ahead: for a walk that waits on memory (a large batch; [r0, r1) best a
-// thread's whole share): with AVX-512 or AVX2, the token row two ahead is
-// fetched a few lines at a time between the walk's vectors, and the keep words
-// are drawn into `keep` a step at a time between them, a few hundred words
-// ahead, so that their arithmetic overlaps the loads; other instruction sets
-// fetch rows whole and draw the words ahead a row at a time. Else each row is
-// fetched whole as the row two before it starts, and the keep words are drawn
-// first (faster where the walk stays in the cache).
-// out: (n, d), token_table: (V, d), position_table: (max_seq_len, d), ids: (n),
-// keep: (ceil(n * d / 64))
+// out: (n, d), token_table: (V, d), position_table: (max_seq_len, d), ids: (n)
 void forward_rows(float* out, const float* token_table, const std::int64_t* token_ids,
                   const float* position_table, const std::int64_t* position_ids, std::size_t d,
-                  std::size_t r0, std::size_t r1, const DropoutMask& mask, bool stream, bool ahead,
-                  std::uint64_t* keep = nullptr);
+                  std::size_t r0, std::size_t r1, const DropoutMask& mask, const ForwardPlan& plan);
 
 // simd/backward.cpp: the backward into both tables, and fresh gradients' zeros.
 

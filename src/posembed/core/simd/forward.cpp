@@ -282,16 +282,19 @@ void ForwardRowsStitched(float* HWY_RESTRICT out, const float* HWY_RESTRICT toke
   }
 }
 
-// Rows [r0, r1) of the fused forward, prefetching the token row two ahead. The
-// keep words are drawn across row ends (short rows share a batch): into `keep`
-// when given, ahead of the walk in steps (ahead) or all of them first; else
-// as the walk goes.
+// forward_rows (simd.h): rows [r0, r1), prefetching the token row two ahead.
+// The keep words are drawn across row ends (short rows share a batch): into
+// plan.keep when given, ahead of the walk in steps (plan.ahead) or all of them
+// first; else as the walk goes. Running ahead, AVX-512 and AVX2 (the stitched
+// walk) fetch the row two ahead a few lines at a time and draw a step between
+// their vectors; other targets fetch rows whole and draw ahead a row at a time.
 void ForwardRows(float* HWY_RESTRICT out, const float* HWY_RESTRICT token_table,
                  const std::int64_t* HWY_RESTRICT token_ids,
                  const float* HWY_RESTRICT position_table,
                  const std::int64_t* HWY_RESTRICT position_ids, std::size_t d, std::size_t r0,
-                 std::size_t r1, const DropoutMask& mask, bool stream, bool ahead,
-                 std::uint64_t* HWY_RESTRICT keep) {
+                 std::size_t r1, const DropoutMask& mask, const ForwardPlan& plan) {
+  const bool stream = plan.stream, ahead = plan.ahead;
+  std::uint64_t* HWY_RESTRICT keep = plan.keep;
   KeepCursor cursor;
   KeepAhead<hn::ScalableTag<std::uint64_t>> ahead_words;
   decltype(ahead_words)* drawing = nullptr;
@@ -361,10 +364,9 @@ void add_dropout(float* out, const float* a, const float* b, std::size_t n, std:
 
 void forward_rows(float* out, const float* token_table, const std::int64_t* token_ids,
                   const float* position_table, const std::int64_t* position_ids, std::size_t d,
-                  std::size_t r0, std::size_t r1, const DropoutMask& mask, bool stream, bool ahead,
-                  std::uint64_t* keep) {
+                  std::size_t r0, std::size_t r1, const DropoutMask& mask, const ForwardPlan& plan) {
   HWY_DYNAMIC_DISPATCH(ForwardRows)
-  (out, token_table, token_ids, position_table, position_ids, d, r0, r1, mask, stream, ahead, keep);
+  (out, token_table, token_ids, position_table, position_ids, d, r0, r1, mask, plan);
 }
 
 }  // namespace posembed::simd
