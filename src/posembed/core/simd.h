@@ -8,7 +8,8 @@
 // foreach_target.h and exporting its entry points below; helpers that several
 // share (partial vectors, Philox, keep words) are per-target `-inl.h` headers
 // there, so that they inline into each kernel. The model's row kernels are in
-// model/row_ops.h.
+// model/row_ops.h. The measurements behind the choices the files describe are
+// in docs/kernel-log.md.
 //
 // Bits do not depend on where an element falls in a vector: partial vectors run
 // the same operations as full ones, and every kernel file is built with

@@ -27,8 +27,8 @@ using simd::HWY_NAMESPACE::StorePart;
 // ln2/2, exp(r) by Cephes' degree-6 polynomial (about 2 ulp), times 2^n built
 // in the exponent bits. Below -87.68, exp(x) < 2^-126.5 is returned as 0 (n =
 // -127 makes the exponent bits 0). Fewer operations than Highway's Exp, which
-// guards the whole float range: the attention's softmax spent 60% of its time
-// in that one (AMD EPYC Zen 4, AVX-512).
+// guards the whole float range: the attention's softmax spent most of its
+// time in that one.
 template <class D>
 HWY_INLINE hn::Vec<D> ExpNonPositive(D d, hn::Vec<D> x) {
   const hn::RebindToSigned<D> di;

@@ -58,9 +58,7 @@ constexpr std::size_t kGroupBlock = 8;
 // row not aligned to the vectors), the keep bits of each grad_out row, and the
 // first and last lines of a token row written fresh past the cache where they
 // hold part of another row, which plain stores write (read first, as any
-// plain store's line: asked for early, GPT-2 shape, Zen 4, rows 16 bytes off
-// a line: the row-sparse backward 0.96-0.98x the time; the keep bits early,
-// 0.98x).
+// plain store's line).
 struct RowsAhead {
   const float* read[kGroupBlock];
   float* write[kGroupBlock];
@@ -116,13 +114,12 @@ HWY_INLINE void GroupBlock(const float* aligned, float* HWY_RESTRICT row, bool r
   using V = hn::Vec<decltype(df)>;
   const std::size_t lanes = hn::Lanes(df);
   // Columns [j, j + kVectors * lanes) (kFull: whole vectors aligned to
-  // `aligned`, plain loads and stores, no test of n_j: 1.3x the time with those
-  // tests at the GPT-2 shape, Zen 4), else [j, j + n_j), a partial vector. Each
-  // member adds its kVectors vectors before the next member's, so that its
-  // streamed token row gets whole lines in turn: with a vector of half a line
-  // (AVX2) and the members taking turns per vector, eight rows' lines waited
-  // half written in the core's few write-combining buffers (AVX2 on Zen 4,
-  // GPT-2 shape: the row-sparse backward 2.2x the time of AVX-512's).
+  // `aligned`, plain loads and stores, no test of n_j, which slowed the pass),
+  // else [j, j + n_j), a partial vector. Each member adds its kVectors vectors
+  // before the next member's, so that its streamed token row gets whole lines
+  // in turn: with a vector of half a line (AVX2) and the members taking turns
+  // per vector, eight rows' lines waited half written in the core's few
+  // write-combining buffers.
   const auto columns = [&]<bool kFull, std::size_t kVectors>(std::size_t j, std::size_t n_j) {
     const auto load = [&](const float* p) { return kFull ? hn::LoadU(df, p) : LoadPart(df, p, n_j); };
     const auto store = [&](V v, float* p) {
@@ -138,8 +135,7 @@ HWY_INLINE void GroupBlock(const float* aligned, float* HWY_RESTRICT row, bool r
       sum[i] = row_is_zero ? hn::Zero(df) : load(row + j + i * lanes);
     }
     // Unrolled (8: kGroupBlock): rolled, GCC kept AVX2's two sums of a line in
-    // memory, each member's add waiting on the last one's store (AVX2, GPT-2
-    // shape, Zen 4: backward 0.85-0.9x the time unrolled).
+    // memory, each member's add waiting on the last one's store.
     static_assert(kGroupBlock == 8, "the unroll count below");
 #pragma GCC unroll 8
     for (std::size_t k = 0; k < kCount; ++k) {
@@ -226,8 +222,8 @@ void AddGroup(const GradTable& token, const GradTable& position, const std::uint
       if (!aligned) aligned = row + c0;
       // Streamed: a fresh row's write, aligned to the vectors, unless a later
       // member adds to the same row in this pass (its load would wait for the
-      // streamed store to reach memory; a frequent token at one position in
-      // several sequences: 1.6x the time of the whole backward, Zen 4).
+      // streamed store to reach memory: a frequent token at one position in
+      // several sequences).
       for (std::size_t k = 0; k < block; ++k) {
         const auto offset = reinterpret_cast<std::uintptr_t>(token_row[k]) - reinterpret_cast<std::uintptr_t>(aligned);
         token_stream[k] = token.stream && token_row[k] && token_is_zero[k] && offset % vector_bytes == 0;
@@ -259,14 +255,12 @@ void BackwardWalk(const GradTable& token, const GradTable& position, const Backw
   };
   const auto owns_token = [&](std::size_t t) { return owns(token, t); };
   // The next group's rows that this thread will read and add to (asked for a
-  // line at a time, two groups ahead took 1.02x the time of one at the GPT-2
-  // shape, Zen 4). A token row
-  // written fresh past the cache (a streamed first use) is not fetched: that
-  // would read lines that the streaming stores then overwrite, and hold the
-  // core's few line-fill buffers that they and grad_out need (Xeon with
-  // AVX-512, GPT-2 shape, p 0: the row-sparse backward 6.7 -> 4.7 ms on one
-  // thread); only its lines shared with other rows are. A fresh row written
-  // through the cache is fetched: its plain stores read each line first.
+  // line at a time; two groups ahead was no faster). A token row written
+  // fresh past the cache (a streamed first use) is not fetched: that would read
+  // lines that the streaming stores then overwrite, and hold the core's few
+  // line-fill buffers that they and grad_out need; only its lines shared with
+  // other rows are. A fresh row written through the cache is fetched: its
+  // plain stores read each line first.
   const auto rows_ahead = [&](std::size_t p) {
     RowsAhead rows;
     rows.keep_bytes = (d + 7) / 8 + 4;  // KeepSpan::At loads 4 bytes from its bit's byte
@@ -295,9 +289,7 @@ void BackwardWalk(const GradTable& token, const GradTable& position, const Backw
     const std::size_t count = plan.start[p + 1] - plan.start[p];
     if (count > 0 && owns(position, members[0])) {
       // A line of each between the pass's vectors: a whole row's requests at
-      // once stall on the core's full miss queue, and the pass behind them
-      // (GPT-2 shape, Zen 4: row-sparse 0.94-0.97x the time, dense accumulated
-      // 0.83-0.96x, small shape 1.0x).
+      // once stall on the core's full miss queue, and the pass behind them.
       AddGroup<kMasked>(token, position, members, count, grad_out, d, scale, cursor, owns_token, ahead);
       continue;
     }
@@ -331,9 +323,9 @@ void BackwardRows(const GradTable& token, const GradTable& position, const Backw
 
 // out[j] = 0, j < n, with non-temporal stores; no fence (the caller's). The
 // aligned full vectors in a loop of their own, two a pass: through
-// ForEachVector's test of each vector's count, AVX2's 32-byte stores took 1.5x
-// the time of AVX-512's (Zen 4, 154 MB), one a pass 1.0-1.5x depending on where
-// the loop fell in the code; two a pass, as fast as AVX-512's.
+// ForEachVector's test of each vector's count, or one a pass (depending on
+// where the loop fell in the code), AVX2's 32-byte stores were slower than
+// AVX-512's; two a pass, as fast.
 void StreamZerosUnfenced(float* HWY_RESTRICT out, std::size_t n) {
   const hn::ScalableTag<float> df;
   const std::size_t lanes = hn::Lanes(df);
@@ -356,8 +348,8 @@ void StreamZeros(float* HWY_RESTRICT out, std::size_t n) {
 }
 
 // Zeroes each run of rows in [r0, r1) whose bit in `touched` is clear; one
-// fence at the end, not one per run (the runs are short: a fresh gradient of
-// GPT-2's table has about 7000 of them).
+// fence at the end, not one per run (the runs are short and many: a fresh
+// gradient of a large vocabulary's table has thousands).
 void ZeroUntouchedRows(float* HWY_RESTRICT grad, const std::uint64_t* HWY_RESTRICT touched, std::size_t r0,
                        std::size_t r1, std::size_t d, bool stream) {
   const auto is_touched = [&](std::size_t r) { return (touched[r >> 6] >> (r & 63) & 1) != 0; };

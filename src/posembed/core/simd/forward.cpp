@@ -35,9 +35,9 @@ constexpr bool kFloatMaskedLoadsNeverFault =
 
 // hn::MaskedLoad of floats where kFloatMaskedLoadsNeverFault, for a vector
 // whose masked-off lanes may lie outside the array. Intel defines AVX2's
-// vmaskmovps never to fault on those; AMD calls it implementation dependent
-// (none faulted on Zen 4), so on AVX2 a vector that crosses into another page
-// takes its lanes through a buffer instead (about one vector in 150).
+// vmaskmovps never to fault on those; AMD calls it implementation dependent,
+// so on AVX2 a vector that crosses into another page takes its lanes through a
+// buffer instead (about one vector in 150).
 template <class D>
 HWY_INLINE hn::Vec<D> MaskedLoadAcrossEnds(hn::Mask<D> m, D d, const float* HWY_RESTRICT p) {
   if constexpr (HWY_TARGET == HWY_AVX2) {
@@ -91,13 +91,11 @@ void AddDropout(float* HWY_RESTRICT out, const float* HWY_RESTRICT a, const floa
 // draws' multiplies run while its loads wait on memory (the stitched walk of
 // AVX-512 and AVX2; the row walk of other targets draws ahead a row at a
 // time). Drawn all before a block's walk, or a batch whenever the walk reached
-// one, they did not overlap the loads (GPT-2 shape, Zen 4: 0.79-0.87x the time
-// of drawing each block's words first on 2 threads, 0.82-0.9x on one; fetching
-// whole rows, 0.94x). Ties are listed from the first word not yet final (`ready`) and
-// resolved kTiesResolved at a time, as DropoutKeepWords resolves them.
-// A step: 512 elements, 32 Philox blocks (four AVX-512 vectors side by side).
-// Steps of 2 words took 1.10-1.19x the time at the GPT-2 shape, of 16 words
-// 1.05-1.13x, of 4 words 0.94-1.05x (Zen 4).
+// one, they did not overlap the loads. Ties are listed from the first word not
+// yet final (`ready`) and resolved kTiesResolved at a time, as
+// DropoutKeepWords resolves them.
+// A step: 512 elements, 32 Philox blocks (four AVX-512 vectors side by side);
+// shorter and longer steps both took longer.
 constexpr std::size_t kStepWords = 8;
 static_assert(kStepWords <= kChunkWords, "a step's ties fit the list");
 static_assert(64 * (kTieBatchWords + kStepWords) <= 65536, "tie offsets fit 16 bits");
@@ -185,10 +183,10 @@ HWY_INLINE void ReadyThrough(KeepAhead<D64>& a, std::uint64_t e, std::size_t n) 
 // takes its lanes from both rows (two masked loads, the second from before the
 // next row's start, in lanes that are never read). Only the block's first and
 // last partial vectors are partial stores (their lines are shared with other
-// blocks). With per-row vectors instead, rows that start 16 bytes past a line
-// (malloc's large blocks) cost 1.1x the training forward on Zen 4: two partial
-// stores a row, the line between them read first. On AVX2 the row walk below
-// took 1.2-1.5x the time of this one (GPT-2 shape, Zen 4 with AVX-512 off).
+// blocks). Per-row vectors instead cost two partial stores a row where rows
+// start off a vector boundary (malloc's large blocks start 16 bytes past a
+// line), the line between them read first; on AVX2 the row walk below is
+// slower than this one too.
 template <bool kMasked, bool kAhead, class Ahead>
 void ForwardRowsStitched(float* HWY_RESTRICT out, const float* HWY_RESTRICT token_table,
                          const std::int64_t* HWY_RESTRICT token_ids,

@@ -33,9 +33,8 @@ namespace hn = hwy::HWY_NAMESPACE;
 // Elements per span of a walk that applies a mask (its keep bits held at once).
 constexpr std::size_t kTile = 1024;
 
-// Keep words (simd.h) drawn per Philox batch: 2048 elements, 128 blocks (2 KiB
-// on the stack, in L1), with about 8 ties. (Batches of 1024 elements: about
-// 1.15x the time, Zen 4.)
+// Keep words drawn per Philox batch: 2048 elements, 128 blocks (2 KiB on the
+// stack, in L1), with about 8 ties; half as many elements cost more per word.
 constexpr std::size_t kChunkWords = 32;
 
 // Elements whose keep bit waits on the low 24 bits of their draw: its high
@@ -43,10 +42,10 @@ constexpr std::size_t kChunkWords = 32;
 // dropped by ResolveTies where those bits fall below the threshold's. Ties
 // gather over chunks until there are kTiesResolved and are resolved together,
 // four vectors of Philox side by side: one vector for each chunk's ~8 ties
-// was a chain of dependent multiplies that took 16% of the keep words' time
-// (Zen 4). Offsets count from the first element of a batch of kTieBatchWords
-// keep words, whose ties are all resolved at its end. A chunk is drawn with
-// fewer than kTiesResolved ties waiting, so the list holds all it can add.
+// was a chain of dependent multiplies. Offsets count from the first element of
+// a batch of kTieBatchWords keep words, whose ties are all resolved at its
+// end. A chunk is drawn with fewer than kTiesResolved ties waiting, so the
+// list holds all it can add.
 // (DrawThrough, for a walk that draws as it goes, resolves each chunk's own.)
 constexpr std::size_t kTieBatchWords = 8 * kChunkWords;
 static_assert(64 * kTieBatchWords <= 65536, "a batch's offsets fit 16 bits");
@@ -85,7 +84,7 @@ HWY_INLINE void ResolveTieGroup(D64 d64, std::uint64_t* HWY_RESTRICT out, std::u
   for (std::size_t k = 0; k < n; ++k) {
     const std::uint16_t e = ties.offset[i + k];
     const auto low = static_cast<std::uint32_t>(words[k / lanes][(first + e) & 3][k % lanes]) >> 8;
-    // Without a branch: most ties on either side of it (p 0.1: 60% dropped).
+    // Without a branch: which side of the threshold a tie falls is a coin toss.
     out[e / 64] &= ~(std::uint64_t{low < threshold_low} << (e % 64));
   }
 }

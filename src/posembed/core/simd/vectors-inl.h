@@ -60,12 +60,11 @@ HWY_INLINE std::size_t ElementsBeforeVectorBoundary(const float* p, std::size_t 
 // Asks for a row ahead of its use. The token rows are scattered over a large
 // table, so the hardware prefetcher sees each one too late. Into L2, not L1: a
 // row is dozens of lines, and once L1's few miss buffers are full the prefetch
-// instruction itself stalls (on Zen 4 at the GPT-2 shape: eval forward 1.44 ->
-// 1.2 ms, dense backward 4.0 -> 3.4 ms). A walk that runs ahead asks for a
-// few lines of the row at a time between its vectors instead: a whole row's
-// prefetches at once stall on the full L2 miss queue, and while they wait the
-// draws' arithmetic behind them waits too. kForWrite: the row will be written,
-// so ask for it exclusive.
+// instruction itself stalls. A walk that runs ahead asks for a few lines of
+// the row at a time between its vectors instead: a whole row's prefetches at
+// once stall on the full L2 miss queue, and while they wait the draws'
+// arithmetic behind them waits too. kForWrite: the row will be written, so ask
+// for it exclusive.
 template <bool kForWrite = false>
 HWY_INLINE void PrefetchRow(const float* row, std::size_t n) {
   for (std::size_t j = 0; j < n; j += 64 / sizeof(float)) __builtin_prefetch(row + j, kForWrite ? 1 : 0, 1);
