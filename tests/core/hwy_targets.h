@@ -1,14 +1,18 @@
 // Runs a test body once per instruction set Highway built and this CPU runs,
-// its dispatcher forced to each in turn (core/simd.cpp, model/small_gemm.cpp).
+// its dispatcher forced to each in turn (core/simd/, model/row_ops.cpp,
+// model/small_gemm.cpp).
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include <hwy/targets.h>
+
+#include "posembed/core/simd.h"
 
 namespace posembed::test {
 
@@ -25,5 +29,18 @@ void for_each_hwy_target(Body&& body) {
   }
   hwy::SetSupportedTargetsForTest(0);
 }
+
+// body() once per target, after checking that the dispatcher runs that target.
+template <class Body>
+void for_each_target(Body&& body) {
+  for_each_hwy_target([&](std::int64_t target) {
+    ASSERT_EQ(std::string(simd::target_name()), hwy::TargetName(target));
+    body();
+  });
+}
+
+// Lengths that leave every vector remainder, around a span of the kernels'
+// walks (1024 elements) and past it.
+inline constexpr std::size_t kAwkwardLengths[] = {1, 3, 7, 17, 769, 1024, 1025, 2100};
 
 }  // namespace posembed::test

@@ -22,9 +22,8 @@ namespace {
 // past the cache (embedding_forward, zero_grad).
 constexpr std::size_t kStreamBytes = std::size_t{16} << 20;
 
-// A forward with an output from this size on waits on memory: simd::forward_rows
-// then runs ahead (AMD EPYC Zen 4, 2 threads, p 0.1: 0.85-0.88x the time at B 8,
-// T 1024, d 256 (8 MiB), 0.79-0.87x at the GPT-2 shape; 1.03-1.13x at 2-4 MiB).
+// A forward with an output from this size on waits on memory: its walk then
+// runs ahead (simd::ForwardPlan::ahead); below it, running ahead is slower.
 constexpr std::size_t kAheadBytes = std::size_t{8} << 20;
 
 std::string where(std::size_t flat, std::int64_t seq_len) {
@@ -446,20 +445,22 @@ void embedding_forward(std::span<float> out, std::span<const std::int64_t> token
   const std::int64_t word_rows = 64 / std::gcd<std::int64_t>(d, 64);
   const std::int64_t rows = (std::max<std::int64_t>(1, kGrainElements / d) + word_rows - 1) / word_rows * word_rows;
   const simd::DropoutMask mask = dropout_mask(dropout);
-  std::uint64_t* keep = mask.active && !mask_bits.empty() ? mask_bits.data() : nullptr;
   // An output much larger than a core's share of the last-level cache is
   // streamed past it: a plain store first reads each line it fills, a third more
-  // traffic (measured at the GPT-2 shape, 25 MB: 1.83 ms plain, 1.44 streamed).
-  const bool stream = out.size() * sizeof(float) >= kStreamBytes;
-  const bool ahead = out.size() * sizeof(float) >= kAheadBytes;
+  // traffic.
+  const std::size_t bytes = out.size() * sizeof(float);
+  const simd::ForwardPlan plan{
+      .keep = mask.active && !mask_bits.empty() ? mask_bits.data() : nullptr,
+      .stream = bytes >= kStreamBytes,
+      .ahead = bytes >= kAheadBytes};
   const auto walk = [&](std::int64_t first, std::int64_t last) {
-    simd::forward_rows(
-        out.data(), token_table.data(), token_ids.data(), position_table.data(),
-        position_ids.data(), static_cast<std::size_t>(d), static_cast<std::size_t>(first * rows),
-        static_cast<std::size_t>(std::min(n, last * rows)), mask, stream, ahead, keep);
+    simd::forward_rows(out.data(), token_table.data(), token_ids.data(), position_table.data(),
+                       position_ids.data(), static_cast<std::size_t>(d),
+                       static_cast<std::size_t>(first * rows),
+                       static_cast<std::size_t>(std::min(n, last * rows)), mask, plan);
   };
   const std::int64_t blocks = (n + rows - 1) / rows;
-  if (ahead) {
+  if (plan.ahead) {
     parallel_ranges(blocks, walk);
   } else {
     parallel_for(blocks, [&](std::int64_t block) { walk(block, block + 1); });

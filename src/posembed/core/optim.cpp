@@ -66,7 +66,7 @@ struct AdamWUpdate {
         sqrt_correction2(
             static_cast<float>(std::sqrt(1.0 - std::pow(c.beta2, static_cast<double>(step))))),
         eps(static_cast<float>(c.eps)) {}
-  // The vectorised loop (simd.cpp) applies, element by element and in this order:
+  // The vectorised loop (simd/adamw.cpp) applies, element by element and in this order:
   //   p *= decay; m = beta1 * m + one_minus_beta1 * g; v = beta2 * v + one_minus_beta2 * g * g;
   //   p -= step_size * m / (sqrt(v) / sqrt_correction2 + eps);
   void operator()(float* p, const float* g, float* m, float* v, std::size_t n) const {

@@ -4,10 +4,17 @@
 // functions only loop over one contiguous span. Each has a plain-loop twin in
 // core/reference.h or philox.h that the tests compare it against.
 //
+// One file per kernel family in core/simd/, each compiled once per target by
+// foreach_target.h and exporting its entry points below; helpers that several
+// share (partial vectors, Philox, keep words) are per-target `-inl.h` headers
+// there, so that they inline into each kernel. The model's row kernels are in
+// model/row_ops.h. The measurements behind the choices the files describe are
+// in docs/performance-log.md.
+//
 // Bits do not depend on where an element falls in a vector: partial vectors run
-// the same operations as full ones, and simd.cpp is built
-// with -ffp-contract=off, so thread count (which moves span boundaries) and
-// target (AVX2 vs AVX-512) give the same results.
+// the same operations as full ones, and every kernel file is built with
+// -ffp-contract=off, so thread count (which moves span boundaries) and target
+// (AVX2 vs AVX-512) give the same results.
 #pragma once
 
 #include <cstddef>
@@ -17,8 +24,12 @@
 
 namespace posembed::simd {
 
+// simd/dispatch.cpp: which instruction set runs.
+
 // Name of the instruction set chosen at run time, for instance "AVX3" or "AVX2".
 const char* target_name();
+
+// simd/dropout.cpp: the dropout mask's bits.
 
 // Philox4x32-10 of `blocks` consecutive counters: counter k is `first` with its
 // 64-bit block index (c0 low, c1 high) advanced by k, carrying into c1.
@@ -41,6 +52,8 @@ struct DropoutMask {
 // out: (count)
 void dropout_keep_words(std::uint64_t* out, std::uint64_t word0, std::size_t count, const DropoutMask& mask);
 
+// simd/forward.cpp: the fused forward.
+
 // out[j] = (a[j] + b[j]) * mask(first + j), j < n; mask(i) is scale or 0.
 // stream: write `out` with non-temporal stores, past the cache (for outputs much
 // larger than it), then a store fence.
@@ -48,26 +61,36 @@ void dropout_keep_words(std::uint64_t* out, std::uint64_t word0, std::size_t cou
 void add_dropout(float* out, const float* a, const float* b, std::size_t n, std::uint64_t first,
                  const DropoutMask& mask, bool stream = false);
 
+// How forward_rows walks its rows: chosen by its caller (embedding_forward)
+// from the output's size and whether the mask is kept. Every plan writes the
+// same bits.
+struct ForwardPlan {
+  // The batch's keep words, or null: with an active mask, the call writes those
+  // of its elements r0 * d .. r1 * d - 1 (r0 * d a multiple of 64 unless r0 is
+  // 0, so that no word is shared with another call's rows) and walks its rows
+  // reading them in place. Null: the walk draws them as it reaches them.
+  // keep: (ceil(n * d / 64))
+  std::uint64_t* keep = nullptr;
+  // The output goes past the cache (non-temporal stores, then a store fence):
+  // for outputs much larger than it.
+  bool stream = false;
+  // The walk waits on memory (a large batch; [r0, r1) best a thread's whole
+  // share): it fetches the token row two ahead a few lines at a time and draws
+  // the words into `keep` a step at a time, between its vectors, so that the
+  // draws' arithmetic overlaps the loads. Else it fetches each row whole as the
+  // row two before it starts, and draws all the words into `keep` before it
+  // walks (faster where the walk stays in the cache).
+  bool ahead = false;
+};
+
 // Rows [r0, r1) of the fused forward: out row r = add_dropout of token row
 // token_ids[r] and position row position_ids[r], flat indices r * d + j.
-// stream: as add_dropout's; the rows end with a store fence. keep: null, or the
-// batch's keep words, of which this call writes those of elements r0 * d ..
-// r1 * d - 1 (with an active mask; r0 * d a multiple of 64 unless r0 is 0, so
-// that no word is shared with another call's rows).
-// ahead: for a walk that waits on memory (a large batch; [r0, r1) best a
-// thread's whole share): with AVX-512 or AVX2, the token row two ahead is
-// fetched a few lines at a time between the walk's vectors, and the keep words
-// are drawn into `keep` a step at a time between them, a few hundred words
-// ahead, so that their arithmetic overlaps the loads; other instruction sets
-// fetch rows whole and draw the words ahead a row at a time. Else each row is
-// fetched whole as the row two before it starts, and the keep words are drawn
-// first (faster where the walk stays in the cache).
-// out: (n, d), token_table: (V, d), position_table: (max_seq_len, d), ids: (n),
-// keep: (ceil(n * d / 64))
+// out: (n, d), token_table: (V, d), position_table: (max_seq_len, d), ids: (n)
 void forward_rows(float* out, const float* token_table, const std::int64_t* token_ids,
                   const float* position_table, const std::int64_t* position_ids, std::size_t d,
-                  std::size_t r0, std::size_t r1, const DropoutMask& mask, bool stream, bool ahead,
-                  std::uint64_t* keep = nullptr);
+                  std::size_t r0, std::size_t r1, const DropoutMask& mask, const ForwardPlan& plan);
+
+// simd/backward.cpp: the backward into both tables, and fresh gradients' zeros.
 
 // One gradient table of backward_rows. The masked grad_out row of token r is
 // added to row rows[r] of grad, by the thread that owns row rows[r].
@@ -110,28 +133,7 @@ void stream_zeros(float* out, std::size_t n);
 void zero_untouched_rows(float* grad, const std::uint64_t* touched, std::size_t r0, std::size_t r1,
                          std::size_t d, bool stream);
 
-// out[j] = exp(in[j] - max) * (1 / sum) for j < n, with max and sum over in[0, n);
-// out[j] = 0 for n <= j < width. out may be in. Returns sum and sets *max, so
-// the log-sum-exp of the input is *max + log(sum). 1 <= n <= width.
-float softmax_row(float* out, const float* in, std::size_t n, std::size_t width, float* max);
-
-// The softmax's VJP in place: d[j] = p[j] * (d[j] - sum_k p[k] d[k]) over
-// j < n, d[j] = 0 for n <= j < width; p is softmax_row's output.
-void softmax_row_backward(float* d, const float* p, std::size_t n, std::size_t width);
-
-// One row of LayerNorm: out (n) = (x - mean) * rstd * weight + bias, with the
-// row's mean and rstd = 1 / sqrt(variance + eps) stored for the backward.
-void layernorm_row(float* out, float* mean, float* rstd, const float* x, const float* weight,
-                   const float* bias, std::size_t n, float eps);
-// Its VJP for x: dx (n) += (or = when `write`) (wg - mean(wg) - xhat * mean(wg * xhat)) * rstd,
-// wg = weight * g, xhat = (x - mean) * rstd.
-void layernorm_row_backward(float* dx, const float* g, const float* x, const float* weight,
-                            float mean, float rstd, std::size_t n, bool write);
-
-// b (cols, rows) = a (rows, cols)^T, a's rows lda >= cols apart, in 4 x 4 tiles
-// of 128-bit vectors (a plain loop on a one-lane target). For the products that
-// would otherwise multiply by a transposed operand (model/ops.cpp).
-void transpose(float* b, const float* a, std::size_t rows, std::size_t cols, std::size_t lda);
+// simd/adamw.cpp: the optimizer's update.
 
 // One AdamW element update, in the order of optim.cpp's scalar definition:
 //   p *= decay; m = beta1*m + (1-beta1)*g; v = beta2*v + (1-beta2)*g*g;

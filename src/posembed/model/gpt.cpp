@@ -11,9 +11,9 @@
 #include "posembed/core/layer.h"
 #include "posembed/core/parallel_for.h"
 #include "posembed/core/position_ids.h"
-#include "posembed/core/simd.h"
 #include "posembed/core/sizes.h"
 #include "posembed/model/ops.h"
+#include "posembed/model/row_ops.h"
 
 namespace posembed::model {
 namespace {
@@ -290,7 +290,7 @@ void transpose_weights(TransposedWeights& out, const Gpt& model) {
   parallel_for(1 + 4 * c.n_layer, [&](std::int64_t task) {
     const auto transpose = [](std::span<float> to, std::span<const float> from, std::int64_t rows,
                               std::int64_t cols) {
-      simd::transpose(to.data(), from.data(), sz(rows), sz(cols), sz(cols));
+      model::transpose(to.data(), from.data(), sz(rows), sz(cols), sz(cols));
     };
     if (task == 0) return transpose(out.wte, model.p.wte, c.vocab_size, C);
     const BlockViews& w = model.p.h[sz((task - 1) / 4)];

@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "posembed/core/philox.h"
-#include "posembed/core/simd.h"
 #include "posembed/core/sizes.h"
 #include "posembed/model/gemm.h"
+#include "posembed/model/row_ops.h"
 #include "posembed/model/small_gemm.h"
 
 namespace posembed::model {
@@ -79,13 +79,13 @@ std::int64_t strip_end(std::int64_t s, std::int64_t C) {
   return std::min(C, (s + 1) * kColStrip);
 }
 
-// Rows with reductions (LayerNorm, softmax) are Highway kernels (core/simd.h);
+// Rows with reductions (LayerNorm, softmax) are Highway kernels (row_ops.h);
 // the elementwise and column loops here are plain loops that the compiler
 // vectorises (a Highway GELU with an approximate reciprocal instead of the
 // division measured no faster). VECTOR_CLONES builds a function three times,
 // for AVX-512, for AVX2 with FMA and for baseline x86-64, and the loader picks
 // the one this CPU runs (GCC's target_clones): runtime dispatch without
-// -march, as simd.cpp's Highway kernels. A piece's arithmetic is fixed by the
+// -march, as row_ops.cpp's Highway kernels. A piece's arithmetic is fixed by the
 // shapes, so the bits never depend on the thread count (they may on the
 // instruction set, as the GEMM's).
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -98,7 +98,7 @@ std::int64_t strip_end(std::int64_t s, std::int64_t C) {
 // x = n ln2 + r with |r| <= ln2/2, exp(r) by Cephes' degree-6 polynomial
 // (relative error ~2 ulp), times 2^n built in the exponent bits. Inputs are
 // clamped to [-87, 88]: the results there are tiny or huge but finite, which
-// is all GELU's sigmoid needs. (The softmaxes use Highway's Exp, in simd.cpp.)
+// is all GELU's sigmoid needs. (The softmaxes have their own, in row_ops.cpp.)
 inline float exp_poly(float x) {
   x = std::min(88.0f, std::max(-87.0f, x));
   constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
@@ -166,8 +166,8 @@ VECTOR_CLONES void add_bias(float* o, const float* bias, std::int64_t rows, std:
 const float* transposed(const float* a, std::int64_t rows, std::int64_t cols, std::int64_t lda) {
   thread_local std::vector<float> b;
   b.resize(static_cast<std::size_t>(rows * cols));
-  simd::transpose(b.data(), a, static_cast<std::size_t>(rows), static_cast<std::size_t>(cols),
-                  static_cast<std::size_t>(lda));
+  transpose(b.data(), a, static_cast<std::size_t>(rows), static_cast<std::size_t>(cols),
+            static_cast<std::size_t>(lda));
   return b.data();
 }
 
@@ -403,8 +403,8 @@ void layernorm_forward(std::span<float> out, std::span<float> mean, std::span<fl
                        std::span<const float> inp, std::span<const float> weight,
                        std::span<const float> bias, std::int64_t N, std::int64_t C) {
   parallel_pieces(N, double(N) * double(C), [&](std::int64_t n) {
-    simd::layernorm_row(out.data() + n * C, mean.data() + n, rstd.data() + n, inp.data() + n * C,
-                        weight.data(), bias.data(), static_cast<std::size_t>(C), kLayerNormEps);
+    layernorm_row(out.data() + n * C, mean.data() + n, rstd.data() + n, inp.data() + n * C,
+                  weight.data(), bias.data(), static_cast<std::size_t>(C), kLayerNormEps);
   });
 }
 
@@ -418,9 +418,9 @@ void layernorm_backward(std::span<float> dinp, std::span<float> dweight, std::sp
   const auto dinp_piece = [&](std::int64_t p) {
     for (std::int64_t n = p * kRowsPerPiece; n < std::min(N, (p + 1) * kRowsPerPiece); ++n) {
       const auto k = static_cast<std::size_t>(n);
-      simd::layernorm_row_backward(dinp.data() + n * C, dout.data() + n * C, inp.data() + n * C,
-                                   weight.data(), mean[k], rstd[k], static_cast<std::size_t>(C),
-                                   writes(dinp_mode));
+      layernorm_row_backward(dinp.data() + n * C, dout.data() + n * C, inp.data() + n * C,
+                             weight.data(), mean[k], rstd[k], static_cast<std::size_t>(C),
+                             writes(dinp_mode));
     }
   };
   parallel_rows_then_tasks(pieces(N, kRowsPerPiece), pieces(C, kColStrip),
@@ -483,7 +483,7 @@ void attention_forward(std::span<float> out, std::span<float> att, std::span<con
                  false);
       for (std::int64_t t = i0; t < keys; ++t) {
         float max = 0;
-        simd::softmax_row(a + t * T, a + t * T, sz(t + 1), sz(keys), &max);
+        softmax_row(a + t * T, a + t * T, sz(t + 1), sz(keys), &max);
       }
       small_gemm(y + i0 * C, C, a + i0 * T, T, 1, v, C3, rows, hd, keys, 1.0f, false);
     });
@@ -517,7 +517,7 @@ void attention_backward(std::span<float> dqkv, std::span<float> scratch,
       small_gemm(ds + i0 * T, T, dy + i0 * C, C, 1, vt, T, rows, score_columns(keys, T), hd, 1.0f,
                  false);
       for (std::int64_t t = i0; t < keys; ++t) {
-        simd::softmax_row_backward(ds + t * T, a + t * T, sz(t + 1), sz(keys));
+        softmax_row_backward(ds + t * T, a + t * T, sz(t + 1), sz(keys));
       }
       small_gemm(dq + i0 * C3, C3, ds + i0 * T, T, 1, k, C3, rows, hd, keys, scale, accumulate);
     });
@@ -636,7 +636,7 @@ namespace {
 float softmax_loss(float* p, const float* z, std::int64_t target, std::int64_t V) {
   float mx = 0;
   const float sum =
-      simd::softmax_row(p, z, static_cast<std::size_t>(V), static_cast<std::size_t>(V), &mx);
+      softmax_row(p, z, static_cast<std::size_t>(V), static_cast<std::size_t>(V), &mx);
   return std::log(sum) + mx - z[target];  // log-sum-exp form
 }
 
