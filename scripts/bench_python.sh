@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/python_bench.py under Debian's torch 1.13 (the test venv) and under PyPI's current
-# torch in the venv scripts/bench_venv.sh makes on demand (build/bench-venv: a download of
-# several GB the first time, so it is kept out of the test command). Arguments go to the bench.
+# torch in the venv of scripts/torch2_venv.sh (made once per machine, outside the repository;
+# the test command uses it too). Arguments go to the bench.
 #   scripts/bench_python.sh                 2 threads, 3 rounds
 #   scripts/bench_python.sh --threads 1 --json
 set -euo pipefail
