@@ -73,6 +73,18 @@ def _shaped(out, one_row):
 def contiguous(input_ids, past_length: int = 0):
     """past_length + t for every row: GPT-2's default, the KV-cache offset scheme. (B, T)."""
     ids, is_torch, one_row = _rows(input_ids, "input_ids")
+    if is_torch:
+        # Torch ops, not the kernel: torch.compile and torch.export trace them (a FakeTensor
+        # has no memory for the kernel to write).
+        import torch
+
+        past_length = int(past_length)
+        if past_length < 0:
+            raise ValueError(f"position offset {past_length} is negative; it is the number of "
+                             "tokens already in the KV cache")
+        seq_len = ids.shape[1]
+        out = torch.arange(past_length, past_length + seq_len).expand(ids.shape).contiguous()
+        return _shaped(out, one_row)
     out = _empty(tuple(ids.shape), is_torch)
     _C.positions_contiguous(out, int(past_length))
     return _shaped(out, one_row)
