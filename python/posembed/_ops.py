@@ -1,7 +1,7 @@
 """posembed's kernels as PyTorch custom operators (torch >= 2.4): torch.compile and torch.export.
 
-Three functional operators in the ``posembed`` namespace, each with a fake kernel (shapes only,
-for FakeTensors) and the first with its autograd formula:
+Functional operators in the ``posembed`` namespace, each with a fake kernel (shapes only, for
+FakeTensors), the forward with its autograd formula:
 
     out, mask, step_used = torch.ops.posembed.embedding_forward(token_table, position_table,
         input_ids, position_ids, dropout, seed, step, position_padding_row, keep_mask, sparse,
@@ -20,6 +20,11 @@ instead of specialising on its value, and ``step_used`` a copy of it for the bac
 int (a uint64 is passed as the int64 of the same bits). A gradient that is not wanted comes back as a (0, d) tensor. ``rows`` (R,) and ``values``
 (R, d) are the touched token rows, ascending, less ``padding_idx``: R depends on the ids, so the
 fake kernel makes it a new symbolic size. The sparse COO tensor is built outside the operator.
+
+``torch.ops.posembed.positions(kernel, shape, source, special_id)`` runs one of the position
+schemes of posembed.positions that read their input (attention mask, OPT, fairseq, end of
+document) into new (B, T) int64 ids; ``contiguous`` is torch's arange there, and
+``from_cu_seqlens``, whose length is the data's last value, stays a call to the kernel.
 
 The real kernels are the C++ ones that ``posembed.torch._Embedding`` calls, in the same way
 (outputs from the reuse pool, fresh gradients written with ``accumulate=False``, threads as
@@ -212,6 +217,26 @@ if ENABLED:
 
     torch.library.register_autograd("posembed::embedding_forward", _backward,
                                     setup_context=_setup_context)
+
+    _POSITION_KERNELS = ("positions_from_attention_mask", "positions_opt", "positions_fairseq",
+                         "positions_from_eos")
+
+    @torch.library.custom_op("posembed::positions", mutates_args=())
+    def positions(kernel: str, shape: list[int], source: Tensor,
+                  special_id: Optional[int] = None) -> Tensor:
+        """Position ids (shape) int64 from ``_C.<kernel>``: ``positions_from_attention_mask`` and
+        ``positions_opt`` read a (B, L) mask; ``positions_fairseq`` and ``positions_from_eos``
+        (B, T) ids and the padding or end-of-document id (posembed.positions calls this)."""
+        if kernel not in _POSITION_KERNELS:
+            raise ValueError(f"position kernel {kernel!r} is not one of {_POSITION_KERNELS}")
+        out = torch.empty(shape, dtype=torch.int64)
+        args = (source.contiguous(),) if special_id is None else (source.contiguous(), special_id)
+        getattr(_C, kernel)(out, *args)
+        return out
+
+    @positions.register_fake
+    def _(kernel, shape, source, special_id=None):
+        return source.new_empty(shape, dtype=torch.int64)
 
     def _no_double_backward(ctx, *grads):
         raise RuntimeError("posembed: double backward (the gradient of the embedding's gradient, "

@@ -107,6 +107,25 @@ def test_opcheck_backward_sparse(need_positions):
                                padding_idx, need_positions))
 
 
+@pytest.mark.parametrize("kernel, special_id", [("positions_from_attention_mask", None),
+                                                 ("positions_opt", None),
+                                                 ("positions_fairseq", 1),
+                                                 ("positions_from_eos", 5)])
+def test_opcheck_positions(kernel, special_id):
+    if special_id is None:  # a (B, L) mask: all L columns, or those after 2 cached tokens
+        for shape in ([B, T], [B, T - 2]):
+            torch.library.opcheck(OPS.positions.default, (kernel, shape, left_padded_mask()))
+    else:
+        torch.library.opcheck(OPS.positions.default, (kernel, [B, T], make_ids(), special_id))
+
+
+def left_padded_mask():
+    mask = torch.ones(B, T, dtype=torch.int64)
+    mask[1, :4] = 0
+    mask[2, :1] = 0
+    return mask
+
+
 def test_forward_mask_words_are_the_kept_elements():
     tok, pos = tables()
     out, mask, step = OPS.embedding_forward(tok, pos, make_ids(), positions(), 0.25, 7,
@@ -292,6 +311,27 @@ def test_compiled_functional_with_a_step_tensor_and_explicit_positions():
     assert torch.equal(want, f(x, pid, 4))  # a tensor step is the int step
 
 
+def test_compiled_position_schemes_give_the_eager_ids():
+    """Every scheme but cu_seqlens traces: attention mask (generate()), OPT, fairseq, eos."""
+    x, mask = make_ids(), left_padded_mask()
+    x[1, :4] = 1  # padding ids where the mask is 0 (fairseq reads them)
+    layers = {name: LearnedPositionEmbedding(V, P, D, position_scheme=name, padding_idx=1).eval()
+              for name in ("default", "opt", "fairseq")}
+    calls = {
+        "attention mask": lambda x, mask: layers["default"](x, attention_mask=mask),
+        "attention mask, cached": lambda x, mask: layers["default"](x[:, 2:], attention_mask=mask,
+                                                                    past_length=2),
+        "opt": lambda x, mask: layers["opt"](x, attention_mask=mask),
+        "fairseq": lambda x, mask: layers["fairseq"](x),
+        "eos": lambda x, mask: layers["default"](x, eos_token_id=5),
+    }
+    for name, call in calls.items():
+        torch._dynamo.reset()
+        got = torch.compile(call, fullgraph=True)(x, mask)
+        assert torch.equal(got, call(x, mask)), name
+    assert no_graph_breaks()
+
+
 # ---- torch.export ----
 
 def test_export_in_eval_equals_eager():
@@ -307,6 +347,13 @@ def test_export_in_eval_equals_eager():
     # Explicit position ids, and another batch than the traced one (shapes are static).
     program = torch.export.export(model, (x, positions()))
     assert torch.equal(program.module()(x, positions() + 1), want_pos)
+    # Left padding: the positions come from the mask inside the program.
+    embed = model.embed
+    mask = left_padded_mask()
+    program = torch.export.export(embed, (x,), {"attention_mask": mask})
+    other = mask.clone()
+    other[0, :2] = 0
+    assert torch.equal(program.module()(x, attention_mask=other), embed(x, attention_mask=other))
 
 
 def test_export_in_training_keeps_the_step_mutation():
