@@ -8,9 +8,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh test
 bench=$(scripts/bench_venv.sh)
-scripts/python_wheel.sh build/pyvenv "$bench"
+site=$PWD/build/torch2-site  # this checkout's wheel, beside the shared venv (python_wheel.sh)
+scripts/python_wheel.sh build/pyvenv "$bench=$site"
 export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
-for python in build/pyvenv/bin/python "$bench/bin/python"; do
-  "$python" bench/python_bench.py "$@"
-  echo
-done
+build/pyvenv/bin/python bench/python_bench.py "$@"
+echo
+PYTHONPATH=$site "$bench/bin/python" bench/python_bench.py "$@"

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds the posembed wheel as `pip wheel .` does (scikit-build-core + nanobind, build tree
-# kept in build/python) with the test venv build/pyvenv, and installs it into each VENV given.
-#   scripts/python_wheel.sh [VENV ...]
+# kept in build/python) with the test venv build/pyvenv, and installs it into each VENV given;
+# VENV=DIR installs it into the folder DIR with VENV's pip instead (for PYTHONPATH=DIR), for a
+# venv that the machine's checkouts share (scripts/torch2_venv.sh's): none swaps another's.
+#   scripts/python_wheel.sh [VENV | VENV=DIR ...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=build/pyvenv
@@ -13,6 +15,12 @@ rm -rf build/python/dist
 "$venv/bin/pip" wheel --quiet --disable-pip-version-check --no-build-isolation --no-deps \
   -w build/python/dist .
 for target in "$@"; do
-  "$target/bin/pip" install --quiet --disable-pip-version-check --force-reinstall --no-deps \
-    build/python/dist/posembed-*.whl
+  if [[ $target == *=* ]]; then
+    rm -rf "${target#*=}"
+    "${target%%=*}/bin/pip" install --quiet --disable-pip-version-check --no-deps \
+      --target "${target#*=}" build/python/dist/posembed-*.whl
+  else
+    "$target/bin/pip" install --quiet --disable-pip-version-check --force-reinstall --no-deps \
+      build/python/dist/posembed-*.whl
+  fi
 done

@@ -13,11 +13,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=build/pyvenv
 torch2=$(scripts/torch2_venv.sh)
-scripts/python_wheel.sh "$venv"
 site=$PWD/build/torch2-site
-rm -rf "$site"
-"$torch2/bin/pip" install --quiet --disable-pip-version-check --no-deps --target "$site" \
-  build/python/dist/posembed-*.whl
+scripts/python_wheel.sh "$venv" "$torch2=$site"
 # transformers 4.40 is the last line that supports Debian's torch 1.13.
 "$venv/bin/python" -c "import pytest, transformers
 assert transformers.__version__ == '4.40.2'" 2>/dev/null ||
