@@ -17,9 +17,10 @@ Shapes: tables (V, d) and (P, d) float32; ids (B, T) int64; out (B, T, d); mask 
 dropout mask as bits, W = ceil(B*T*d / 64) when ``keep_mask`` and dropout > 0, else 0; step a
 0-dim int64 tensor (the module's ``dropout_step`` buffer), so that a compiled graph reads it
 instead of specialising on its value, and ``step_used`` a copy of it for the backward; seed an
-int (a uint64 is passed as the int64 of the same bits). A gradient that is not wanted comes back as a (0, d) tensor. ``rows`` (R,) and ``values``
-(R, d) are the touched token rows, ascending, less ``padding_idx``: R depends on the ids, so the
-fake kernel makes it a new symbolic size. The sparse COO tensor is built outside the operator.
+int (a uint64 is passed as the int64 of the same bits). A gradient that is not wanted comes
+back as a (0, d) tensor. ``rows`` (R,) and ``values`` (R, d) are the touched token rows,
+ascending, less ``padding_idx``: R depends on the ids, so the fake kernel makes it a new
+symbolic size. The sparse COO tensor is built outside the operator.
 
 ``torch.ops.posembed.positions(kernel, shape, source, special_id)`` runs one of the position
 schemes of posembed.positions that read their input (attention mask, OPT, fairseq, end of
@@ -77,8 +78,8 @@ def embedding(token_table, position_table, input_ids, position_ids, dropout, see
     0-dim int64 tensor, which is read where the kernel runs (no ``.item()`` in a traced graph)."""
     if isinstance(step, Tensor):
         if step.dim() != 0 or step.dtype != torch.int64:
-            raise ValueError(f"step is a tensor of shape {tuple(step.shape)} and dtype {step.dtype};"
-                             " it must be a 0-dim torch.int64 tensor (or an int)")
+            raise ValueError(f"step is a tensor of shape {tuple(step.shape)} and dtype "
+                             f"{step.dtype}; it must be a 0-dim torch.int64 tensor (or an int)")
     else:
         step = torch.tensor(int(step), dtype=torch.int64)
     dropout = float(dropout)
