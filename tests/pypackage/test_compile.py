@@ -5,6 +5,7 @@ scripts/test_python.sh runs it again in the torch 2.x venv with POSEMBED_TEST_TO
 a missing feature fails instead. Shapes are tiny: compiling is the cost (tens of seconds).
 """
 
+import io
 import os
 
 import numpy as np
@@ -312,7 +313,7 @@ def test_compiled_functional_with_a_step_tensor_and_explicit_positions():
 
 
 def test_compiled_position_schemes_give_the_eager_ids():
-    """Every scheme but cu_seqlens traces: attention mask (generate()), OPT, fairseq, eos."""
+    # Every scheme but cu_seqlens traces: attention mask (generate()), OPT, fairseq, eos.
     x, mask = make_ids(), left_padded_mask()
     x[1, :4] = 1  # padding ids where the mask is 0 (fairseq reads them)
     layers = {name: LearnedPositionEmbedding(V, P, D, position_scheme=name, padding_idx=1).eval()
@@ -354,6 +355,12 @@ def test_export_in_eval_equals_eager():
     other = mask.clone()
     other[0, :2] = 0
     assert torch.equal(program.module()(x, attention_mask=other), embed(x, attention_mask=other))
+    # Saved and loaded: the operators are found by name (importing posembed.torch).
+    buffer = io.BytesIO()
+    torch.export.save(program, buffer)
+    buffer.seek(0)
+    loaded = torch.export.load(buffer)
+    assert torch.equal(loaded.module()(x, attention_mask=other), embed(x, attention_mask=other))
 
 
 def test_export_in_training_keeps_the_step_mutation():
