@@ -32,6 +32,7 @@ from torch.nn import functional as F
 
 import posembed
 from posembed import _C, _ops
+from posembed import torch as posembed_torch
 from posembed.torch import LearnedPositionEmbedding
 
 B, T, D, V, P = 8, 1024, 768, 50257, 0.1
@@ -242,11 +243,17 @@ def main():
         fn()
     times = {case: {who: [] for who in fns} for case, fns in cases.items()}
     step_times = {who: [] for who in steps}
+    # posembed's storage pool keeps at most four freed blocks and drops what comes back when
+    # full: left with the small model's blocks, it would make every GPT-2-shape step
+    # page-fault a new output and gradient in. Each timed block starts with it empty and its
+    # warmup run fills it, as a training loop of one model fills it in its first step.
     for _ in range(args.rounds):
         for case, fns in cases.items():
             for who, fn in fns.items():
+                posembed_torch.empty_cache()
                 times[case][who].extend(timed(fn, args.reps))
         for who, fn in steps.items():
+            posembed_torch.empty_cache()
             step_times[who].extend(timed(fn, args.reps))
 
     report = {"cpu": cpu_name(), "threads": args.threads, "torch": torch.__version__,
