@@ -193,6 +193,8 @@ if ENABLED:
         # after the forward, and a compiled backward may read a saved graph input after the
         # graph's mutations (a clone made here would be recomputed there from the buffer).
         ctx.save_for_backward(input_ids, position_ids, output[1], output[2])
+        # No zeros for the mask's and step's gradients, which are never used.
+        ctx.set_materialize_grads(False)
         ctx.config = (token_table.shape, position_table.shape[0], dropout, seed,
                       position_padding_row, sparse, padding_idx)
 
