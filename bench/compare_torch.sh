@@ -2,7 +2,7 @@
 # Side by side: `posembed train` against the same model in PyTorch (bench/gpt_train_torch.py),
 # ROUNDS interleaved rounds (default 3) at each thread count in THREADS (default "1 2"):
 #   posembed train                        (build/posembed; built here if missing)
-#   PyPI torch 2.x eager and torch.compile (build/bench-venv, made by scripts/bench_venv.sh)
+#   PyPI torch 2.x eager and torch.compile (the venv of scripts/torch2_venv.sh)
 #   Debian torch 1.13 eager               (/usr/bin/python3; OpenBLAS 1 thread and its default)
 # Each run prints its median step; the summary gives, per program and thread count, the median
 # over rounds of those tokens/s and posembed's ratio to the best PyTorch 2.x and to 1.13.

@@ -10,7 +10,14 @@ rounds of:
 Each training step ends as `optimizer.zero_grad(set_to_none=True)` leaves it: gradients None.
 Validates first (same output without dropout, same mask rate), then times; prints medians.
 
-usage: python bench/python_bench.py [--threads N] [--rounds R] [--reps K] [--json]
+Then a training step of a small nanoGPT-style model (2 blocks, width 128, 4 heads, 128
+positions, vocabulary 4096, batch 16, dropout 0.1 on the embedding sum; cross-entropy, AdamW)
+whose input layer is posembed's module or nn.Embedding + nn.Embedding + add + nn.Dropout,
+eager and, under torch 2.x, with forward and loss under torch.compile (posembed's with
+fullgraph=True: its custom operators trace from torch 2.4). Same weights in both; validated
+first (same eval loss to 1e-5), then timed interleaved, medians and ratios of the same run.
+
+usage: python bench/python_bench.py [--threads N] [--rounds R] [--reps K] [--no-model] [--json]
 """
 
 import argparse
@@ -21,12 +28,17 @@ import time
 
 import torch
 from torch import nn
+from torch.nn import functional as F
 
 import posembed
-from posembed import _C
+from posembed import _C, _ops
+from posembed import torch as posembed_torch
 from posembed.torch import LearnedPositionEmbedding
 
 B, T, D, V, P = 8, 1024, 768, 50257, 0.1
+# The model step's shape: a step of a quarter second or so on 2 cores, most of it matrix products.
+MODEL = {"batch": 16, "seq_len": 128, "embed_dim": 128, "vocab_size": 4096, "layers": 2,
+         "heads": 4, "dropout": 0.1}
 
 
 def cpu_name():
@@ -50,12 +62,104 @@ def timed(fn, reps, warmup=1):
     return times
 
 
+class Block(nn.Module):
+    def __init__(self, d, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) / (d // self.heads) ** 0.5
+        att = att.masked_fill(torch.ones(t, t, dtype=torch.bool).triu(1), float("-inf"))
+        y = (att.softmax(-1) @ v).transpose(1, 2).reshape(b, t, d)
+        x = x + self.proj(y)
+        return x + self.mlp(self.ln2(x))
+
+
+class TorchInput(nn.Module):
+    """PyTorch's own input layer: nn.Embedding + nn.Embedding + add + nn.Dropout."""
+
+    def __init__(self, layer, p):
+        super().__init__()
+        self.wte = nn.Embedding(*layer.token_table.shape)
+        self.wpe = nn.Embedding(*layer.position_table.shape)
+        self.drop = nn.Dropout(p)
+        with torch.no_grad():
+            self.wte.weight.copy_(layer.token_table)
+            self.wpe.weight.copy_(layer.position_table)
+
+    def forward(self, idx):
+        return self.drop(self.wte(idx) + self.wpe(torch.arange(idx.shape[1])))
+
+
+class GPT(nn.Module):
+    def __init__(self, embed, m):
+        super().__init__()
+        self.embed = embed
+        self.blocks = nn.Sequential(*[Block(m["embed_dim"], m["heads"])
+                                      for _ in range(m["layers"])])
+        self.ln_f = nn.LayerNorm(m["embed_dim"])
+        self.head = nn.Linear(m["embed_dim"], m["vocab_size"], bias=False)
+
+    def forward(self, idx):
+        return self.head(self.ln_f(self.blocks(self.embed(idx))))
+
+
+def model_cases():
+    """name -> a training step (forward, loss, backward, AdamW) of the model with each layer."""
+    m = MODEL
+    ours = LearnedPositionEmbedding(m["vocab_size"], m["seq_len"], m["embed_dim"],
+                                    dropout=m["dropout"], seed=3)
+    torch.manual_seed(0)
+    model_ours = GPT(ours, m)
+    model_torch = GPT(TorchInput(ours, m["dropout"]), m)
+    for name in ("blocks", "ln_f", "head"):
+        getattr(model_torch, name).load_state_dict(getattr(model_ours, name).state_dict())
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(0, m["vocab_size"], (m["batch"], m["seq_len"]), generator=g)
+    y = torch.randint(0, m["vocab_size"], (m["batch"], m["seq_len"]), generator=g)
+
+    def loss_of(model):
+        return lambda: F.cross_entropy(model(x).reshape(-1, m["vocab_size"]), y.reshape(-1))
+
+    # Validate: without dropout both models give one loss (float32 sums in other orders).
+    with torch.no_grad():
+        a, b = loss_of(model_ours.eval())().item(), loss_of(model_torch.eval())().item()
+    assert abs(a - b) <= 1e-5 * abs(a), (a, b)
+    model_ours.train()
+    model_torch.train()
+
+    def step_of(model, loss):
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            loss().backward()
+            opt.step()
+        return step
+
+    cases = {"torch": step_of(model_torch, loss_of(model_torch)),
+             "posembed": step_of(model_ours, loss_of(model_ours))}
+    if hasattr(torch, "compile"):
+        cases["torch compiled"] = step_of(model_torch, torch.compile(loss_of(model_torch)))
+        # posembed's layer traces (no graph break) where its custom operators exist.
+        cases["posembed compiled"] = step_of(
+            model_ours, torch.compile(loss_of(model_ours), fullgraph=_ops.ENABLED))
+    return cases
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--no-model", action="store_true", help="skip the model training step")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     posembed.set_num_threads(args.threads)
@@ -133,17 +237,33 @@ def main():
         fn()  # compile outside the timed runs
         cases[case] = {"torch": cases[case]["torch"], "compiled": fn,
                        **{w: f for w, f in cases[case].items() if w != "torch"}}
+    steps = {} if args.no_model else model_cases()
+    for fn in steps.values():
+        fn()  # compile outside the timed runs
+        fn()
     times = {case: {who: [] for who in fns} for case, fns in cases.items()}
+    step_times = {who: [] for who in steps}
+    # posembed's storage pool keeps at most four freed blocks and drops what comes back when
+    # full: left with the small model's blocks, it would make every GPT-2-shape step
+    # page-fault a new output and gradient in. Each timed block starts with it empty and its
+    # warmup run fills it, as a training loop of one model fills it in its first step.
     for _ in range(args.rounds):
         for case, fns in cases.items():
             for who, fn in fns.items():
+                posembed_torch.empty_cache()
                 times[case][who].extend(timed(fn, args.reps))
+        for who, fn in steps.items():
+            posembed_torch.empty_cache()
+            step_times[who].extend(timed(fn, args.reps))
 
     report = {"cpu": cpu_name(), "threads": args.threads, "torch": torch.__version__,
               "posembed": posembed.__version__, "simd": posembed.simd_target(),
               "shape": {"batch": B, "seq_len": T, "embed_dim": D, "vocab_size": V, "dropout": P},
               "median_ms": {c: {w: statistics.median(t) for w, t in ws.items()}
                             for c, ws in times.items()}}
+    if steps:
+        report["model"] = dict(MODEL)
+        report["model_step_median_ms"] = {w: statistics.median(t) for w, t in step_times.items()}
     if args.json:
         print(json.dumps(report, indent=1))
         return
@@ -158,6 +278,21 @@ def main():
         comp = f"{m['compiled']:9.2f}" if "compiled" in m else f"{'-':>9}"
         print(f"{case:28} {m['torch']:9.2f} {comp} {m['posembed']:9.2f} {m['kernels']:9.2f} "
               f"{best / m['posembed']:19.1f}x {m['posembed'] / m['kernels']:16.2f}x")
+    if steps:
+        s = report["model_step_median_ms"]
+        print()
+        print("model training step (forward, loss, backward, AdamW): "
+              + ", ".join(f"{k} {v}" for k, v in MODEL.items()) + "; median ms")
+        for who, ms in s.items():
+            print(f"  {who:18} {ms:9.2f}")
+        print(f"  torch / posembed, eager: {s['torch'] / s['posembed']:.3f}x")
+        if "posembed compiled" in s:
+            best_torch = min(s["torch"], s["torch compiled"])
+            best_ours = min(s["posembed"], s["posembed compiled"])
+            compiled = s["torch compiled"] / s["posembed compiled"]
+            print(f"  torch / posembed, compiled: {compiled:.3f}x;"
+                  f" best torch / best posembed: {best_torch / best_ours:.3f}x; posembed eager / "
+                  f"compiled: {s['posembed'] / s['posembed compiled']:.3f}x")
 
 
 if __name__ == "__main__":

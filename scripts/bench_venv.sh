@@ -1,12 +1,8 @@
 #!/usr/bin/env bash
-# Makes, once, the venv of PyPI's current torch (MKL, oneDNN, torch.compile) that the
-# side-by-side benchmarks compare against, and prints its path: build/bench-venv. The
-# first time is a download of several GB, so no test needs it.
+# Prints the path of the venv of PyPI's current torch (MKL, oneDNN, torch.compile) that the
+# side-by-side benchmarks compare against: the torch 2.x venv of scripts/torch2_venv.sh, which
+# the test command also uses, made once per machine outside the repository (a download of
+# about 5 GB the first time).
 #   python=$(scripts/bench_venv.sh)/bin/python
 set -euo pipefail
-cd "$(dirname "$0")/.."
-venv=build/bench-venv
-[ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv "$venv" >&2
-"$venv/bin/python" -c "import torch, numpy" 2>/dev/null ||
-  "$venv/bin/pip" install --quiet --disable-pip-version-check torch numpy >&2
-echo "$venv"
+exec "$(dirname "$0")/torch2_venv.sh"

@@ -2,8 +2,10 @@
 # Builds the posembed wheel as `pip wheel .` does (scikit-build-core + nanobind, build tree
 # kept in build/python), repairs it with auditwheel into a manylinux wheel that carries the
 # shared libraries outside the manylinux policy (Highway, libgomp) in posembed.libs/, and
-# installs that wheel into each VENV given. Uses the test venv build/pyvenv to build.
-#   scripts/python_wheel.sh [VENV ...]     the wheel: build/python/wheelhouse/posembed-*.whl
+# installs that wheel into each VENV given; VENV=DIR installs it into the folder DIR with
+# VENV's pip instead (for PYTHONPATH=DIR), for a venv that the machine's checkouts share
+# (scripts/torch2_venv.sh's): none swaps another's. Uses the test venv build/pyvenv to build.
+#   scripts/python_wheel.sh [VENV | VENV=DIR ...]   the wheel: build/python/wheelhouse/*.whl
 set -euo pipefail
 cd "$(dirname "$0")/.."
 venv=build/pyvenv
@@ -22,6 +24,12 @@ PATH="$PWD/$venv/bin:$PATH" "$venv/bin/auditwheel" repair -w build/python/wheelh
   build/python/dist/posembed-*.whl >build/python/auditwheel.log 2>&1 ||
   { cat build/python/auditwheel.log >&2; exit 1; }
 for target in "$@"; do
-  "$target/bin/pip" install --quiet --disable-pip-version-check --force-reinstall --no-deps \
-    build/python/wheelhouse/posembed-*.whl
+  if [[ $target == *=* ]]; then
+    rm -rf "${target#*=}"
+    "${target%%=*}/bin/pip" install --quiet --disable-pip-version-check --no-deps \
+      --target "${target#*=}" build/python/wheelhouse/posembed-*.whl
+  else
+    "$target/bin/pip" install --quiet --disable-pip-version-check --force-reinstall --no-deps \
+      build/python/wheelhouse/posembed-*.whl
+  fi
 done

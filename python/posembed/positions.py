@@ -71,9 +71,37 @@ def _shaped(out, one_row):
     return out.reshape(-1) if one_row else out
 
 
+def _run(kernel, shape, is_torch, *args):
+    """New int64 ids of ``shape`` from ``_C.<kernel>(out, *args)``. On torch >= 2.4 a tensor's
+    come from the custom operator ``posembed::positions`` (posembed._ops), which torch.compile
+    and torch.export trace: a FakeTensor has no memory for the kernel to write."""
+    if is_torch:
+        from . import _ops
+
+        if _ops.ENABLED:
+            import torch
+
+            return torch.ops.posembed.positions(kernel, list(shape), *args)
+    out = _empty(shape, is_torch)
+    getattr(_C, kernel)(out, *args)
+    return out
+
+
 def contiguous(input_ids, past_length: int = 0):
     """past_length + t for every row: GPT-2's default, the KV-cache offset scheme. (B, T)."""
     ids, is_torch, one_row = _rows(input_ids, "input_ids")
+    if is_torch:
+        # Torch ops, not the kernel: torch.compile and torch.export trace them (a FakeTensor
+        # has no memory for the kernel to write).
+        import torch
+
+        past_length = int(past_length)
+        if past_length < 0:
+            raise InvalidInputError(f"position offset {past_length} is negative; it is the number of "
+                             "tokens already in the KV cache")
+        seq_len = ids.shape[1]
+        out = torch.arange(past_length, past_length + seq_len).expand(ids.shape).contiguous()
+        return _shaped(out, one_row)
     out = _empty(tuple(ids.shape), is_torch)
     _C.positions_contiguous(out, int(past_length))
     return _shaped(out, one_row)
@@ -85,8 +113,7 @@ def _mask_scheme(kernel, attention_mask, past_length):
     if not 0 <= past_length < mask.shape[1]:
         raise InvalidInputError(f"past_length {past_length} must lie in [0, {mask.shape[1]}), the mask's "
                          "length: the mask covers the cached tokens and at least one new one")
-    out = _empty((mask.shape[0], mask.shape[1] - past_length), is_torch)
-    kernel(out, mask)
+    out = _run(kernel, (mask.shape[0], mask.shape[1] - past_length), is_torch, mask)
     return _shaped(out, one_row)
 
 
@@ -97,27 +124,25 @@ def from_attention_mask(attention_mask, past_length: int = 0):
     tokens, and the last ``mask_len - past_length`` columns are returned. A left-padded row gets
     the same ids for its real tokens as the same text unpadded.
     """
-    return _mask_scheme(_C.positions_from_attention_mask, attention_mask, past_length)
+    return _mask_scheme("positions_from_attention_mask", attention_mask, past_length)
 
 
 def opt(attention_mask, past_length: int = 0):
     """OPT's table rows: cumsum(mask) * mask - 1 + 2, last ``mask_len - past_length`` columns."""
-    return _mask_scheme(_C.positions_opt, attention_mask, past_length)
+    return _mask_scheme("positions_opt", attention_mask, past_length)
 
 
 def fairseq(input_ids, padding_idx: int = 1):
     """fairseq / RoBERTa table rows: m = ids != padding_idx; cumsum(m) * m + padding_idx."""
     ids, is_torch, one_row = _rows(input_ids, "input_ids")
-    out = _empty(tuple(ids.shape), is_torch)
-    _C.positions_fairseq(out, ids, int(padding_idx))
+    out = _run("positions_fairseq", tuple(ids.shape), is_torch, ids, int(padding_idx))
     return _shaped(out, one_row)
 
 
 def from_eos(input_ids, eos_token_id: int):
     """Packed documents (Megatron's reset_position_ids): the token after each eos restarts at 0."""
     ids, is_torch, one_row = _rows(input_ids, "input_ids")
-    out = _empty(tuple(ids.shape), is_torch)
-    _C.positions_from_eos(out, ids, int(eos_token_id))
+    out = _run("positions_from_eos", tuple(ids.shape), is_torch, ids, int(eos_token_id))
     return _shaped(out, one_row)
 
 

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from . import _C, positions
+from . import _C, _ops, positions
 from .errors import InvalidInputError
 
 __all__ = ["LearnedPositionEmbedding", "embedding", "empty_cache", "mask_seed_for_rank",
@@ -41,9 +41,11 @@ def empty_cache() -> None:
 _SCHEMES = ("default", "opt", "fairseq")
 # The kernel's rows are unique, ascending and inside the table: torch 2.x may skip its check
 # (and its warning that the check is off); 1.13 has no such argument.
-# The layer is one C++ call: torch.compile (2.1+) runs it as it is, between the compiled
-# graphs around it, instead of tracing into NumPy and C++ code it cannot see.
-_not_compiled = getattr(getattr(torch, "compiler", None), "disable", lambda fn: fn)
+# The layer is one C++ call: torch.compile (2.1-2.3) runs it as it is, between the compiled
+# graphs around it, instead of tracing into NumPy and C++ code it cannot see. From torch 2.4
+# it is custom operators (posembed._ops), which torch.compile and torch.export trace.
+_not_compiled = (getattr(getattr(torch, "compiler", None), "disable", lambda fn: fn)
+                 if not _ops.ENABLED else lambda fn: fn)
 _SPARSE_KWARGS = ({"check_invariants": False}
                   if hasattr(torch.sparse, "check_sparse_tensor_invariants") else {})
 
@@ -147,9 +149,15 @@ def embedding(input_ids, position_ids, token_table, position_table, *, dropout=0
     if pos_lead != lead or pos.shape != ids.shape:
         raise InvalidInputError(f"position_ids has shape {pos_lead + (pos.shape[1],)} but input_ids "
                                 f"has shape {lead + (ids.shape[1],)}; they must match")
-    out = _Embedding.apply(token_table, position_table, ids, pos, float(dropout), int(seed),
-                           int(step), int(position_padding_row), bool(sparse), padding_idx)
-    return out.view(lead + out.shape[1:])
+    if _ops.ENABLED:  # torch >= 2.4: custom operators, which torch.compile and export trace
+        _float_table(token_table, "token_table")
+        _float_table(position_table, "position_table")
+        out = _ops.embedding(token_table, position_table, ids, pos, dropout, seed, step,
+                             position_padding_row, sparse, padding_idx)
+    else:
+        out = _Embedding.apply(token_table, position_table, ids, pos, float(dropout), int(seed),
+                               int(step), int(position_padding_row), bool(sparse), padding_idx)
+    return out.view(lead + tuple(out.shape[1:]))
 
 
 def _ids(x, name) -> tuple[torch.Tensor, tuple[int, ...]]:
@@ -454,13 +462,14 @@ class LearnedPositionEmbedding(nn.Module):
                                     "eos_token_id would be ignored: give one way of choosing "
                                     "positions")
         p = self.dropout if self.training else 0.0
-        step = int(self.dropout_step)
+        # The step buffer itself where the custom operators read it (no .item() in a graph).
+        step = self.dropout_step if _ops.ENABLED else int(self.dropout_step)
         out = embedding(input_ids, position_ids, self.token_table, self.position_table, dropout=p,
                         seed=self._mask_seed(), step=step, sparse=self.sparse,
                         padding_idx=self.padding_idx,
                         position_padding_row=self._position_padding_row)
         if self.training:
-            self.dropout_step += 1
+            self.dropout_step.add_(1)  # in place: a buffer mutation compile and export keep
         return out
 
     @classmethod

@@ -1,0 +1,252 @@
+"""posembed's kernels as PyTorch custom operators (torch >= 2.4): torch.compile and torch.export.
+
+Functional operators in the ``posembed`` namespace, each with a fake kernel (shapes only, for
+FakeTensors), the forward with its autograd formula:
+
+    out, mask, step_used = torch.ops.posembed.embedding_forward(token_table, position_table,
+        input_ids, position_ids, dropout, seed, step, position_padding_row, keep_mask, sparse,
+        padding_idx)
+    grad_tokens, grad_positions = torch.ops.posembed.embedding_backward_dense(grad_out,
+        input_ids, position_ids, mask, vocab_size, position_rows, dropout, seed, step,
+        position_padding_row, padding_idx, need_tokens, need_positions)
+    rows, values, grad_positions = torch.ops.posembed.embedding_backward_sparse(grad_out,
+        input_ids, position_ids, mask, vocab_size, position_rows, dropout, seed, step,
+        position_padding_row, padding_idx, need_positions)
+
+Shapes: tables (V, d) and (P, d) float32; ids (B, T) int64; out (B, T, d); mask (W,) int64, the
+dropout mask as bits, W = ceil(B*T*d / 64) when ``keep_mask`` and dropout > 0, else 0; step a
+0-dim int64 tensor (the module's ``dropout_step`` buffer), so that a compiled graph reads it
+instead of specialising on its value, and ``step_used`` a copy of it for the backward; seed an
+int (a uint64 is passed as the int64 of the same bits). A gradient that is not wanted comes
+back as a (0, d) tensor. ``rows`` (R,) and ``values`` (R, d) are the touched token rows,
+ascending, less ``padding_idx``: R depends on the ids, so the fake kernel makes it a new
+symbolic size. The sparse COO tensor is built outside the operator.
+
+``torch.ops.posembed.positions(kernel, shape, source, special_id)`` runs one of the position
+schemes of posembed.positions that read their input (attention mask, OPT, fairseq, end of
+document) into new (B, T) int64 ids; ``contiguous`` is torch's arange there, and
+``from_cu_seqlens``, whose length is the data's last value, stays a call to the kernel.
+
+The real kernels are the C++ ones that ``posembed.torch._Embedding`` calls, in the same way
+(outputs from the reuse pool, fresh gradients written with ``accumulate=False``, threads as
+``torch.get_num_threads()``), so eager results are the same bits through either path. The
+operators only exist where ``ENABLED``; on older torch nothing is registered. Double backward
+raises (the backward operators' own autograd is an error).
+
+Changing an autograd formula here: clear torch's compile cache (``TORCHINDUCTOR_CACHE_DIR``,
+by default ``/tmp/torchinductor_$USER``) or set ``TORCHINDUCTOR_FORCE_DISABLE_CACHES=1``; its
+AOTAutograd cache keys a graph by the operators it calls, not by their Python formulas.
+"""
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import _C
+from .errors import InvalidInputError
+
+
+def _torch_version() -> tuple:
+    return tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+
+
+ENABLED = _torch_version() >= (2, 4) and hasattr(torch.library, "custom_op")
+
+_SPARSE_KWARGS = {"check_invariants": False}  # rows come unique, ascending, inside the table
+
+
+def _seed_arg(seed: int) -> int:
+    """A uint64 seed as the int64 of the same bits (an operator's int is an int64)."""
+    seed = int(seed)
+    if not 0 <= seed < 2**64:
+        raise InvalidInputError(f"seed {seed} must lie in [0, 2^64)")
+    return seed - 2**64 if seed >= 2**63 else seed
+
+
+def _mask_words(batch, seq_len, embed_dim):
+    return (batch * seq_len * embed_dim + 63) // 64
+
+
+def _bits(mask: Tensor):
+    return mask if mask.numel() else None
+
+
+def embedding(token_table, position_table, input_ids, position_ids, dropout, seed, step,
+              position_padding_row, sparse, padding_idx) -> Tensor:
+    """The layer through ``embedding_forward``: the arguments of ``_Embedding.apply``, checked
+    by the caller (2-D int64 ids, float32 contiguous CPU tables), except that ``step`` may be a
+    0-dim int64 tensor, which is read where the kernel runs (no ``.item()`` in a traced graph)."""
+    if isinstance(step, Tensor):
+        if step.dim() != 0 or step.dtype != torch.int64:
+            raise InvalidInputError(f"step is a tensor of shape {tuple(step.shape)} and dtype "
+                             f"{step.dtype}; it must be a 0-dim torch.int64 tensor (or an int)")
+    else:
+        step = torch.tensor(int(step), dtype=torch.int64)
+    dropout = float(dropout)
+    # The mask's bits are kept only for a backward that will read them, as _Embedding does.
+    keep_mask = dropout > 0 and torch.is_grad_enabled() and (token_table.requires_grad or
+                                                             position_table.requires_grad)
+    out, _, _ = torch.ops.posembed.embedding_forward(
+        token_table, position_table, input_ids, position_ids, dropout, _seed_arg(seed), step,
+        int(position_padding_row), keep_mask, bool(sparse), padding_idx)
+    return out
+
+
+if ENABLED:
+
+    @torch.library.custom_op("posembed::embedding_forward", mutates_args=())
+    def embedding_forward(token_table: Tensor, position_table: Tensor, input_ids: Tensor,
+                          position_ids: Tensor, dropout: float, seed: int, step: Tensor,
+                          position_padding_row: int, keep_mask: bool, sparse: bool,
+                          padding_idx: Optional[int]) -> tuple[Tensor, Tensor, Tensor]:
+        """(out (B, T, d), mask (W,) int64, the step copied). ``sparse`` and ``padding_idx``
+        are for the backward."""
+        tokens, positions = token_table.detach(), position_table.detach()
+        b, t = input_ids.shape
+        d = tokens.shape[1]
+        out = _C.empty_float32(b * t, d).view(b, t, d)  # (B, T, d), storage from the pool
+        if keep_mask and dropout > 0:
+            # int64 words from the pool too, as _Embedding's (fresh memory page-faults in).
+            mask = _C.empty_float32(1, 2 * _mask_words(b, t, d)).view(torch.int64).view(-1)
+        else:
+            mask = torch.empty(0, dtype=torch.int64)
+        _C.set_num_threads(torch.get_num_threads())
+        _C.forward(out, input_ids.contiguous(), position_ids.contiguous(), tokens.contiguous(),
+                   positions.contiguous(), dropout, seed % 2**64, int(step), position_padding_row,
+                   _bits(mask))
+        return out, mask, step.clone()
+
+    @embedding_forward.register_fake
+    def _(token_table, position_table, input_ids, position_ids, dropout, seed, step,
+          position_padding_row, keep_mask, sparse, padding_idx):
+        b, t = input_ids.shape
+        d = token_table.shape[1]
+        words = _mask_words(b, t, d) if keep_mask and dropout > 0 else 0
+        return (token_table.new_empty((b, t, d)), input_ids.new_empty((words,), dtype=torch.int64),
+                torch.empty_like(step))
+
+    @torch.library.custom_op("posembed::embedding_backward_dense", mutates_args=())
+    def embedding_backward_dense(grad_out: Tensor, input_ids: Tensor, position_ids: Tensor,
+                                 mask: Tensor, vocab_size: int, position_rows: int,
+                                 dropout: float, seed: int, step: Tensor,
+                                 position_padding_row: int, padding_idx: Optional[int],
+                                 need_tokens: bool, need_positions: bool
+                                 ) -> tuple[Tensor, Tensor]:
+        """(grad_tokens (V, d), grad_positions (P, d)), written fresh; (0, d) where not needed."""
+        d = grad_out.shape[-1]
+        # Fresh gradients from storage torch has freed (see posembed.torch.empty_cache).
+        grad_tokens = _C.empty_float32(vocab_size, d) if need_tokens else None
+        grad_positions = _C.empty_float32(position_rows, d) if need_positions else None
+        _C.set_num_threads(torch.get_num_threads())
+        _C.backward(grad_tokens, grad_positions, grad_out.contiguous(), input_ids.contiguous(),
+                    position_ids.contiguous(), vocab_size, position_rows, dropout, seed % 2**64,
+                    int(step), position_padding_row, accumulate=False, mask_bits=_bits(mask))
+        if grad_tokens is not None and padding_idx is not None:
+            grad_tokens[padding_idx].zero_()
+        none = torch.empty(0, d)
+        return (none if grad_tokens is None else grad_tokens,
+                none.clone() if grad_positions is None else grad_positions)
+
+    @embedding_backward_dense.register_fake
+    def _(grad_out, input_ids, position_ids, mask, vocab_size, position_rows, dropout, seed, step,
+          position_padding_row, padding_idx, need_tokens, need_positions):
+        d = grad_out.shape[-1]
+        return (grad_out.new_empty((vocab_size if need_tokens else 0, d)),
+                grad_out.new_empty((position_rows if need_positions else 0, d)))
+
+    @torch.library.custom_op("posembed::embedding_backward_sparse", mutates_args=())
+    def embedding_backward_sparse(grad_out: Tensor, input_ids: Tensor, position_ids: Tensor,
+                                  mask: Tensor, vocab_size: int, position_rows: int,
+                                  dropout: float, seed: int, step: Tensor,
+                                  position_padding_row: int, padding_idx: Optional[int],
+                                  need_positions: bool) -> tuple[Tensor, Tensor, Tensor]:
+        """(rows (R,) int64, values (R, d), grad_positions (P, d) or (0, d)): the token
+        gradient's touched rows, ascending, without padding_idx; the position gradient fresh."""
+        d = grad_out.shape[-1]
+        grad_positions = (_C.empty_float32(position_rows, d) if need_positions
+                          else torch.empty(0, d))
+        _C.set_num_threads(torch.get_num_threads())
+        rows, values = _C.backward_sparse(grad_positions if need_positions else None,
+                                          grad_out.contiguous(), input_ids.contiguous(),
+                                          position_ids.contiguous(), vocab_size, position_rows,
+                                          dropout, seed % 2**64, int(step), position_padding_row,
+                                          accumulate=False, mask_bits=_bits(mask))
+        rows, values = torch.from_numpy(rows), torch.from_numpy(values)
+        if padding_idx is not None:
+            keep = rows != padding_idx
+            rows, values = rows[keep], values[keep]
+        return rows, values, grad_positions
+
+    @embedding_backward_sparse.register_fake
+    def _(grad_out, input_ids, position_ids, mask, vocab_size, position_rows, dropout, seed, step,
+          position_padding_row, padding_idx, need_positions):
+        d = grad_out.shape[-1]
+        # As many rows as distinct ids: known only from the data.
+        rows = torch.library.get_ctx().new_dynamic_size()
+        return (input_ids.new_empty((rows,)), grad_out.new_empty((rows, d)),
+                grad_out.new_empty((position_rows if need_positions else 0, d)))
+
+    def _setup_context(ctx, inputs, output):
+        (token_table, position_table, input_ids, position_ids, dropout, seed, step,
+         position_padding_row, _keep_mask, sparse, padding_idx) = inputs
+        # The step as the operator copied it: the module advances its buffer in place right
+        # after the forward, and a compiled backward may read a saved graph input after the
+        # graph's mutations (a clone made here would be recomputed there from the buffer).
+        ctx.save_for_backward(input_ids, position_ids, output[1], output[2])
+        # No zeros for the mask's and step's gradients, which are never used.
+        ctx.set_materialize_grads(False)
+        ctx.config = (token_table.shape, position_table.shape[0], dropout, seed,
+                      position_padding_row, sparse, padding_idx)
+
+    def _backward(ctx, grad_out, _grad_mask, _grad_step):
+        input_ids, position_ids, mask, step = ctx.saved_tensors
+        token_shape, position_rows, dropout, seed, padding_row, sparse, padding_idx = ctx.config
+        need_tokens, need_positions = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        vocab_size = token_shape[0]
+        args = (grad_out, input_ids, position_ids, mask, vocab_size, position_rows, dropout, seed,
+                step, padding_row, padding_idx)
+        grad_tokens = None
+        if need_tokens and sparse:
+            rows, values, grad_positions = torch.ops.posembed.embedding_backward_sparse(
+                *args, need_positions)
+            grad_tokens = torch.sparse_coo_tensor(rows.unsqueeze(0), values, token_shape,
+                                                  is_coalesced=True, **_SPARSE_KWARGS)
+        else:
+            dense_tokens, grad_positions = torch.ops.posembed.embedding_backward_dense(
+                *args, need_tokens, need_positions)
+            if need_tokens:
+                grad_tokens = dense_tokens
+        return (grad_tokens, grad_positions if need_positions else None) + (None,) * 9
+
+    torch.library.register_autograd("posembed::embedding_forward", _backward,
+                                    setup_context=_setup_context)
+
+    _POSITION_KERNELS = ("positions_from_attention_mask", "positions_opt", "positions_fairseq",
+                         "positions_from_eos")
+
+    @torch.library.custom_op("posembed::positions", mutates_args=())
+    def positions(kernel: str, shape: list[int], source: Tensor,
+                  special_id: Optional[int] = None) -> Tensor:
+        """Position ids (shape) int64 from ``_C.<kernel>``: ``positions_from_attention_mask`` and
+        ``positions_opt`` read a (B, L) mask; ``positions_fairseq`` and ``positions_from_eos``
+        (B, T) ids and the padding or end-of-document id (posembed.positions calls this)."""
+        if kernel not in _POSITION_KERNELS:
+            raise InvalidInputError(f"position kernel {kernel!r} is not one of {_POSITION_KERNELS}")
+        out = torch.empty(shape, dtype=torch.int64)
+        args = (source.contiguous(),) if special_id is None else (source.contiguous(), special_id)
+        getattr(_C, kernel)(out, *args)
+        return out
+
+    @positions.register_fake
+    def _(kernel, shape, source, special_id=None):
+        return source.new_empty(shape, dtype=torch.int64)
+
+    def _no_double_backward(ctx, *grads):
+        raise RuntimeError("posembed: double backward (the gradient of the embedding's gradient, "
+                           "torch.autograd.grad(..., create_graph=True) then backward) is not "
+                           "supported; the layer is linear in its tables, so that second "
+                           "derivative is zero, but no kernel computes it")
+
+    for _name in ("embedding_backward_dense", "embedding_backward_sparse"):
+        torch.library.register_autograd(f"posembed::{_name}", _no_double_backward)
