@@ -178,7 +178,8 @@ def _ids(x, name) -> tuple[torch.Tensor, tuple[int, ...]]:
 
 def seed_from_torch() -> int:
     """A 64-bit seed drawn from torch's default generator, so that torch.manual_seed governs it."""
-    words = torch.randint(0, 2**32, (2,), dtype=torch.int64)
+    # On the CPU whatever the default device (`with torch.device("meta")`): the draw is read.
+    words = torch.randint(0, 2**32, (2,), dtype=torch.int64, device="cpu")
     return int(words[0]) << 32 | int(words[1])
 
 

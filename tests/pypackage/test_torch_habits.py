@@ -133,7 +133,8 @@ def test_double_backward_is_refused_clearly():
     m = LearnedPositionEmbedding(V, P, D, dropout=0.0)
     out = m(torch.randint(0, V, (2, 4)))
     (grad,) = torch.autograd.grad((out ** 2).sum(), m.position_table, create_graph=True)
-    with pytest.raises(RuntimeError, match="differentiate twice"):
+    # torch < 2.4: autograd's once_differentiable error; >= 2.4: the operators' own.
+    with pytest.raises(RuntimeError, match="differentiate twice|double backward"):
         grad.sum().backward()
 
 
