@@ -23,3 +23,19 @@ def sum_bound(abs_sum: np.ndarray, terms: np.ndarray) -> np.ndarray:
 def add_rows(rows: np.ndarray, ids: np.ndarray, values: np.ndarray) -> None:
     """rows[ids[i]] += values[i] in float64: the reference gradient of a gather."""
     np.add.at(rows, ids.reshape(-1), values.reshape(-1, values.shape[-1]))
+
+
+def adamw_losses(model, batches, vocab, **adamw):
+    """The cross-entropy loss of each (inputs, targets) batch, one AdamW step after each."""
+    import torch  # here, so that the NumPy-only tests need no torch
+    from torch.nn import functional as F
+
+    opt = torch.optim.AdamW(model.parameters(), **adamw)
+    losses = []
+    for x, y in batches:
+        loss = F.cross_entropy(model(x).reshape(-1, vocab), y.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses

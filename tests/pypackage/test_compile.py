@@ -12,11 +12,10 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from posembed import _ops
 from posembed.torch import LearnedPositionEmbedding, _Embedding, embedding
-from conftest import sum_bound
+from conftest import adamw_losses, sum_bound
 
 if not _ops.ENABLED:
     _WHY = (f"torch {torch.__version__}: posembed's custom operators need torch >= 2.4 "
@@ -267,15 +266,7 @@ class Head(nn.Module):
 
 
 def train(model, batches):
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    losses = []
-    for x, y in batches:
-        loss = F.cross_entropy(model(x).reshape(-1, V), y.reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
+    return adamw_losses(model, batches, V, lr=1e-2)
 
 
 def test_compiled_model_trains_as_eager():

@@ -2,9 +2,9 @@
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from posembed.torch import LearnedPositionEmbedding
+from conftest import adamw_losses
 
 V, T, D, HEADS, LAYERS = 64, 16, 32, 4, 2
 
@@ -52,16 +52,7 @@ class TorchEmbedding(nn.Module):
 
 
 def train(model, data):
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
-    losses = []
-    for step in range(20):
-        x, y = data[step]
-        loss = F.cross_entropy(model(x).reshape(-1, V), y.reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
+    return adamw_losses(model, data[:20], V, lr=3e-3, weight_decay=0.1)
 
 
 def test_twenty_adamw_steps_match_nn_embedding():
