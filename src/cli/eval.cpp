@@ -49,14 +49,14 @@ void run_eval(const EvalOptions& o) {
   model::GptConfig fallback;
   fallback.n_head = o.n_head;
   const model::InitSource source = model::inspect_init_source(o.checkpoint, fallback);
-  const std::int64_t rows = source.config.max_seq_len;
+  const std::int64_t rows = source.config.embedding.max_seq_len;
   const std::int64_t T = o.seq_len == 0 ? rows : o.seq_len;
   std::optional<model::PositionResize> resize;
   if (!o.extend.empty()) {
     resize = model::PositionResize{
         .method = io::parse_resize_method(o.extend),
-        .init = o.init.empty() ? source.config.position_init : parse_table_init(o.init),
-        .seed = source.config.seed};
+        .init = o.init.empty() ? source.config.embedding.position_init : parse_table_init(o.init),
+        .seed = source.config.embedding.seed};
     if (T <= rows) {
       throw Error("--extend resizes the table past its " + std::to_string(rows) +
                   " rows, but --seq-len is " + std::to_string(T) +
@@ -160,7 +160,8 @@ void run_eval(const EvalOptions& o) {
   }
   std::printf("model: %s (%s): %lld layers, width %lld, %lld positions%s\n", o.checkpoint.c_str(),
               source.kind.c_str(), static_cast<long long>(source.config.n_layer),
-              static_cast<long long>(source.config.embed_dim), static_cast<long long>(rows),
+              static_cast<long long>(source.config.embedding.embed_dim),
+              static_cast<long long>(rows),
               resize ? (", extended in memory by " + extended).c_str() : "");
   std::printf("data: %s; %lld windows of %lld bytes\n", data_text.c_str(),
               static_cast<long long>(loss.windows), static_cast<long long>(T));

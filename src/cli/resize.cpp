@@ -37,8 +37,8 @@ void resize_trainer(const ResizeCliOptions& o, io::ResizeMethod method) {
   const model::GptConfig c = model::read_checkpoint_info(o.in).model;
   const model::PositionResize how{
       .method = method,
-      .init = o.init.empty() ? c.position_init : parse_table_init(o.init),
-      .seed = o.seed_given ? o.seed : c.seed};
+      .init = o.init.empty() ? c.embedding.position_init : parse_table_init(o.init),
+      .seed = o.seed_given ? o.seed : c.embedding.seed};
   const model::CheckpointResize r =
       model::resize_trainer_checkpoint(o.in, o.out, o.max_seq_len, how);
   std::printf("%s: wpe.weight (posembed trainer checkpoint, F32) %s\n", o.in.c_str(),

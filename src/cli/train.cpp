@@ -82,15 +82,15 @@ void run_sample(const SampleOptions& o) {
   set_num_threads(o.threads);
   model::Checkpoint info;
   const model::Gpt gpt = model::load_checkpoint(o.checkpoint, &info, false);
-  if (o.top_k > gpt.config.vocab_size) {
+  if (o.top_k > gpt.config.embedding.vocab_size) {
     throw Error("--top-k " + std::to_string(o.top_k) + " exceeds the vocabulary of " +
-                std::to_string(gpt.config.vocab_size) + " bytes; use 0 for all of them");
+                std::to_string(gpt.config.embedding.vocab_size) + " bytes; use 0 for all of them");
   }
-  const std::int64_t max_len = gpt.config.max_seq_len;
+  const std::int64_t max_len = gpt.config.embedding.max_seq_len;
   std::vector<std::int64_t> context(o.prompt.begin(), o.prompt.end());
   for (auto& t : context) t = static_cast<unsigned char>(t);
   model::KvCache cache = model::make_kv_cache(gpt.config);
-  std::vector<float> logits(static_cast<std::size_t>(gpt.config.vocab_size));
+  std::vector<float> logits(static_cast<std::size_t>(gpt.config.embedding.vocab_size));
   std::vector<double> probs(logits.size());
   // Sliding window: when the cache is full, keep the last max_seq_len/2 tokens
   // and recompute their cache at positions 0.. (the model never saw positions
@@ -146,10 +146,10 @@ class TrainPrinter {
         "model: %lld layers, %lld heads, width %lld, max_seq_len %lld, %zu parameters "
         "(position table %zu = %.2f%%), dropout %g\n",
         static_cast<long long>(m.n_layer), static_cast<long long>(m.n_head),
-        static_cast<long long>(m.embed_dim), static_cast<long long>(m.max_seq_len), e.num_params,
-        e.position_params,
+        static_cast<long long>(m.embedding.embed_dim),
+        static_cast<long long>(m.embedding.max_seq_len), e.num_params, e.position_params,
         100.0 * static_cast<double>(e.position_params) / static_cast<double>(e.num_params),
-        m.dropout);
+        m.embedding.dropout);
     std::printf(
         "data: %s, %llu bytes (train %zu, validation %zu), unigram entropy %.4f nats/byte\n",
         e.run.data.c_str(), static_cast<unsigned long long>(e.text_bytes), e.train_bytes,
@@ -285,21 +285,22 @@ void add_train_command(CLI::App& app) {
     if (!extend->empty()) {
       if (options->init_from.empty()) throw Error("--extend applies to --init-from; give it too");
       options->extend = model::PositionResize{.method = io::parse_resize_method(*extend),
-                                              .init = options->model.position_init,
-                                              .seed = options->model.seed};
+                                              .init = options->model.embedding.position_init,
+                                              .seed = options->model.embedding.seed};
     }
     if (!options->init_from.empty()) {
       // The source's architecture unless a flag says otherwise (then init_from
       // refuses a mismatch, naming both values).
       const model::GptConfig from =
           model::inspect_init_source(options->init_from, options->model).config;
-      const std::pair<const char*, std::int64_t model::GptConfig::*> kept[] = {
-          {"--embed-dim", &model::GptConfig::embed_dim},
-          {"--n-layer", &model::GptConfig::n_layer},
-          {"--n-head", &model::GptConfig::n_head},
-          {"--max-seq-len", &model::GptConfig::max_seq_len}};
+      model::GptConfig& m = options->model;
+      const std::pair<const char*, std::pair<std::int64_t*, std::int64_t>> kept[] = {
+          {"--embed-dim", {&m.embedding.embed_dim, from.embedding.embed_dim}},
+          {"--n-layer", {&m.n_layer, from.n_layer}},
+          {"--n-head", {&m.n_head, from.n_head}},
+          {"--max-seq-len", {&m.embedding.max_seq_len, from.embedding.max_seq_len}}};
       for (const auto& [flag, field] : kept) {
-        if (cmd->count(flag) == 0) options->model.*field = from.*field;
+        if (cmd->count(flag) == 0) *field.first = field.second;
       }
     }
     // Under mpirun every rank runs this; MPI starts here and ends with the session.

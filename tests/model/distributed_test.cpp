@@ -18,11 +18,11 @@ namespace {
 
 GptConfig tiny_config() {
   GptConfig c;
-  c.max_seq_len = 16;
-  c.embed_dim = 32;
+  c.embedding.max_seq_len = 16;
+  c.embedding.embed_dim = 32;
   c.n_layer = 2;
   c.n_head = 2;
-  c.dropout = 0.1;  // the masks of micro-batch k are keyed by step * M + k
+  c.embedding.dropout = 0.1;  // the masks of micro-batch k are keyed by step * M + k
   return c;
 }
 
@@ -101,12 +101,13 @@ TEST(DataParallel, OneMicroBatchIsTrainStep) {
   SingleProcess one;
   StepBuffers dp = make_step_buffers(b, t, T, one);
   for (std::int64_t step = 0; step < 4; ++step) {
-    fill_train_batch(in, tg, text, t.batch_size, T, c.seed, static_cast<std::uint64_t>(step));
+    fill_train_batch(in, tg, text, t.batch_size, T, c.embedding.seed,
+                     static_cast<std::uint64_t>(step));
     const StepStats sa = train_step(a, acts, in, tg, T, step, t);
     const auto rows = [&](std::span<std::int64_t> ins, std::span<std::int64_t> tgs,
                           std::int64_t first) {
-      fill_train_batch(ins, tgs, text, t.micro_batch, T, c.seed, static_cast<std::uint64_t>(step),
-                       first);
+      fill_train_batch(ins, tgs, text, t.micro_batch, T, c.embedding.seed,
+                       static_cast<std::uint64_t>(step), first);
     };
     const StepStats sb = data_parallel_step(b, dp, one, rows, step, t);
     EXPECT_EQ(sa.loss, sb.loss) << step;
@@ -116,17 +117,17 @@ TEST(DataParallel, OneMicroBatchIsTrainStep) {
   // Without dropout (whose masks are keyed per micro-batch), micro-batches of
   // one window change the last bits only.
   GptConfig c0 = c;
-  c0.dropout = 0;
+  c0.embedding.dropout = 0;
   t.micro_batch = 1;
   Gpt m = make_gpt(c0);
   StepBuffers dm = make_step_buffers(m, t, T, one);
   const auto rows = [&](std::span<std::int64_t> ins, std::span<std::int64_t> tgs,
                         std::int64_t first) {
-    fill_train_batch(ins, tgs, text, 1, T, c.seed, 0, first);
+    fill_train_batch(ins, tgs, text, 1, T, c.embedding.seed, 0, first);
   };
   Gpt ref = make_gpt(c0);
   Activations acts0 = make_activations(c0, t.batch_size, T);
-  fill_train_batch(in, tg, text, t.batch_size, T, c.seed, 0);
+  fill_train_batch(in, tg, text, t.batch_size, T, c.embedding.seed, 0);
   const StepStats whole = train_step(ref, acts0, in, tg, T, 0, t);
   const StepStats split = data_parallel_step(m, dm, one, rows, 0, t);
   EXPECT_NEAR(split.loss, whole.loss, 1e-6 * whole.loss);
@@ -160,7 +161,7 @@ TEST(DataParallel, MicroBatchesSideBySideGiveTheBitsOfOneThread) {
       for (std::int64_t step = 0; step < 3; ++step) {
         const auto rows = [&](std::span<std::int64_t> ins, std::span<std::int64_t> tgs,
                               std::int64_t first) {
-          fill_train_batch(ins, tgs, text, t.micro_batch, T, c.seed,
+          fill_train_batch(ins, tgs, text, t.micro_batch, T, c.embedding.seed,
                            static_cast<std::uint64_t>(step), first);
         };
         const StepStats s = data_parallel_step(m, dp, one, rows, step, t);

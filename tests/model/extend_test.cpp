@@ -38,8 +38,8 @@ fs::path scratch(const std::string& name) {
 // tables and the AdamW moments hold real, distinct values.
 TrainOptions tiny_run(const fs::path& dir) {
   TrainOptions o;
-  o.model.max_seq_len = 16;
-  o.model.embed_dim = 16;
+  o.model.embedding.max_seq_len = 16;
+  o.model.embedding.embed_dim = 16;
   o.model.n_layer = 2;
   o.model.n_head = 2;
   o.train.steps = 6;
@@ -123,7 +123,7 @@ std::string* Extend::setup_error_ = nullptr;
 TEST_F(Extend, TileCopiesRowsAndMomentsAndNothingElseChanges) {
   const Gpt a = trained();
   const Gpt b = resize_positions(a, 40, {.method = io::ResizeMethod::tile});
-  EXPECT_EQ(b.config.max_seq_len, 40);
+  EXPECT_EQ(b.config.embedding.max_seq_len, 40);
   expect_same_but_wpe(a, b, true);
   for (auto buffer : {&Gpt::params, &Gpt::m, &Gpt::v}) {
     expect_tiled(view(a, a.*buffer, "wpe.weight"), view(b, b.*buffer, "wpe.weight"), 16);
@@ -205,8 +205,8 @@ TEST_F(Extend, RefusesAResizeThatIsNotOneBeforeAllocating) {
 TEST_F(Extend, InitFromCopiesTheWeightsExtendsAndRecordsTheOrigin) {
   const Gpt source = trained();
   GptConfig config = source.config;
-  config.max_seq_len = 40;
-  config.dropout = 0.1;  // a run setting: the new run's own
+  config.embedding.max_seq_len = 40;
+  config.embedding.dropout = 0.1;  // a run setting: the new run's own
   const InitFrom init =
       init_from(*checkpoint_, config, PositionResize{.method = io::ResizeMethod::tile});
   EXPECT_EQ(init.model.config, config);
@@ -231,7 +231,7 @@ TEST_F(Extend, InitFromCopiesTheWeightsExtendsAndRecordsTheOrigin) {
   const TrainResult r = train(o);
   EXPECT_EQ(r.first_step, 0);
   const Checkpoint info = read_checkpoint_info(r.checkpoint);
-  EXPECT_EQ(info.model.max_seq_len, 40);
+  EXPECT_EQ(info.model.embedding.max_seq_len, 40);
   EXPECT_EQ(info.origin, init.origin);
   // A resume keeps it.
   TrainOptions more;
@@ -241,7 +241,7 @@ TEST_F(Extend, InitFromCopiesTheWeightsExtendsAndRecordsTheOrigin) {
 
 TEST_F(Extend, InitFromRefusesAnotherArchitectureOrAMissingExtension) {
   GptConfig config = trained().config;
-  config.embed_dim = 32;
+  config.embedding.embed_dim = 32;
   const auto message = [&](const GptConfig& c) {
     try {
       init_from(*checkpoint_, c, std::nullopt);
@@ -252,8 +252,8 @@ TEST_F(Extend, InitFromRefusesAnotherArchitectureOrAMissingExtension) {
   };
   EXPECT_NE(message(config).find("has embed-dim 16 but the run asks for 32"), std::string::npos)
       << message(config);
-  config.embed_dim = 16;
-  config.max_seq_len = 64;
+  config.embedding.embed_dim = 16;
+  config.embedding.max_seq_len = 64;
   EXPECT_NE(message(config).find("has 16 positions and the run asks for 64: say how"),
             std::string::npos)
       << message(config);
@@ -287,9 +287,9 @@ TEST_F(Extend, InitFromReadsAGpt2NamedF16File) {
   const InitSource s = inspect_init_source(file, fallback);
   EXPECT_FALSE(s.trainer.has_value());
   EXPECT_EQ(s.prefix, "transformer.");
-  EXPECT_EQ(s.config.embed_dim, 16);
+  EXPECT_EQ(s.config.embedding.embed_dim, 16);
   EXPECT_EQ(s.config.n_layer, 2);
-  EXPECT_EQ(s.config.max_seq_len, 16);
+  EXPECT_EQ(s.config.embedding.max_seq_len, 16);
   const InitFrom init = init_from(file, s.config, std::nullopt);
   EXPECT_TRUE(std::equal(source.params.begin(), source.params.end(), init.model.params.begin()));
   EXPECT_EQ(init.notes.size(), 2u);  // lm_head.weight and the mask buffer, each named
@@ -306,7 +306,7 @@ TEST_F(Extend, ResizedTrainerCheckpointResumes) {
   EXPECT_EQ(r.old_len, 16);
   Checkpoint info;
   const Gpt loaded = load_checkpoint(resized, &info, true);  // with the moments: every shape checks
-  EXPECT_EQ(info.model.max_seq_len, 32);
+  EXPECT_EQ(info.model.embedding.max_seq_len, 32);
   EXPECT_EQ(info.step, 4);
   EXPECT_NE(info.origin.find("resized from"), std::string::npos);
   const Gpt before = trained();
@@ -322,7 +322,7 @@ TEST_F(Extend, ResizedTrainerCheckpointResumes) {
   EXPECT_EQ(t.last_step, 6);
   EXPECT_EQ(t.checkpoint, dir / "ckpt.safetensors");  // the resumed file's own folder
   for (double loss : t.losses) EXPECT_TRUE(std::isfinite(loss));
-  EXPECT_EQ(read_checkpoint_info(t.checkpoint).model.max_seq_len, 32);
+  EXPECT_EQ(read_checkpoint_info(t.checkpoint).model.embedding.max_seq_len, 32);
 }
 
 TEST_F(Extend, PositionLossIsTheSameForAnyBatchAndMatchesEvaluate) {

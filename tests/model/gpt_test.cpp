@@ -24,12 +24,12 @@ using Vd = std::vector<double>;
 
 GptConfig tiny_config() {
   GptConfig c;
-  c.max_seq_len = 6;
-  c.embed_dim = 8;
+  c.embedding.max_seq_len = 6;
+  c.embedding.embed_dim = 8;
   c.n_layer = 2;
   c.n_head = 2;
-  c.dropout = 0.1;
-  c.seed = 5;
+  c.embedding.dropout = 0.1;
+  c.embedding.seed = 5;
   return c;
 }
 
@@ -38,7 +38,7 @@ double reference_loss(const Gpt& model, const Vd& w, const std::vector<std::int6
                       const std::vector<std::int64_t>& tg, std::int64_t B, std::int64_t T,
                       const DropoutSpec& dropout) {
   const GptConfig& c = model.config;
-  const std::int64_t C = c.embed_dim, N = B * T, V = c.vocab_size, H = c.n_head;
+  const std::int64_t C = c.embedding.embed_dim, N = B * T, V = c.embedding.vocab_size, H = c.n_head;
   const auto t = [&](const std::string& name) {
     const ParamTensor* p = find_tensor(model, name);
     return Vd(w.begin() + static_cast<std::ptrdiff_t>(p->offset),
@@ -47,7 +47,7 @@ double reference_loss(const Gpt& model, const Vd& w, const std::vector<std::int6
   std::vector<std::int64_t> pos(static_cast<std::size_t>(N));
   for (std::int64_t i = 0; i < N; ++i) pos[static_cast<std::size_t>(i)] = i % T;
   Vd x = posembed::reference::embedding_forward<double>(
-      in, pos, t("wte.weight"), t("wpe.weight"), {B, T, V, c.max_seq_len, C}, dropout);
+      in, pos, t("wte.weight"), t("wpe.weight"), {B, T, V, c.embedding.max_seq_len, C}, dropout);
   const auto n = static_cast<std::size_t>(N * C);
   const auto drop = [&](Vd& y, std::uint64_t site) {
     for (std::size_t i = 0; i < y.size(); ++i) y[i] *= ref::dropout_factor<double>(dropout, site, n, i);
@@ -144,7 +144,7 @@ TEST(Gpt, WrittenGradientEqualsZeroedAndAccumulated) {
   for (const bool frozen : {false, true}) {
     for (const double p : {0.0, 0.1}) {
       GptConfig c = tiny_config();
-      c.dropout = p;
+      c.embedding.dropout = p;
       Gpt model = make_gpt(c);
       model.freeze_positions = frozen;
       const Batch batch = tiny_batch(2, 5);
@@ -175,7 +175,7 @@ TEST(Gpt, WrittenGradientEqualsZeroedAndAccumulated) {
 // set made for another model is refused.
 TEST(Gpt, SharedTransposedWeightsGiveTheSameBits) {
   GptConfig c = tiny_config();
-  c.max_seq_len = 80;
+  c.embedding.max_seq_len = 80;
   Gpt model = make_gpt(c);
   const std::int64_t B = 3, T = 70;  // 210 rows: two pieces of 128
   const Batch batch = tiny_batch(B, T);
@@ -209,8 +209,8 @@ TEST(Gpt, SharedTransposedWeightsGiveTheSameBits) {
 
 TEST(Gpt, KvCacheDecodingMatchesFullForward) {
   GptConfig c = tiny_config();
-  c.max_seq_len = 9;
-  c.dropout = 0.0;
+  c.embedding.max_seq_len = 9;
+  c.embedding.dropout = 0.0;
   Gpt model = make_gpt(c);
   auto noise = random_floats(model.num_params, 78, 0.05);
   for (std::size_t i = 0; i < model.num_params; ++i) model.params[i] += noise[i];
@@ -234,7 +234,7 @@ TEST(Gpt, KvCacheDecodingMatchesFullForward) {
 
 TEST(Gpt, CheckpointRoundTripsBitwise) {
   GptConfig c = tiny_config();
-  c.position_init = parse_table_init("scaled");
+  c.embedding.position_init = parse_table_init("scaled");
   Gpt model = make_gpt(c);
   auto noise = random_floats(model.num_params * 3, 79);
   for (std::size_t i = 0; i < model.num_params; ++i) {
@@ -298,7 +298,7 @@ TEST(Gpt, RefusesAModelThatExceedsThisMachinesMemoryBeforeAllocating) {
   // Within validate()'s bounds (so valid on any machine), but 12 x 65536^2 x
   // 1024 weights: about 850 TB with gradients and AdamW state.
   GptConfig c = tiny_config();
-  c.embed_dim = 65536;
+  c.embedding.embed_dim = 65536;
   c.n_layer = 1024;
   EXPECT_NO_THROW(validate(c));
   try {
@@ -342,25 +342,25 @@ TEST(Gpt, RejectsBuffersMadeForAnotherModel) {
   expect_error([&] { gpt_backward(model, fewer_layers, batch.in, batch.tg); }, "n_layer 1",
                "n_layer 2");
   other = tiny_config();
-  other.embed_dim = 4;
+  other.embedding.embed_dim = 4;
   Activations narrower = make_activations(other, 1, 4);
   expect_error([&] { gpt_forward(model, narrower, batch.in, batch.tg, 4, false, 0); },
                "embed_dim 4", "embed_dim 8");
   // Settings that do not size buffers (seed, dropout) do not matter.
   other = tiny_config();
-  other.seed = 77;
-  other.dropout = 0.0;
+  other.embedding.seed = 77;
+  other.embedding.dropout = 0.0;
   Activations same_shape = make_activations(other, 1, 4);
   EXPECT_NO_THROW(gpt_forward(model, same_shape, batch.in, batch.tg, 4, false, 0));
 
   std::vector<float> logits(256);
   other = tiny_config();
-  other.embed_dim = 4;
+  other.embedding.embed_dim = 4;
   KvCache small_cache = make_kv_cache(other);
   expect_error([&] { gpt_decode_step(model, small_cache, 65, logits); }, "embed_dim 4",
                "embed_dim 8");
   other = tiny_config();
-  other.max_seq_len = 3;
+  other.embedding.max_seq_len = 3;
   KvCache short_cache = make_kv_cache(other);
   expect_error([&] { gpt_decode_step(model, short_cache, 65, logits); }, "max_seq_len 3",
                "max_seq_len 6");

@@ -17,12 +17,12 @@ struct TorchCase {
 
 inline TorchCase make_torch_case() {
   TorchCase c;
-  c.model.max_seq_len = 48;  // longer than the windows: unused rows must get no gradient
-  c.model.embed_dim = 64;
+  c.model.embedding.max_seq_len = 48;  // longer than the windows: unused rows must get no gradient
+  c.model.embedding.embed_dim = 64;
   c.model.n_layer = 2;
   c.model.n_head = 4;
-  c.model.dropout = 0.0;
-  c.model.seed = 2024;
+  c.model.embedding.dropout = 0.0;
+  c.model.embedding.seed = 2024;
   c.train.steps = 10;
   c.train.warmup_steps = 3;
   c.train.lr = 3e-3;

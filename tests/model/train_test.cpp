@@ -52,11 +52,11 @@ fs::path write_text(const fs::path& dir) {
 
 TrainOptions small_run(const fs::path& dir) {
   TrainOptions o;
-  o.model.max_seq_len = 32;
-  o.model.embed_dim = 32;
+  o.model.embedding.max_seq_len = 32;
+  o.model.embedding.embed_dim = 32;
   o.model.n_layer = 2;
   o.model.n_head = 2;
-  o.model.dropout = 0.1;  // on: masks must be reproduced too
+  o.model.embedding.dropout = 0.1;  // on: masks must be reproduced too
   o.train.steps = 12;
   o.train.batch_size = 4;
   o.train.warmup_steps = 3;
@@ -87,7 +87,7 @@ TEST(Train, SameSeedSameBitsAndThreadCountDoesNotMatter) {
   EXPECT_EQ(a.final_val_loss, b.final_val_loss);
   ASSERT_EQ(a.losses.size(), 12u);
   EXPECT_LT(a.losses.back(), a.losses.front());
-  o.model.seed = 99;
+  o.model.embedding.seed = 99;
   const TrainResult c = train(o);
   EXPECT_NE(a.losses, c.losses);
   set_num_threads(0);
@@ -252,7 +252,15 @@ TEST(Train, LearningRateWarmsUpLinearlyThenFollowsTheCosine) {
 // decay group, moves.
 TEST(Train, FrozenNonZeroPositionTableIsUnchangedWithWeightDecay) {
   set_num_threads(1);
-  const GptConfig c{.max_seq_len = 16, .embed_dim = 16, .n_layer = 1, .n_head = 2, .seed = 5};
+  const GptConfig c = [] {
+    GptConfig t;  // the trainer's defaults, then a tiny shape
+    t.embedding.max_seq_len = 16;
+    t.embedding.embed_dim = 16;
+    t.embedding.seed = 5;
+    t.n_layer = 1;
+    t.n_head = 2;
+    return t;
+  }();
   Gpt model = make_gpt(c);  // normal:0.02 tables
   model.freeze_positions = true;
   const ParamTensor& wpe = *find_tensor(model, "wpe.weight");
@@ -300,13 +308,13 @@ TEST(Train, FrozenNonZeroPositionTableIsUnchangedWithWeightDecay) {
 double copy_task_accuracy(bool freeze_positions) {
   set_num_threads(1);  // tiny ops: threads only add overhead; bits are the same anyway
   GptConfig c;
-  c.max_seq_len = 16;
-  c.embed_dim = 32;
+  c.embedding.max_seq_len = 16;
+  c.embedding.embed_dim = 32;
   c.n_layer = 1;
   c.n_head = 2;
-  c.dropout = 0.0;
-  c.seed = 3;
-  if (freeze_positions) c.position_init = parse_table_init("zeros");
+  c.embedding.dropout = 0.0;
+  c.embedding.seed = 3;
+  if (freeze_positions) c.embedding.position_init = parse_table_init("zeros");
   Gpt model = make_gpt(c);
   model.freeze_positions = freeze_positions;
   TrainConfig t;

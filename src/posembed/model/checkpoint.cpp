@@ -45,7 +45,7 @@ std::map<std::string, std::string> checkpoint_metadata(const Checkpoint& info) {
   std::map<std::string, std::string> meta{{"format", kCheckpointFormat},
                                           {"format_version", kFormatVersion}};
   put_fields(meta, "model.", info.model);
-  meta["model.vocab_size"] = field_to_string(info.model.vocab_size);
+  meta["model.vocab_size"] = field_to_string(info.model.embedding.vocab_size);
   put_fields(meta, "train.", info.train);
   meta["train.step"] = field_to_string(info.step);
   meta["train.data"] = info.data;

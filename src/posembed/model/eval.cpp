@@ -54,9 +54,10 @@ double PositionLoss::range_mean(std::int64_t begin, std::int64_t end) const {
 PositionLoss position_loss(const Gpt& model, std::span<const std::uint8_t> text,
                            std::span<const std::int64_t> starts, std::int64_t T,
                            std::int64_t batch) {
-  if (T < 1 || T > model.config.max_seq_len) {
+  if (T < 1 || T > model.config.embedding.max_seq_len) {
     throw Error("sequence length " + std::to_string(T) + " exceeds max_seq_len " +
-                std::to_string(model.config.max_seq_len) + " (the position table's rows)");
+                std::to_string(model.config.embedding.max_seq_len) +
+                " (the position table's rows)");
   }
   if (batch < 1) throw Error("batch " + std::to_string(batch) + " must be >= 1 windows");
   if (starts.empty()) {

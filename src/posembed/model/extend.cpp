@@ -21,15 +21,15 @@ std::string describe(const PositionResize& r, std::int64_t from, std::int64_t to
 Gpt resize_positions(const Gpt& model, std::int64_t max_seq_len, const PositionResize& resize) {
   const GptConfig& c = model.config;
   io::RowResize rows{.offset_rows = 0,
-                     .old_len = c.max_seq_len,
+                     .old_len = c.embedding.max_seq_len,
                      .new_len = max_seq_len,
-                     .embed_dim = c.embed_dim,
+                     .embed_dim = c.embedding.embed_dim,
                      .method = resize.method,
                      .init = resize.init,
                      .seed = resize.seed};
   io::validate_resize(rows);
   GptConfig config = c;
-  config.max_seq_len = max_seq_len;
+  config.embedding.max_seq_len = max_seq_len;
   Gpt out = make_gpt(config);  // validates the new length; its initial values are overwritten
   out.freeze_positions = model.freeze_positions;
   const ParamTensor& old_wpe = *find_tensor(model, "wpe.weight");
@@ -67,10 +67,10 @@ CheckpointResize resize_trainer_checkpoint(const std::filesystem::path& in,
   r.moments = io::SafetensorsFile::open(in).find("optimizer.exp_avg.wpe.weight") != nullptr;
   Checkpoint info;
   const Gpt model = load_checkpoint(in, &info, r.moments);
-  r.old_len = info.model.max_seq_len;
+  r.old_len = info.model.embedding.max_seq_len;
   r.new_len = max_seq_len;
   const Gpt resized = resize_positions(model, max_seq_len, resize);
-  info.model.max_seq_len = max_seq_len;
+  info.model.embedding.max_seq_len = max_seq_len;
   if (info.train.seq_len > max_seq_len) {
     r.notes.push_back("training window seq_len " + std::to_string(info.train.seq_len) +
                       " is longer than the new table: set to 0 (= max_seq_len)");

@@ -38,29 +38,23 @@ constexpr std::int64_t kSitesPerLayer = 2;  // residual dropout after attention 
 }  // namespace
 
 void validate(const GptConfig& c) {
-  validate(embedding_config(c));
-  if (c.vocab_size != 256) {
-    throw Error("vocab_size = " + std::to_string(c.vocab_size) +
+  validate(c.embedding);
+  if (c.embedding.vocab_size != 256) {
+    throw Error("vocab_size = " + std::to_string(c.embedding.vocab_size) +
                 " but the trainer's vocabulary is bytes: use 256");
   }
   if (c.n_layer < 1 || c.n_layer > 1024) {
     throw Error("n_layer = " + std::to_string(c.n_layer) + " must lie in [1, 1024]");
   }
-  if (c.n_head < 1 || c.embed_dim % c.n_head != 0) {
+  if (c.n_head < 1 || c.embedding.embed_dim % c.n_head != 0) {
     throw Error("n_head = " + std::to_string(c.n_head) + " must be >= 1 and divide embed_dim = " +
-                std::to_string(c.embed_dim) + "; pick a divisor such as " +
-                std::to_string(std::gcd(c.embed_dim, std::int64_t{4})));
+                std::to_string(c.embedding.embed_dim) + "; pick a divisor such as " +
+                std::to_string(std::gcd(c.embedding.embed_dim, std::int64_t{4})));
   }
-  if (c.max_seq_len > 65536 || c.embed_dim > 65536) {
-    throw Error("max_seq_len " + std::to_string(c.max_seq_len) + " and embed_dim " +
-                std::to_string(c.embed_dim) + " must be <= 65536 for this trainer");
+  if (c.embedding.max_seq_len > 65536 || c.embedding.embed_dim > 65536) {
+    throw Error("max_seq_len " + std::to_string(c.embedding.max_seq_len) + " and embed_dim " +
+                std::to_string(c.embedding.embed_dim) + " must be <= 65536 for this trainer");
   }
-}
-
-EmbeddingConfig embedding_config(const GptConfig& c) {
-  return {.vocab_size = c.vocab_size, .max_seq_len = c.max_seq_len, .embed_dim = c.embed_dim,
-          .dropout = c.dropout, .seed = c.seed, .token_init = c.token_init,
-          .position_init = c.position_init};
 }
 
 ParamRange param_shard(std::size_t num_params, int rank, int ranks) {
@@ -108,7 +102,7 @@ Gpt make_gpt(const GptConfig& config, MomentShard shard) {
   validate(config);
   Gpt model;
   model.config = config;
-  const std::int64_t C = config.embed_dim, V = config.vocab_size;
+  const std::int64_t C = config.embedding.embed_dim, V = config.embedding.vocab_size;
   // Canonical (Hugging Face) order, then laid out with every decayed 2-D weight
   // first: the optimizer then runs over two contiguous ranges, not 4 + 12 L tensors.
   std::vector<std::pair<std::string, std::vector<std::int64_t>>> specs;
@@ -116,7 +110,7 @@ Gpt make_gpt(const GptConfig& config, MomentShard shard) {
     specs.emplace_back(std::move(name), std::move(shape));
   };
   add("wte.weight", {V, C});
-  add("wpe.weight", {config.max_seq_len, C});
+  add("wpe.weight", {config.embedding.max_seq_len, C});
   for (std::int64_t l = 0; l < config.n_layer; ++l) {
     const std::string h = "h." + std::to_string(l) + ".";
     add(h + "ln_1.weight", {C});
@@ -167,16 +161,18 @@ Gpt make_gpt(const GptConfig& config, MomentShard shard) {
   model.g = param_views(model, model.grads);
 
   // Initialisation. Every tensor draws from its own range of Philox indices.
-  init_table(model.p.wte, config.token_init, C, config.seed, RandomStream::token_init);
-  init_table(model.p.wpe, config.position_init, C, config.seed, RandomStream::position_init);
+  init_table(model.p.wte, config.embedding.token_init, C, config.embedding.seed,
+             RandomStream::token_init);
+  init_table(model.p.wpe, config.embedding.position_init, C, config.embedding.seed,
+             RandomStream::position_init);
   const double proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config.n_layer));
   for (const ParamTensor& t : model.tensors) {
     if (t.name == "wte.weight" || t.name == "wpe.weight") continue;
     std::span<float> view = model.params.subspan(t.offset, t.numel);
     if (t.decay) {
       const bool proj = t.name.ends_with("c_proj.weight");  // GPT-2's scaled residual init
-      init_table(view, TableInit{InitKind::normal, proj ? proj_std : 0.02}, C, config.seed,
-                 RandomStream::model_init, t.offset);
+      init_table(view, TableInit{InitKind::normal, proj ? proj_std : 0.02}, C,
+                 config.embedding.seed, RandomStream::model_init, t.offset);
     } else {
       std::fill(view.begin(), view.end(), t.name.ends_with("ln_1.weight") ||
                                                   t.name.ends_with("ln_2.weight") ||
@@ -200,16 +196,16 @@ std::span<float> tensor_view(const Gpt&, std::span<float> buffer, const ParamTen
 }
 
 Activations make_activations(const GptConfig& c, std::int64_t B, std::int64_t T) {
-  if (B < 1 || T < 1 || T > c.max_seq_len) {
+  if (B < 1 || T < 1 || T > c.embedding.max_seq_len) {
     throw Error("activations for batch " + std::to_string(B) + " x seq_len " + std::to_string(T) +
                 ": need batch >= 1 and 1 <= seq_len <= max_seq_len = " +
-                std::to_string(c.max_seq_len));
+                std::to_string(c.embedding.max_seq_len));
   }
   Activations a;
   a.config = c;
   a.batch = B;
   a.seq_len = T;
-  const std::int64_t C = c.embed_dim, H = c.n_head, V = c.vocab_size;
+  const std::int64_t C = c.embedding.embed_dim, H = c.n_head, V = c.embedding.vocab_size;
   // B and T come from flags: a huge batch must end in an error naming the bytes,
   // not in std::bad_alloc. Past 2^52 elements per buffer no memory holds them and
   // the counts below could wrap, so that is refused first.
@@ -255,7 +251,8 @@ Activations make_activations(const GptConfig& c, std::int64_t B, std::int64_t T)
   }
   a.positions.resize(sz(N));
   positions_contiguous(a.positions, B, T, 0);
-  a.embedding_mask.resize(dropout_mask_words({B, T, c.vocab_size, c.max_seq_len, C}));
+  a.embedding_mask.resize(
+      dropout_mask_words({B, T, c.embedding.vocab_size, c.embedding.max_seq_len, C}));
   return a;
 }
 
@@ -263,11 +260,11 @@ TransposedWeights make_transposed_weights(const GptConfig& c) {
   validate(c);
   TransposedWeights t;
   t.config = c;
-  const std::int64_t C = c.embed_dim;
+  const std::int64_t C = c.embedding.embed_dim;
   t.h.resize(sz(c.n_layer));
   for (int pass = 0; pass < 2; ++pass) {
     Carver k{pass == 0 ? nullptr : t.memory.data(), 0};
-    t.wte = k.take(c.vocab_size * C);
+    t.wte = k.take(c.embedding.vocab_size * C);
     for (auto& b : t.h) {
       b.c_attn_w = k.take(3 * C * C); b.attn_proj_w = k.take(C * C);
       b.c_fc_w = k.take(4 * C * C); b.mlp_proj_w = k.take(4 * C * C);
@@ -285,14 +282,14 @@ TransposedWeights make_transposed_weights(const GptConfig& c) {
 void transpose_weights(TransposedWeights& out, const Gpt& model) {
   const GptConfig& c = model.config;
   check_buffers_fit(c, out.config, "the transposed weights");
-  const std::int64_t C = c.embed_dim;
+  const std::int64_t C = c.embedding.embed_dim;
   // Task 0 is the token table, task 1 + 4 l + k layer l's k-th weight.
   parallel_for(1 + 4 * c.n_layer, [&](std::int64_t task) {
     const auto transpose = [](std::span<float> to, std::span<const float> from, std::int64_t rows,
                               std::int64_t cols) {
       model::transpose(to.data(), from.data(), sz(rows), sz(cols), sz(cols));
     };
-    if (task == 0) return transpose(out.wte, model.p.wte, c.vocab_size, C);
+    if (task == 0) return transpose(out.wte, model.p.wte, c.embedding.vocab_size, C);
     const BlockViews& w = model.p.h[sz((task - 1) / 4)];
     TransposedWeights::Block& t = out.h[sz((task - 1) / 4)];
     switch ((task - 1) % 4) {
@@ -305,15 +302,20 @@ void transpose_weights(TransposedWeights& out, const Gpt& model) {
 }
 
 void check_buffers_fit(const GptConfig& c, const GptConfig& made, const char* what) {
-  const std::pair<const char*, std::int64_t GptConfig::*> dims[] = {
-      {"vocab_size", &GptConfig::vocab_size}, {"max_seq_len", &GptConfig::max_seq_len},
-      {"embed_dim", &GptConfig::embed_dim},   {"n_layer", &GptConfig::n_layer},
-      {"n_head", &GptConfig::n_head}};
-  for (const auto& [name, field] : dims) {
-    if (made.*field != c.*field) {
-      throw Error(std::string(what) + " were made for a model with " + name + " " +
-                  std::to_string(made.*field) + " but this model has " + name + " " +
-                  std::to_string(c.*field) + "; make them from this model's config");
+  struct Dim {
+    const char* name;
+    std::int64_t made, is;
+  };
+  const Dim dims[] = {{"vocab_size", made.embedding.vocab_size, c.embedding.vocab_size},
+                      {"max_seq_len", made.embedding.max_seq_len, c.embedding.max_seq_len},
+                      {"embed_dim", made.embedding.embed_dim, c.embedding.embed_dim},
+                      {"n_layer", made.n_layer, c.n_layer},
+                      {"n_head", made.n_head, c.n_head}};
+  for (const Dim& d : dims) {
+    if (d.made != d.is) {
+      throw Error(std::string(what) + " were made for a model with " + d.name + " " +
+                  std::to_string(d.made) + " but this model has " + d.name + " " +
+                  std::to_string(d.is) + "; make them from this model's config");
     }
   }
 }
@@ -322,11 +324,12 @@ void validate_batch(const GptConfig& c, const Activations& acts,
                     std::span<const std::int64_t> inputs, std::span<const std::int64_t> targets,
                     std::int64_t T) {
   check_buffers_fit(c, acts.config, "the activations");
-  if (T < 1 || T > c.max_seq_len) {
+  if (T < 1 || T > c.embedding.max_seq_len) {
     throw Error("sequence length " + std::to_string(T) + " exceeds max_seq_len " +
-                std::to_string(c.max_seq_len) + " (the position table's rows); use windows of at "
-                "most " + std::to_string(c.max_seq_len) + " tokens or train a model with a longer "
-                "--max-seq-len");
+                std::to_string(c.embedding.max_seq_len) +
+                " (the position table's rows); use windows of at most " +
+                std::to_string(c.embedding.max_seq_len) +
+                " tokens or train a model with a longer --max-seq-len");
   }
   if (T > acts.seq_len) {
     throw Error("sequence length " + std::to_string(T) + " exceeds the " +
@@ -340,9 +343,9 @@ void validate_batch(const GptConfig& c, const Activations& acts,
   }
   for (auto ids : {inputs, targets}) {
     for (std::size_t i = 0; i < n; ++i) {
-      if (ids[i] < 0 || ids[i] >= c.vocab_size) {
+      if (ids[i] < 0 || ids[i] >= c.embedding.vocab_size) {
         throw Error("token id " + std::to_string(ids[i]) + " at index " + std::to_string(i) +
-                    " lies outside [0, " + std::to_string(c.vocab_size) + ")");
+                    " lies outside [0, " + std::to_string(c.embedding.vocab_size) + ")");
       }
     }
   }
@@ -354,9 +357,10 @@ double gpt_forward(const Gpt& model, Activations& a, std::span<const std::int64_
   const GptConfig& c = model.config;
   validate_batch(c, a, inputs, targets, T);
   if (transposed) check_buffers_fit(c, transposed->config, "the transposed weights");
-  const std::int64_t B = a.batch, C = c.embed_dim, N = B * T, H = c.n_head, V = c.vocab_size;
+  const std::int64_t B = a.batch, C = c.embedding.embed_dim, N = B * T, H = c.n_head,
+                     V = c.embedding.vocab_size;
   const auto nc = sz(N * C);
-  const DropoutSpec dropout{train ? c.dropout : 0.0, c.seed, step};
+  const DropoutSpec dropout{train ? c.embedding.dropout : 0.0, c.embedding.seed, step};
   a.last_dropout = dropout;
   a.last_seq_len = T;
   const ParamViews& p = model.p;
@@ -364,7 +368,7 @@ double gpt_forward(const Gpt& model, Activations& a, std::span<const std::int64_
   // equals the sized length; rebuild them for shorter T (no allocation).
   std::span<std::int64_t> pos(a.positions.data(), sz(N));
   positions_contiguous(pos, B, T, 0);
-  const EmbeddingShape shape{B, T, c.vocab_size, c.max_seq_len, C};
+  const EmbeddingShape shape{B, T, c.embedding.vocab_size, c.embedding.max_seq_len, C};
   embedding_forward(a.encoded.first(nc), inputs, pos, p.wte, p.wpe, shape, dropout,
                     std::span(a.embedding_mask).first(dropout_mask_words(shape)));
   std::span<const float> residual = a.encoded.first(nc);
@@ -418,7 +422,8 @@ void gpt_backward(const Gpt& model, ParamViews& g, Activations& a,
   const std::int64_t T = a.last_seq_len;
   validate_batch(c, a, inputs, targets, T);
   if (transposed) check_buffers_fit(c, transposed->config, "the transposed weights");
-  const std::int64_t B = a.batch, C = c.embed_dim, N = B * T, H = c.n_head, V = c.vocab_size;
+  const std::int64_t B = a.batch, C = c.embedding.embed_dim, N = B * T, H = c.n_head,
+                     V = c.embedding.vocab_size;
   const auto nc = sz(N * C);
   const DropoutSpec& dropout = a.last_dropout;
   const ParamViews& p = model.p;
@@ -480,7 +485,7 @@ void gpt_backward(const Gpt& model, ParamViews& g, Activations& a,
   // that one call adds into both, a frozen one included.
   if (param_mode == GradMode::write) std::fill(g.wpe.begin(), g.wpe.end(), 0.0f);
   const std::span<const std::int64_t> pos(a.positions.data(), sz(N));
-  const EmbeddingShape shape{B, T, c.vocab_size, c.max_seq_len, C};
+  const EmbeddingShape shape{B, T, c.embedding.vocab_size, c.embedding.max_seq_len, C};
   embedding_backward(g.wte, model.freeze_positions ? std::span<float>() : g.wpe,
                      a.d_residual.first(nc), inputs, pos, shape, dropout, GradMode::accumulate,
                      std::span<const std::uint64_t>(a.embedding_mask).first(dropout_mask_words(shape)));
@@ -489,8 +494,8 @@ void gpt_backward(const Gpt& model, ParamViews& g, Activations& a,
 KvCache make_kv_cache(const GptConfig& c) {
   KvCache k;
   k.config = c;
-  const std::size_t C = sz(c.embed_dim);
-  k.k.assign(sz(c.n_layer * c.max_seq_len) * C, 0.0f);
+  const std::size_t C = sz(c.embedding.embed_dim);
+  k.k.assign(sz(c.n_layer * c.embedding.max_seq_len) * C, 0.0f);
   k.v.assign(k.k.size(), 0.0f);
   k.x.assign(C, 0.0f);
   k.ln.assign(C, 0.0f);
@@ -499,38 +504,41 @@ KvCache make_kv_cache(const GptConfig& c) {
   k.attproj.assign(C, 0.0f);
   k.fch.assign(4 * C, 0.0f);
   k.fch_gelu.assign(4 * C, 0.0f);
-  k.att.assign(sz(c.max_seq_len), 0.0f);
+  k.att.assign(sz(c.embedding.max_seq_len), 0.0f);
   return k;
 }
 
 void gpt_decode_step(const Gpt& model, KvCache& k, std::int64_t token, std::span<float> logits) {
   const GptConfig& c = model.config;
-  const std::int64_t C = c.embed_dim, H = c.n_head, hd = C / H, V = c.vocab_size;
+  const std::int64_t C = c.embedding.embed_dim, H = c.n_head, hd = C / H,
+                     V = c.embedding.vocab_size;
   check_buffers_fit(c, k.config, "the KV cache buffers");
   if (logits.size() != sz(V)) {
     throw Error("the logits buffer holds " + std::to_string(logits.size()) +
                 " values but the model's vocab_size is " + std::to_string(V) +
                 "; pass a buffer of vocab_size floats");
   }
-  if (k.length >= c.max_seq_len) {
+  if (k.length >= c.embedding.max_seq_len) {
     throw Error("the KV cache holds " + std::to_string(k.length) + " tokens = max_seq_len " +
-                std::to_string(c.max_seq_len) + "; slide the window (recompute the cache) first");
+                std::to_string(c.embedding.max_seq_len) +
+                "; slide the window (recompute the cache) first");
   }
   const std::int64_t t = k.length;  // this token's position: the offset scheme
   std::int64_t pos = 0;
   positions_contiguous(std::span<std::int64_t>(&pos, 1), 1, 1, t);
   const std::int64_t tok = token;
   const ParamViews& p = model.p;
-  embedding_forward(k.x, std::span<const std::int64_t>(&tok, 1), std::span<const std::int64_t>(&pos, 1),
-                    p.wte, p.wpe, {1, 1, V, c.max_seq_len, C}, {});
+  embedding_forward(k.x, std::span<const std::int64_t>(&tok, 1),
+                    std::span<const std::int64_t>(&pos, 1), p.wte, p.wpe,
+                    {1, 1, V, c.embedding.max_seq_len, C}, {});
   float mean = 0, rstd = 0;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   for (std::int64_t l = 0; l < c.n_layer; ++l) {
     const BlockViews& w = p.h[sz(l)];
     layernorm_forward(k.ln, {&mean, 1}, {&rstd, 1}, k.x, w.ln_1_w, w.ln_1_b, 1, C);
     matmul_forward(k.qkv, k.ln, w.c_attn_w, w.c_attn_b, 1, C, 3 * C);
-    float* kc = k.k.data() + sz(l * c.max_seq_len * C);
-    float* vc = k.v.data() + sz(l * c.max_seq_len * C);
+    float* kc = k.k.data() + sz(l * c.embedding.max_seq_len * C);
+    float* vc = k.v.data() + sz(l * c.embedding.max_seq_len * C);
     std::copy_n(k.qkv.begin() + C, C, kc + t * C);
     std::copy_n(k.qkv.begin() + 2 * C, C, vc + t * C);
     for (std::int64_t h = 0; h < H; ++h) {

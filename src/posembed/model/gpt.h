@@ -20,38 +20,42 @@
 
 namespace posembed::model {
 
+// The model's embedding is the core layer's EmbeddingConfig (one name per
+// idea); the trainer changes its defaults, not its fields.
 struct GptConfig {
-  std::int64_t vocab_size = 256;  // bytes; not a flag
-  std::int64_t max_seq_len = 128;
-  std::int64_t embed_dim = 128;
+  EmbeddingConfig embedding{.vocab_size = 256,  // bytes; not a flag
+                            .max_seq_len = 128,
+                            .embed_dim = 128,
+                            .dropout = 0.0,  // GPT-2 used 0.1; see visit_fields
+                            .seed = 1337};
   std::int64_t n_layer = 4;
   std::int64_t n_head = 4;
-  double dropout = 0.0;  // GPT-2 used 0.1; see visit_fields
-  std::uint64_t seed = 1337;
-  TableInit token_init{};
-  TableInit position_init{};
   bool operator==(const GptConfig&) const = default;
 };
 
+// The trainer's flags: the embedding's fields (less vocab_size) with help text
+// of their own, in this order, which flags, --help and checkpoints keep.
 template <class Visitor>
 void visit_fields(GptConfig& c, Visitor&& visitor) {
-  visitor("max_seq_len", c.max_seq_len,
+  EmbeddingConfig& e = c.embedding;
+  visitor("max_seq_len", e.max_seq_len,
           "rows of the position table: the longest context the model can see");
-  visitor("embed_dim", c.embed_dim, "model width (both embedding tables, every block)");
+  visitor("embed_dim", e.embed_dim, "model width (both embedding tables, every block)");
   visitor("n_layer", c.n_layer, "transformer blocks");
   visitor("n_head", c.n_head, "attention heads per block; must divide embed_dim");
-  visitor("dropout", c.dropout,
+  visitor("dropout", e.dropout,
           "dropout on the embedding sum and on each residual branch in training. GPT-2 used 0.1; "
           "0 trains better when the run sees the text less than about once (the default run: "
           "0.9 passes), 0.1 for longer runs");
-  visitor("seed", c.seed, "seed of the initialisation, the dropout masks and the batch sampling");
-  visitor("token_init", c.token_init, "token table init: normal:STD, trunc_normal:STD, scaled, zeros");
-  visitor("position_init", c.position_init,
-          "position table init: normal:STD (GPT-2 0.02), trunc_normal:STD, scaled (1/sqrt(embed_dim)) "
-          "or zeros");
+  visitor("seed", e.seed, "seed of the initialisation, the dropout masks and the batch sampling");
+  visitor("token_init", e.token_init,
+          "token table init: normal:STD, trunc_normal:STD, scaled, zeros");
+  visitor(
+      "position_init", e.position_init,
+      "position table init: normal:STD (GPT-2 0.02), trunc_normal:STD, scaled (1/sqrt(embed_dim)) "
+      "or zeros");
 }
 void validate(const GptConfig& config);
-EmbeddingConfig embedding_config(const GptConfig& config);
 
 // One parameter tensor: its Hugging Face GPT-2 name, shape, place in the flat
 // buffers, whether AdamW decays it (2-D weights yes; biases, LayerNorm gains no).

@@ -47,17 +47,18 @@ InitSource inspect(const io::SafetensorsFile& file, const GptConfig& fallback) {
                 shape_text(wpe->shape) + " are not two tables of the same width");
   }
   s.config = fallback;
-  s.config.vocab_size = wte->shape[0];
-  s.config.embed_dim = wte->shape[1];
-  s.config.max_seq_len = wpe->shape[0];
+  s.config.embedding.vocab_size = wte->shape[0];
+  s.config.embedding.embed_dim = wte->shape[1];
+  s.config.embedding.max_seq_len = wpe->shape[0];
   s.config.n_layer = 0;
   while (file.find(s.prefix + "h." + std::to_string(s.config.n_layer) + ".ln_1.weight")) {
     ++s.config.n_layer;
   }
-  if (s.config.vocab_size != fallback.vocab_size) {
-    throw Error(src + ": its token table has " + std::to_string(s.config.vocab_size) +
+  if (s.config.embedding.vocab_size != fallback.embedding.vocab_size) {
+    throw Error(src + ": its token table has " + std::to_string(s.config.embedding.vocab_size) +
                 " rows but the trainer's vocabulary is bytes (" +
-                std::to_string(fallback.vocab_size) + "); --init-from needs a byte-level model");
+                std::to_string(fallback.embedding.vocab_size) +
+                "); --init-from needs a byte-level model");
   }
   s.kind = "GPT-2 names, " + std::string(io::dtype_name(wte->dtype));
   return s;
@@ -85,10 +86,10 @@ InitFrom init_from(const std::filesystem::path& path, const GptConfig& config,
                   flag + " or set it to " + std::to_string(have) + ")");
     }
   };
-  same("embed-dim", config.embed_dim, source.config.embed_dim);
+  same("embed-dim", config.embedding.embed_dim, source.config.embedding.embed_dim);
   same("n-layer", config.n_layer, source.config.n_layer);
   if (source.trainer) same("n-head", config.n_head, source.config.n_head);
-  const std::int64_t from = source.config.max_seq_len, to = config.max_seq_len;
+  const std::int64_t from = source.config.embedding.max_seq_len, to = config.embedding.max_seq_len;
   if (from != to && !resize) {
     throw Error(src + " has " + std::to_string(from) + " positions and the run asks for " +
                 std::to_string(to) +
@@ -96,7 +97,7 @@ InitFrom init_from(const std::filesystem::path& path, const GptConfig& config,
                 "interpolate or init (crop or interpolate to shrink it)");
   }
   GptConfig at_source = config;
-  at_source.max_seq_len = from;
+  at_source.embedding.max_seq_len = from;
   Gpt model = make_gpt(at_source);
 
   // Validate every tensor first, then convert and copy: a bad file changes nothing.

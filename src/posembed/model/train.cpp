@@ -223,7 +223,7 @@ TrainResult train(const TrainOptions& options, Strategy& ranks, const TrainRepor
   while (step < tc.steps) {
     const auto windows = [&](std::span<std::int64_t> in, std::span<std::int64_t> tg,
                              std::int64_t first_row) {
-      fill_train_batch(in, tg, corpus.train, tc.micro_batch, T, info.model.seed,
+      fill_train_batch(in, tg, corpus.train, tc.micro_batch, T, info.model.embedding.seed,
                        static_cast<std::uint64_t>(step), first_row);
     };
     const StepStats s = data_parallel_step(model, buffers, ranks, windows, step, tc);

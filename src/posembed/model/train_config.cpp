@@ -10,7 +10,7 @@
 namespace posembed::model {
 
 std::int64_t effective_seq_len(const TrainConfig& t, const GptConfig& m) {
-  return t.seq_len == 0 ? m.max_seq_len : t.seq_len;
+  return t.seq_len == 0 ? m.embedding.max_seq_len : t.seq_len;
 }
 
 void validate(const TrainConfig& t, const GptConfig& m) {
@@ -30,11 +30,11 @@ void validate(const TrainConfig& t, const GptConfig& m) {
   positive("eval_every", t.eval_every);
   positive("eval_batches", t.eval_batches);
   positive("checkpoint_every", t.checkpoint_every);
-  if (t.seq_len < 0 || t.seq_len > m.max_seq_len) {
+  if (t.seq_len < 0 || t.seq_len > m.embedding.max_seq_len) {
     throw Error("seq_len " + std::to_string(t.seq_len) + " exceeds max_seq_len " +
-                std::to_string(m.max_seq_len) + ": the position table has only " +
-                std::to_string(m.max_seq_len) + " rows. Use --seq-len <= " +
-                std::to_string(m.max_seq_len) + " or a larger --max-seq-len");
+                std::to_string(m.embedding.max_seq_len) + ": the position table has only " +
+                std::to_string(m.embedding.max_seq_len) + " rows. Use --seq-len <= " +
+                std::to_string(m.embedding.max_seq_len) + " or a larger --max-seq-len");
   }
   if (t.warmup_steps < 0) throw Error("warmup_steps must be >= 0");
   if (!(t.lr > 0) || !std::isfinite(t.lr)) throw Error("lr must be finite and > 0");

@@ -11,7 +11,7 @@ namespace posembed::tools::claims {
 Findings claim_init_scale(Context& ctx) {
   Findings f;
   const RunSpec base = base_text_spec(ctx);
-  const std::int64_t d = base.model.embed_dim, steps = base.train.steps;
+  const std::int64_t d = base.model.embedding.embed_dim, steps = base.train.steps;
   struct Setting {
     std::string label, init;
   };
@@ -24,8 +24,8 @@ Findings claim_init_scale(Context& ctx) {
   for (std::size_t k = 0; k < settings.size(); ++k) {
     for (std::uint64_t seed : kSeeds) {
       RunSpec s = base;
-      s.model.position_init = parse_table_init(settings[k].init);
-      s.model.seed = seed;
+      s.model.embedding.position_init = parse_table_init(settings[k].init);
+      s.model.embedding.seed = seed;
       runs[k].push_back(
           &ctx.run(s, "position std " + settings[k].label + ", seed " + std::to_string(seed)));
     }

@@ -11,7 +11,7 @@ Findings claim_dropout(Context& ctx) {
   base.data_tag = "small";
   // Wider than the text model of claim 1 (about 4x the parameters) so that it
   // overfits 24 KiB of training text within the budget.
-  if (!q) base.model.embed_dim = 128;
+  if (!q) base.model.embedding.embed_dim = 128;
   base.train.steps = q ? 30 : 1000;
   base.eval_every = q ? 10 : 50;
   base.eval_windows = 128;       // periodic: up to 128 windows per split
@@ -31,8 +31,8 @@ Findings claim_dropout(Context& ctx) {
     const RunResult* first = nullptr;
     for (std::uint64_t seed : kSeeds) {
       RunSpec s = base;
-      s.model.dropout = rates[k];
-      s.model.seed = seed;
+      s.model.embedding.dropout = rates[k];
+      s.model.embedding.seed = seed;
       const RunResult& r = ctx.run(
           s, format("dropout %g, seed %llu", rates[k], static_cast<unsigned long long>(seed)));
       if (!first) first = &r;

@@ -18,13 +18,13 @@ Findings claim_seq_len(Context& ctx) {
       q ? std::vector<std::int64_t>{16, 32, 64} : std::vector<std::int64_t>{64, 128, 256, 512};
   const int reps = q ? 2 : 15;
   GptConfig c;  // the trainer's default model (plan preset "trainer"), table long enough for all
-  c.max_seq_len = lengths.back();
-  c.embed_dim = q ? 32 : 128;
+  c.embedding.max_seq_len = lengths.back();
+  c.embedding.embed_dim = q ? 32 : 128;
   c.n_layer = q ? 1 : 4;
   c.n_head = q ? 2 : 4;
-  c.dropout = 0.1;
-  c.seed = 1;
-  const std::int64_t B = q ? 2 : 4, C = c.embed_dim, H = c.n_head;
+  c.embedding.dropout = 0.1;
+  c.embedding.seed = 1;
+  const std::int64_t B = q ? 2 : 4, C = c.embedding.embed_dim, H = c.n_head;
   TrainConfig tc;
   tc.steps = 1 << 20;
   model::Gpt m = model::make_gpt(c);
@@ -109,7 +109,7 @@ Findings claim_seq_len(Context& ctx) {
   const double slope_all = fit_powers(lx_shift, ly, lin)[1];
 
   ModelShape shape = preset("trainer");
-  shape.max_seq_len = c.max_seq_len;
+  shape.max_seq_len = c.embedding.max_seq_len;
   shape.embed_dim = C;
   shape.layers = c.n_layer;
   shape.heads = H;
@@ -222,7 +222,8 @@ Findings claim_seq_len(Context& ctx) {
       "step (3 x forward), the position table's parameters and the attention-score "
       "activation memory per sequence.",
       static_cast<long long>(c.n_layer), static_cast<long long>(H), static_cast<long long>(C),
-      static_cast<long long>(c.max_seq_len), static_cast<long long>(B), num_threads(), reps);
+      static_cast<long long>(c.embedding.max_seq_len), static_cast<long long>(B), num_threads(),
+      reps);
   f.columns = {"T",
                "step ms",
                "attention ms",

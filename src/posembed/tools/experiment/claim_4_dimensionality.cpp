@@ -26,10 +26,10 @@ Findings claim_dimensionality(Context& ctx) {
   std::vector<std::string> frac_text, pr_text, delta_text;
   for (std::size_t k = 0; k < dims.size(); ++k) {
     RunSpec s = base;
-    s.model.embed_dim = dims[k];
-    s.model.seed = kSeeds[0];
+    s.model.embedding.embed_dim = dims[k];
+    s.model.embedding.seed = kSeeds[0];
     const RunResult& r = ctx.run(s, format("embed_dim %lld", static_cast<long long>(dims[k])));
-    const std::int64_t P = s.model.max_seq_len, d = dims[k];
+    const std::int64_t P = s.model.embedding.max_seq_len, d = dims[k];
     const TableAnalysis a = analyze_table(r.position_table, P, d);
     const TableAnalysis a0 = analyze_table(r.initial_position_table, P, d);
     // What training added: the table minus its initialisation.

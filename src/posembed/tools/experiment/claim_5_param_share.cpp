@@ -28,8 +28,8 @@ Findings claim_param_share(Context& ctx) {
   const RunSpec base = base_text_spec(ctx, false);
   ModelShape ours = preset("trainer");
   ours.name = "this report's text model";
-  ours.max_seq_len = base.model.max_seq_len;
-  ours.embed_dim = base.model.embed_dim;
+  ours.max_seq_len = base.model.embedding.max_seq_len;
+  ours.embed_dim = base.model.embedding.embed_dim;
   ours.layers = base.model.n_layer;
   ours.heads = base.model.n_head;
   const Plan po = make_plan(ours);

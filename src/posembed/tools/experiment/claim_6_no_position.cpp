@@ -10,11 +10,11 @@ Findings claim_no_position(Context& ctx) {
   const bool q = ctx.options().quick;
   // The copy-k-back task (the model tests' setting).
   RunSpec copy;
-  copy.model.max_seq_len = 16;
-  copy.model.embed_dim = 32;
+  copy.model.embedding.max_seq_len = 16;
+  copy.model.embedding.embed_dim = 32;
   copy.model.n_layer = 1;
   copy.model.n_head = 2;
-  copy.model.dropout = 0.0;
+  copy.model.embedding.dropout = 0.0;
   copy.train.steps =
       q ? 30 : 1500;  // the jump comes at ~400-600 steps for seed 3; margin for other seeds
   copy.train.batch_size = 32;
@@ -44,16 +44,16 @@ Findings claim_no_position(Context& ctx) {
     const RunResult *c0 = nullptr, *t0 = nullptr;
     for (std::uint64_t seed : kSeeds) {
       RunSpec s = copy;
-      s.model.seed = seed;
+      s.model.embedding.seed = seed;
       s.freeze_positions = arms[k].none;
-      if (arms[k].none) s.model.position_init = parse_table_init("zeros");
+      if (arms[k].none) s.model.embedding.position_init = parse_table_init("zeros");
       const RunResult& rc =
           ctx.run(s, format("copy task, %s positions, seed %llu", arms[k].label.c_str(),
                             static_cast<unsigned long long>(seed)));
       RunSpec st = text;
-      st.model.seed = seed;
+      st.model.embedding.seed = seed;
       st.freeze_positions = arms[k].none;
-      if (arms[k].none) st.model.position_init = parse_table_init("zeros");
+      if (arms[k].none) st.model.embedding.position_init = parse_table_init("zeros");
       const RunResult& rt =
           ctx.run(st, format("text, %s positions, seed %llu", arms[k].label.c_str(),
                              static_cast<unsigned long long>(seed)));
@@ -103,10 +103,11 @@ Findings claim_no_position(Context& ctx) {
       "model of claim 1: ",
       static_cast<long long>(kCopyBack), static_cast<long long>(kCopySymbols),
       static_cast<long long>(kCopyBack), static_cast<long long>(copy.model.n_layer),
-      static_cast<long long>(copy.model.n_head), static_cast<long long>(copy.model.embed_dim),
-      static_cast<long long>(copy.model.max_seq_len), static_cast<long long>(copy.train.batch_size),
-      static_cast<long long>(copy.train.steps), copy.train.lr, 4,
-      static_cast<long long>(kCopyBack));
+      static_cast<long long>(copy.model.n_head),
+      static_cast<long long>(copy.model.embedding.embed_dim),
+      static_cast<long long>(copy.model.embedding.max_seq_len),
+      static_cast<long long>(copy.train.batch_size), static_cast<long long>(copy.train.steps),
+      copy.train.lr, 4, static_cast<long long>(kCopyBack));
   f.measured += model_line(text) + ".";
   f.columns = {"positions", "copy accuracy", "copy loss", "text final train loss",
                "text final val loss"};

@@ -58,8 +58,8 @@ Findings claim_length_extension(Context& ctx) {
   // The base: the trainer's default model (4 layers, 4 heads, width 128, 128
   // positions), fewer steps than its default run to fit the shared machine.
   RunSpec base;
-  base.model.max_seq_len = q ? 16 : 128;
-  base.model.embed_dim = q ? 16 : 128;
+  base.model.embedding.max_seq_len = q ? 16 : 128;
+  base.model.embedding.embed_dim = q ? 16 : 128;
   base.model.n_layer = q ? 1 : 4;
   base.model.n_head = q ? 2 : 4;
   base.train.steps = q ? 30 : 300;
@@ -72,7 +72,7 @@ Findings claim_length_extension(Context& ctx) {
   base.data_tag = "full";
   base.by_position = true;
   base.keep_params = true;
-  const std::int64_t short_len = base.model.max_seq_len, long_len = 4 * short_len;
+  const std::int64_t short_len = base.model.embedding.max_seq_len, long_len = 4 * short_len;
   // Fine-tuning at 4x the length, the same for every table: a fresh AdamW, a
   // short warmup, a tenth of the base's peak rate (a fresh AdamW's first steps
   // move every weight by about the rate; in a trial at 1e-3 the tiled model of
@@ -80,7 +80,7 @@ Findings claim_length_extension(Context& ctx) {
   // batches of 2 windows of 512 (1,024 bytes a step) to fit the machine.
   // Evaluated on the same validation windows before the first step and at the end.
   RunSpec tune = base;
-  tune.model.max_seq_len = long_len;
+  tune.model.embedding.max_seq_len = long_len;
   tune.train.steps = q ? 20 : 200;
   tune.train.batch_size = 2;
   tune.train.lr = 3e-4;
@@ -130,7 +130,7 @@ Findings claim_length_extension(Context& ctx) {
   std::vector<std::vector<float>> first_tables(M), first_tuned(M);  // seed 1, for the heatmaps
   for (std::uint64_t seed : kSeeds) {
     RunSpec b = base;
-    b.model.seed = seed;
+    b.model.embedding.seed = seed;
     const RunResult& trained =
         ctx.run(b, format("trained at %lld positions, seed %llu", static_cast<long long>(short_len),
                           static_cast<unsigned long long>(seed)));
@@ -151,7 +151,7 @@ Findings claim_length_extension(Context& ctx) {
       const model::Gpt extended = model::resize_positions(gpt, long_len, how);
       const std::vector<float> params(extended.params.begin(), extended.params.end());
       RunSpec s = tune;
-      s.model.seed = seed;
+      s.model.embedding.seed = seed;
       s.init_params = &params;
       s.init_tag = format("trained at %lld, seed %llu, ", static_cast<long long>(short_len),
                           static_cast<unsigned long long>(seed)) +
@@ -165,7 +165,7 @@ Findings claim_length_extension(Context& ctx) {
       }
     }
     RunSpec s = scratch;
-    s.model.seed = seed;
+    s.model.embedding.seed = seed;
     record(arms[M],
            ctx.run(s, format("from scratch at %lld, seed %llu", static_cast<long long>(long_len),
                              static_cast<unsigned long long>(seed))));
@@ -229,7 +229,7 @@ Findings claim_length_extension(Context& ctx) {
           ctx.image("length_extension_" + methods[k].file + (tuned ? "_tuned" : ""));
       write_table_heatmap(
           ctx.options().out_dir / png, tuned ? first_tuned[k] : first_tables[k], long_len,
-          tune.model.embed_dim,
+          tune.model.embedding.embed_dim,
           format("Position table (%s), seed 1, %s", methods[k].label.c_str(),
                  tuned
                      ? format("after %lld steps", static_cast<long long>(tune.train.steps)).c_str()
@@ -287,7 +287,7 @@ Findings claim_length_extension(Context& ctx) {
       "(every %lld steps for the recovery plot), split at position %lld. Seeds 1, 2, 3; mean "
       "[min, max]. %s.",
       static_cast<long long>(base.model.n_layer), static_cast<long long>(base.model.n_head),
-      static_cast<long long>(base.model.embed_dim), static_cast<long long>(short_len),
+      static_cast<long long>(base.model.embedding.embed_dim), static_cast<long long>(short_len),
       static_cast<long long>(base.train.steps), static_cast<long long>(base.train.batch_size),
       static_cast<long long>(short_len), base.train.lr,
       static_cast<long long>(base.train.warmup_steps), base.train.min_lr_ratio,

@@ -195,7 +195,8 @@ RunResult Context::run_text(const RunSpec& s) {
   };
   eval_now(0);
   for (std::int64_t step = 0; step < s.train.steps; ++step) {
-    model::fill_train_batch(in, tg, c.train, B, T, s.model.seed, static_cast<std::uint64_t>(step));
+    model::fill_train_batch(in, tg, c.train, B, T, s.model.embedding.seed,
+                            static_cast<std::uint64_t>(step));
     const model::StepStats st = model::train_step(m, acts, in, tg, T, step, s.train);
     r.losses.push_back(st.loss);
     if (!std::isfinite(st.loss)) break;  // diverged: the curve ends here
@@ -243,14 +244,15 @@ RunResult Context::run_copy(const RunSpec& s) {
     double loss = 0;
     std::int64_t right = 0, total = 0;
     for (int j = 0; j < kHeldOutBatches; ++j) {
-      fill_copy_batch(in, tg, B, T, s.model.seed, kHeldOut + static_cast<std::uint64_t>(j));
+      fill_copy_batch(in, tg, B, T, s.model.embedding.seed,
+                      kHeldOut + static_cast<std::uint64_t>(j));
       model::gpt_forward(m, acts, in, tg, T, false, 0);
       for (std::int64_t b = 0; b < B; ++b) {
         for (std::int64_t p = kCopyBack; p < T; ++p) {
           const std::size_t i = sz(b * T + p);
           loss += acts.losses[i];
-          const float* z = acts.logits.data() + i * sz(s.model.vocab_size);
-          right += std::max_element(z, z + s.model.vocab_size) - z == tg[i];
+          const float* z = acts.logits.data() + i * sz(s.model.embedding.vocab_size);
+          right += std::max_element(z, z + s.model.embedding.vocab_size) - z == tg[i];
           ++total;
         }
       }
@@ -261,7 +263,7 @@ RunResult Context::run_copy(const RunSpec& s) {
   r.eval_step.push_back(0);
   r.eval_val.push_back(held_out(nullptr));
   for (std::int64_t step = 0; step < s.train.steps; ++step) {
-    fill_copy_batch(in, tg, B, T, s.model.seed, static_cast<std::uint64_t>(step));
+    fill_copy_batch(in, tg, B, T, s.model.embedding.seed, static_cast<std::uint64_t>(step));
     const model::StepStats st = model::train_step(m, acts, in, tg, T, step, s.train);
     r.losses.push_back(st.loss);
     if (!std::isfinite(st.loss)) break;
@@ -280,11 +282,11 @@ RunResult Context::run_copy(const RunSpec& s) {
 RunSpec base_text_spec(Context& ctx, bool with_corpus) {
   const bool q = ctx.options().quick;
   RunSpec s;
-  s.model.max_seq_len = q ? 16 : 128;
-  s.model.embed_dim = q ? 16 : 64;
+  s.model.embedding.max_seq_len = q ? 16 : 128;
+  s.model.embedding.embed_dim = q ? 16 : 64;
   s.model.n_layer = q ? 1 : 2;
   s.model.n_head = q ? 2 : 4;
-  s.model.dropout = 0.0;
+  s.model.embedding.dropout = 0.0;
   s.train.steps = q ? 30 : 800;
   s.train.batch_size = q ? 4 : 8;
   s.train.lr = 2e-3;
@@ -299,16 +301,17 @@ RunSpec base_text_spec(Context& ctx, bool with_corpus) {
 }
 
 std::string model_line(const RunSpec& s) {
-  return format("GPT-2 architecture on bytes: %lld layers, %lld heads, embed_dim %lld, "
-                "max_seq_len %lld, dropout %g; AdamW lr %g (warmup %lld, cosine to %g x), weight "
-                "decay %g on both tables, batch %lld x %lld bytes, %lld steps",
-                static_cast<long long>(s.model.n_layer), static_cast<long long>(s.model.n_head),
-                static_cast<long long>(s.model.embed_dim), static_cast<long long>(s.model.max_seq_len),
-                s.model.dropout, s.train.lr, static_cast<long long>(s.train.warmup_steps),
-                s.train.min_lr_ratio, s.train.weight_decay,
-                static_cast<long long>(s.train.batch_size),
-                static_cast<long long>(model::effective_seq_len(s.train, s.model)),
-                static_cast<long long>(s.train.steps));
+  return format(
+      "GPT-2 architecture on bytes: %lld layers, %lld heads, embed_dim %lld, "
+      "max_seq_len %lld, dropout %g; AdamW lr %g (warmup %lld, cosine to %g x), weight "
+      "decay %g on both tables, batch %lld x %lld bytes, %lld steps",
+      static_cast<long long>(s.model.n_layer), static_cast<long long>(s.model.n_head),
+      static_cast<long long>(s.model.embedding.embed_dim),
+      static_cast<long long>(s.model.embedding.max_seq_len), s.model.embedding.dropout, s.train.lr,
+      static_cast<long long>(s.train.warmup_steps), s.train.min_lr_ratio, s.train.weight_decay,
+      static_cast<long long>(s.train.batch_size),
+      static_cast<long long>(model::effective_seq_len(s.train, s.model)),
+      static_cast<long long>(s.train.steps));
 }
 
 std::string corpus_line(const model::Corpus& c, const std::string& what) {
