@@ -83,7 +83,7 @@ TEST(SimdDropout, KeepWordsMatchTheMaskDefinitionBitForBit) {
         thresholds.push_back(dropout_draw(seed, step, chosen) + 1);
       }
       for (const std::uint32_t threshold : thresholds) {
-        const simd::DropoutMask mask{philox_key(seed), step, threshold, 2.0f, true};
+        const simd::KeepRule mask{philox_key(seed), step, threshold, 2.0f, true};
         for (const std::size_t count : {1, 3, 16, 17, 32, 33, 70, 257, 600}) {
           std::vector<std::uint64_t> words(count + 1, 0x0123456789ABCDEFull);
           simd::dropout_keep_words(words.data(), word0, count, mask);

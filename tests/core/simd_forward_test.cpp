@@ -28,7 +28,7 @@ namespace {
 using test::as_bits;
 using test::for_each_target;
 
-simd::DropoutMask mask_of(const DropoutSpec& s) {
+simd::KeepRule mask_of(const DropoutSpec& s) {
   return {philox_key(s.seed), s.step, dropout_threshold(s.p), dropout_scale(s.p), s.p > 0};
 }
 
@@ -104,7 +104,7 @@ TEST(SimdForward, RunningAheadMatchesTheMaskDefinition) {
       thresholds.push_back(dropout_draw(seed, step, chosen) + 1);
     }
     for (const std::uint32_t threshold : thresholds) {
-      const simd::DropoutMask mask{philox_key(seed), step, threshold, 1.25f, true};
+      const simd::KeepRule mask{philox_key(seed), step, threshold, 1.25f, true};
       std::vector<float> want(n * d);
       std::vector<std::uint64_t> want_words(words, 0);
       for (std::size_t r = 0; r < n; ++r) {
@@ -206,11 +206,11 @@ TEST(SimdForward, TablesBetweenUnmappedPagesAreNeverReadPast) {
       SCOPED_TRACE(std::string(ahead ? "ahead" : "not ahead") + (stream ? ", streamed" : ""));
       std::fill_n(out.data(), n * d, 42.0f);
       simd::forward_rows(out.data(), token_table.data(), tokens.data(), position_table.data(),
-                         position_ids.data(), d, 0, n, simd::DropoutMask{},
+                         position_ids.data(), d, 0, n, simd::KeepRule{},
                          {.stream = stream, .ahead = ahead});
       ASSERT_EQ(as_bits(std::vector<float>(out.data(), out.data() + n * d)), as_bits(want));
       // With dropout, the same loads; every kept element is the scaled sum.
-      const simd::DropoutMask mask = mask_of({0.1, 5, 1});
+      const simd::KeepRule mask = mask_of({0.1, 5, 1});
       std::vector<std::uint64_t> kept((n * d + 63) / 64);
       simd::forward_rows(out.data(), token_table.data(), tokens.data(), position_table.data(),
                          position_ids.data(), d, 0, n, mask,

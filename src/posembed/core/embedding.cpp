@@ -76,7 +76,7 @@ void check_mask_bits(std::span<Word> mask_bits, const EmbeddingShape& shape) {
   }
 }
 
-simd::DropoutMask dropout_mask(const DropoutSpec& dropout) {
+simd::KeepRule dropout_mask(const DropoutSpec& dropout) {
   return {philox_key(dropout.seed), dropout.step, dropout_threshold(dropout.p),
           dropout_scale(dropout.p), dropout.p > 0.0};
 }
@@ -210,7 +210,7 @@ void backward_rows(simd::GradTable token, simd::GradTable position, std::int64_t
   if (token_fresh) token.first = first.data();
   if (split_tokens) token.owner = row_owner.data();
   const simd::BackwardPlan plan{start.data(), order.data(), positions};
-  const simd::DropoutMask mask = dropout_mask(dropout);
+  const simd::KeepRule mask = dropout_mask(dropout);
   // The walk reads keep words: the forward's, or drawn here first (in parallel,
   // whole batches of draws; the same bits).
   const std::uint64_t* keep = mask_bits.empty() ? nullptr : mask_bits.data();
@@ -444,7 +444,7 @@ void embedding_forward(std::span<float> out, std::span<const std::int64_t> token
   const auto n = static_cast<std::int64_t>(token_count(shape));
   const std::int64_t word_rows = 64 / std::gcd<std::int64_t>(d, 64);
   const std::int64_t rows = (std::max<std::int64_t>(1, kGrainElements / d) + word_rows - 1) / word_rows * word_rows;
-  const simd::DropoutMask mask = dropout_mask(dropout);
+  const simd::KeepRule mask = dropout_mask(dropout);
   // An output much larger than a core's share of the last-level cache is
   // streamed past it: a plain store first reads each line it fills, a third more
   // traffic.

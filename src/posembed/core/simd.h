@@ -38,7 +38,8 @@ void philox_blocks(std::uint32_t* out, PhiloxCounter first, PhiloxKey key, std::
 
 // The dropout mask of philox.h/embedding.h: element i is kept iff
 // dropout_draw(seed, step, i) >= threshold. active == false: keep all, no scale.
-struct DropoutMask {
+// Named for what it holds, the rule the keep bits are drawn by, not the bits.
+struct KeepRule {
   PhiloxKey key{};
   std::uint64_t step = 0;
   std::uint32_t threshold = 0;
@@ -50,7 +51,7 @@ struct DropoutMask {
 // out[k] = the keep word (word0 + k), k < count: elements 64 * (word0 + k) ..
 // + 63, each a draw compared with the threshold. mask.active is required.
 // out: (count)
-void dropout_keep_words(std::uint64_t* out, std::uint64_t word0, std::size_t count, const DropoutMask& mask);
+void dropout_keep_words(std::uint64_t* out, std::uint64_t word0, std::size_t count, const KeepRule& mask);
 
 // simd/forward.cpp: the fused forward.
 
@@ -59,7 +60,7 @@ void dropout_keep_words(std::uint64_t* out, std::uint64_t word0, std::size_t cou
 // larger than it), then a store fence.
 // out: (n), a: (n), b: (n)
 void add_dropout(float* out, const float* a, const float* b, std::size_t n, std::uint64_t first,
-                 const DropoutMask& mask, bool stream = false);
+                 const KeepRule& mask, bool stream = false);
 
 // How forward_rows walks its rows: chosen by its caller (embedding_forward)
 // from the output's size and whether the mask is kept. Every plan writes the
@@ -88,7 +89,7 @@ struct ForwardPlan {
 // out: (n, d), token_table: (V, d), position_table: (max_seq_len, d), ids: (n)
 void forward_rows(float* out, const float* token_table, const std::int64_t* token_ids,
                   const float* position_table, const std::int64_t* position_ids, std::size_t d,
-                  std::size_t r0, std::size_t r1, const DropoutMask& mask, const ForwardPlan& plan);
+                  std::size_t r0, std::size_t r1, const KeepRule& mask, const ForwardPlan& plan);
 
 // simd/backward.cpp: the backward into both tables, and fresh gradients' zeros.
 
@@ -121,7 +122,7 @@ struct BackwardPlan {
 // order. keep: the mask's keep words (the forward's, or drawn again by the
 // caller), or null without a mask. grad_out: (n, d), keep: (ceil(n * d / 64))
 void backward_rows(const GradTable& token, const GradTable& position, const BackwardPlan& plan, std::uint8_t self,
-                   const float* grad_out, std::size_t d, std::size_t n, const DropoutMask& mask,
+                   const float* grad_out, std::size_t d, std::size_t n, const KeepRule& mask,
                    const std::uint64_t* keep);
 
 // out[j] = 0, j < n, with non-temporal stores past the cache, then a store fence.

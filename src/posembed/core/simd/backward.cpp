@@ -36,7 +36,7 @@ void AddInto(float* HWY_RESTRICT row, const float* HWY_RESTRICT grad, std::size_
              bool row_is_zero, bool stream) {
   const hn::ScalableTag<float> df;
   const std::size_t lanes = hn::Lanes(df);
-  ForEachVector<false>(n, row, 0, n, DropoutMask{}, nullptr, lanes, [&](std::size_t j, std::size_t count, std::uint32_t) {
+  ForEachVector<false>(n, row, 0, n, KeepRule{}, nullptr, lanes, [&](std::size_t j, std::size_t count, std::uint32_t) {
     auto v = LoadPart(df, grad + j, count);
     if constexpr (kMasked) v = ApplyKeep(df, v, keep.At(j), scale);
     const auto sum = hn::Add(row_is_zero ? hn::Zero(df) : LoadPart(df, row + j, count), v);
@@ -312,7 +312,7 @@ void BackwardWalk(const GradTable& token, const GradTable& position, const Backw
 
 // backward_rows (simd.h).
 void BackwardRows(const GradTable& token, const GradTable& position, const BackwardPlan& plan, std::uint8_t self,
-                  const float* HWY_RESTRICT grad_out, std::size_t d, std::size_t n, const DropoutMask& mask,
+                  const float* HWY_RESTRICT grad_out, std::size_t d, std::size_t n, const KeepRule& mask,
                   const std::uint64_t* HWY_RESTRICT keep) {
   if (mask.active) {
     BackwardWalk<true>(token, position, plan, self, grad_out, d, n, mask.scale, keep);
@@ -386,7 +386,7 @@ namespace {
 }  // namespace
 
 void backward_rows(const GradTable& token, const GradTable& position, const BackwardPlan& plan, std::uint8_t self,
-                   const float* grad_out, std::size_t d, std::size_t n, const DropoutMask& mask,
+                   const float* grad_out, std::size_t d, std::size_t n, const KeepRule& mask,
                    const std::uint64_t* keep) {
   HWY_DYNAMIC_DISPATCH(BackwardRows)(token, position, plan, self, grad_out, d, n, mask, keep);
 }

@@ -32,7 +32,7 @@ void philox_blocks(std::uint32_t* out, PhiloxCounter first, PhiloxKey key, std::
   HWY_DYNAMIC_DISPATCH(PhiloxBlocks)(out, first, key, blocks);
 }
 
-void dropout_keep_words(std::uint64_t* out, std::uint64_t word0, std::size_t count, const DropoutMask& mask) {
+void dropout_keep_words(std::uint64_t* out, std::uint64_t word0, std::size_t count, const KeepRule& mask) {
   HWY_DYNAMIC_DISPATCH(DropoutKeepWords)(out, word0, count, mask);
 }
 

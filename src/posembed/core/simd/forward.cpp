@@ -60,7 +60,7 @@ HWY_INLINE hn::Vec<D> MaskedLoadAcrossEnds(hn::Mask<D> m, D d, const float* HWY_
 // mask), in a span of the walk that ends before `limit`.
 template <bool kMasked>
 void AddDropoutSpan(float* HWY_RESTRICT out, const float* HWY_RESTRICT a, const float* HWY_RESTRICT b,
-                    std::size_t n, std::uint64_t first, std::uint64_t limit, const DropoutMask& mask,
+                    std::size_t n, std::uint64_t first, std::uint64_t limit, const KeepRule& mask,
                     KeepCursor* keep, bool stream) {
   const hn::ScalableTag<float> df;
   const std::size_t lanes = hn::Lanes(df);
@@ -75,7 +75,7 @@ void AddDropoutSpan(float* HWY_RESTRICT out, const float* HWY_RESTRICT a, const 
 
 // add_dropout (simd.h).
 void AddDropout(float* HWY_RESTRICT out, const float* HWY_RESTRICT a, const float* HWY_RESTRICT b,
-                std::size_t n, std::uint64_t first, const DropoutMask& mask, bool stream) {
+                std::size_t n, std::uint64_t first, const KeepRule& mask, bool stream) {
   if (mask.active) {
     KeepCursor keep;
     AddDropoutSpan<true>(out, a, b, n, first, first + n, mask, &keep, stream);
@@ -106,7 +106,7 @@ constexpr std::size_t kLeadWords = kTieBatchWords + 2 * kTailWords;
 template <class D64>
 struct KeepAhead {
   std::uint64_t* out = nullptr;  // the keep words, out[w] word w
-  const DropoutMask* mask = nullptr;
+  const KeepRule* mask = nullptr;
   KeepCursor* cursor = nullptr;             // reads them in place; GiveKeep once all are final
   std::uint64_t w0 = 0, next = 0, end = 0;  // words [w0, end), [next, end) not drawn yet
   std::uint64_t ready = 0;                  // words before it are final; ties count from it
@@ -147,7 +147,7 @@ HWY_INLINE void DrawAhead(KeepAhead<D64>& a, std::uint64_t at) {
 // read them there; draws the first kLeadWords.
 template <class D64>
 HWY_INLINE void StartAhead(KeepAhead<D64>& a, std::uint64_t* HWY_RESTRICT keep, std::uint64_t w0,
-                           std::uint64_t w1, const DropoutMask& mask, KeepCursor& cursor) {
+                           std::uint64_t w1, const KeepRule& mask, KeepCursor& cursor) {
   const D64 d64;
   a.out = keep;
   a.mask = &mask;
@@ -192,7 +192,7 @@ void ForwardRowsStitched(float* HWY_RESTRICT out, const float* HWY_RESTRICT toke
                          const std::int64_t* HWY_RESTRICT token_ids,
                          const float* HWY_RESTRICT position_table,
                          const std::int64_t* HWY_RESTRICT position_ids, std::size_t d,
-                         std::size_t r0, std::size_t r1, const DropoutMask& mask, bool stream,
+                         std::size_t r0, std::size_t r1, const KeepRule& mask, bool stream,
                          KeepCursor& cursor, Ahead* drawing) {
   const hn::ScalableTag<float> df;
   using V = hn::Vec<decltype(df)>;
@@ -290,7 +290,7 @@ void ForwardRows(float* HWY_RESTRICT out, const float* HWY_RESTRICT token_table,
                  const std::int64_t* HWY_RESTRICT token_ids,
                  const float* HWY_RESTRICT position_table,
                  const std::int64_t* HWY_RESTRICT position_ids, std::size_t d, std::size_t r0,
-                 std::size_t r1, const DropoutMask& mask, const ForwardPlan& plan) {
+                 std::size_t r1, const KeepRule& mask, const ForwardPlan& plan) {
   const bool stream = plan.stream, ahead = plan.ahead;
   std::uint64_t* HWY_RESTRICT keep = plan.keep;
   KeepCursor cursor;
@@ -356,13 +356,13 @@ namespace {
 }  // namespace
 
 void add_dropout(float* out, const float* a, const float* b, std::size_t n, std::uint64_t first,
-                 const DropoutMask& mask, bool stream) {
+                 const KeepRule& mask, bool stream) {
   HWY_DYNAMIC_DISPATCH(AddDropout)(out, a, b, n, first, mask, stream);
 }
 
 void forward_rows(float* out, const float* token_table, const std::int64_t* token_ids,
                   const float* position_table, const std::int64_t* position_ids, std::size_t d,
-                  std::size_t r0, std::size_t r1, const DropoutMask& mask, const ForwardPlan& plan) {
+                  std::size_t r0, std::size_t r1, const KeepRule& mask, const ForwardPlan& plan) {
   HWY_DYNAMIC_DISPATCH(ForwardRows)
   (out, token_table, token_ids, position_table, position_ids, d, r0, r1, mask, plan);
 }

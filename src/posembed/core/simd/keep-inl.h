@@ -91,7 +91,7 @@ HWY_INLINE void ResolveTieGroup(D64 d64, std::uint64_t* HWY_RESTRICT out, std::u
 
 // Resolves the ties of keep words word0.. (out[0] is word word0) and empties
 // the list.
-inline void ResolveTies(std::uint64_t* HWY_RESTRICT out, std::uint64_t word0, Ties& ties, const DropoutMask& mask) {
+inline void ResolveTies(std::uint64_t* HWY_RESTRICT out, std::uint64_t word0, Ties& ties, const KeepRule& mask) {
   if (ties.count == 0) return;
   const hn::ScalableTag<std::uint64_t> d64;
   using V64 = hn::Vec<decltype(d64)>;
@@ -119,7 +119,7 @@ inline void ResolveTies(std::uint64_t* HWY_RESTRICT out, std::uint64_t word0, Ti
 // + i's high byte is byte i of the blocks (philox_byte).
 HWY_INLINE void KeepFromDraws(std::uint64_t* HWY_RESTRICT out,
                               const std::uint8_t* HWY_RESTRICT high, std::size_t count,
-                              const DropoutMask& mask, Ties& ties, std::size_t tie_offset) {
+                              const KeepRule& mask, Ties& ties, std::size_t tie_offset) {
   const auto threshold_high = static_cast<std::uint8_t>(mask.threshold >> 24);
   // Each element's bit of tied (64 per word, as the keep words) is set where its
   // high byte ties the threshold's.
@@ -171,7 +171,7 @@ HWY_INLINE void KeepFromDraws(std::uint64_t* HWY_RESTRICT out,
 // draw's high byte against the threshold's. An element whose byte ties it is
 // kept and added to `ties` at offset `tie_offset` + its element from 64 * word0.
 inline void DrawKeepWords(std::uint64_t* HWY_RESTRICT out, std::uint64_t word0, std::size_t count,
-                   const DropoutMask& mask, Ties& ties, std::size_t tie_offset) {
+                   const KeepRule& mask, Ties& ties, std::size_t tie_offset) {
   HWY_ALIGN std::uint32_t draws[kChunkWords * 16];  // 4 blocks of 4 words per keep word
   PhiloxBlocks(draws, philox_counter(word0 * 4, mask.step, RandomStream::dropout), mask.key,
                count * 4);
@@ -180,7 +180,7 @@ inline void DrawKeepWords(std::uint64_t* HWY_RESTRICT out, std::uint64_t word0, 
 
 // dropout_keep_words (simd.h).
 inline void DropoutKeepWords(std::uint64_t* HWY_RESTRICT out, std::uint64_t word0, std::size_t count,
-                      const DropoutMask& mask) {
+                      const KeepRule& mask) {
   Ties ties;
   for (std::size_t b = 0; b < count; b += kTieBatchWords) {
     const std::size_t words = std::min(kTieBatchWords, count - b);
@@ -211,7 +211,7 @@ struct KeepCursor {
 // Makes the cursor hold the words of elements [e0, e1) (at most kTile +
 // kMaxLanes of them), in a span of the walk that ends before element `limit`:
 // batches stop at the word holding element limit - 1.
-inline void DrawThrough(KeepCursor& c, std::uint64_t e0, std::uint64_t e1, std::uint64_t limit, const DropoutMask& mask) {
+inline void DrawThrough(KeepCursor& c, std::uint64_t e0, std::uint64_t e1, std::uint64_t limit, const KeepRule& mask) {
   if (c.given) return;  // read where they are
   const std::uint64_t w0 = e0 >> 6, w1 = (e1 - 1) >> 6, limit_words = ((limit - 1) >> 6) + 1;
   if (w0 < c.base || w0 > c.end) {
@@ -288,7 +288,7 @@ HWY_INLINE hn::Vec<DF> ApplyKeep(DF df, hn::Vec<DF> v, std::uint32_t keep, float
 // vector boundaries, in a span of the walk that ends before `limit`; else 0.
 template <bool kMasked, class Body>
 HWY_INLINE void ForEachVector(std::size_t n, const float* aligned, std::uint64_t first, std::uint64_t limit,
-                              const DropoutMask& mask, KeepCursor* cursor, std::size_t lanes, Body&& body) {
+                              const KeepRule& mask, KeepCursor* cursor, std::size_t lanes, Body&& body) {
   const std::size_t head = ElementsBeforeVectorBoundary(aligned, lanes);
   // keep: the bits from element first + j0 on.
   const auto vectors = [&](std::size_t j0, std::size_t j1, KeepSpan keep) {
