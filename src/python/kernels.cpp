@@ -46,8 +46,8 @@ Batch batch_inputs(const In& token_ids, const In& position_ids, std::int64_t voc
   return b;
 }
 
-void forward(Out out, In token_ids, In position_ids, In token_table, In position_table, double p,
-             std::uint64_t seed, std::uint64_t step, std::int64_t padding_row,
+void forward(Out out, In token_ids, In position_ids, In token_table, In position_table,
+             double dropout, std::uint64_t seed, std::uint64_t step, std::int64_t padding_row,
              std::optional<Out> mask_bits) {
   const auto tokens = view<const float>(token_table, "token_table", 2);
   const auto positions = view<const float>(position_table, "position_table", 2);
@@ -75,8 +75,8 @@ void forward(Out out, In token_ids, In position_ids, In token_table, In position
   require_disjoint(mask, "mask_bits", b.token_ids, "input_ids");
   require_disjoint(mask, "mask_bits", b.position_ids, "position_ids");
   nb::gil_scoped_release release;
-  embedding_forward(o, b.token_ids, b.position_ids, tokens, positions, b.shape, {p, seed, step},
-                    mask);
+  embedding_forward(o, b.token_ids, b.position_ids, tokens, positions, b.shape,
+                    {dropout, seed, step}, mask);
 }
 
 // The gradient tables and grad_out of both backward variants, checked.
@@ -109,7 +109,7 @@ BackwardArgs backward_args(const std::optional<Out>& grad_position_table, const 
 
 void backward(std::optional<Out> grad_token_table, std::optional<Out> grad_position_table,
               In grad_out, In token_ids, In position_ids, std::int64_t vocab_size,
-              std::int64_t max_seq_len, double p, std::uint64_t seed, std::uint64_t step,
+              std::int64_t max_seq_len, double dropout, std::uint64_t seed, std::uint64_t step,
               std::int64_t padding_row, bool accumulate, std::optional<In> mask_bits) {
   const BackwardArgs a = backward_args(grad_position_table, grad_out, token_ids, position_ids,
                                        vocab_size, max_seq_len, padding_row);
@@ -126,7 +126,7 @@ void backward(std::optional<Out> grad_token_table, std::optional<Out> grad_posit
   require_disjoint(a.grad_position, "grad_position_table", mask, "mask_bits");
   nb::gil_scoped_release release;
   embedding_backward(grad_token, a.grad_position, a.grad_out, a.batch.token_ids,
-                     a.batch.position_ids, a.batch.shape, {p, seed, step},
+                     a.batch.position_ids, a.batch.shape, {dropout, seed, step},
                      accumulate ? GradMode::accumulate : GradMode::write, mask);
 }
 
@@ -137,7 +137,7 @@ using ValuesArray = nb::ndarray<nb::numpy, float, nb::ndim<2>>;
 // ascending, as NumPy arrays that own the kernel's buffers (no copy).
 std::tuple<RowsArray, ValuesArray> backward_sparse(
     std::optional<Out> grad_position_table, In grad_out, In token_ids, In position_ids,
-    std::int64_t vocab_size, std::int64_t max_seq_len, double p, std::uint64_t seed,
+    std::int64_t vocab_size, std::int64_t max_seq_len, double dropout, std::uint64_t seed,
     std::uint64_t step, std::int64_t padding_row, bool accumulate, std::optional<In> mask_bits) {
   const BackwardArgs a = backward_args(grad_position_table, grad_out, token_ids, position_ids,
                                        vocab_size, max_seq_len, padding_row);
@@ -152,7 +152,7 @@ std::tuple<RowsArray, ValuesArray> backward_sparse(
   {
     nb::gil_scoped_release release;
     embedding_backward(*grad, a.grad_position, a.grad_out, a.batch.token_ids, a.batch.position_ids,
-                       a.batch.shape, {p, seed, step},
+                       a.batch.shape, {dropout, seed, step},
                        accumulate ? GradMode::accumulate : GradMode::write, mask);
   }
   const std::size_t rows = grad->rows.size();
@@ -214,14 +214,14 @@ std::vector<std::tuple<std::string, std::string, std::string>> config_fields() {
 
 void bind_kernels(nb::module_& m) {
   m.def("forward", &forward, "out"_a, "input_ids"_a, "position_ids"_a, "token_table"_a,
-        "position_table"_a, "p"_a, "seed"_a, "step"_a, "padding_row"_a = -1,
+        "position_table"_a, "dropout"_a, "seed"_a, "step"_a, "padding_row"_a = -1,
         "mask_bits"_a.none() = nb::none(),
         "out (B, T, d) = dropout(token_table[input_ids] + position_table[position_ids]); the "
         "mask is Philox(seed, step, flat index). mask_bits: None, or ceil(B*T*d / 64) int64 "
-        "words that a forward with p > 0 fills with its mask, bit i % 64 of word i // 64 set "
+        "words that a forward with dropout > 0 fills with its mask, bit i % 64 of word i // 64 set "
         "where element i is kept, for the backwards");
   m.def("backward", &backward, "grad_token_table"_a.none(), "grad_position_table"_a.none(),
-        "grad_out"_a, "input_ids"_a, "position_ids"_a, "vocab_size"_a, "max_seq_len"_a, "p"_a,
+        "grad_out"_a, "input_ids"_a, "position_ids"_a, "vocab_size"_a, "max_seq_len"_a, "dropout"_a,
         "seed"_a, "step"_a, "padding_row"_a = -1, "accumulate"_a = true,
         "mask_bits"_a.none() = nb::none(),
         "accumulates (+=) the gradients of forward, or with accumulate=False writes them "
@@ -229,8 +229,8 @@ void bind_kernels(nb::module_& m) {
         "a table. mask_bits: the forward's, read instead of drawing the mask again (the same "
         "bits), or None");
   m.def("backward_sparse", &backward_sparse, "grad_position_table"_a.none(), "grad_out"_a,
-        "input_ids"_a, "position_ids"_a, "vocab_size"_a, "max_seq_len"_a, "p"_a, "seed"_a, "step"_a,
-        "padding_row"_a = -1, "accumulate"_a = true, "mask_bits"_a.none() = nb::none(),
+        "input_ids"_a, "position_ids"_a, "vocab_size"_a, "max_seq_len"_a, "dropout"_a, "seed"_a,
+        "step"_a, "padding_row"_a = -1, "accumulate"_a = true, "mask_bits"_a.none() = nb::none(),
         "returns the token gradient as (rows, values), rows ascending; accumulates the "
         "position gradient unless None, or with accumulate=False writes it (as "
         "backward). mask_bits: as backward_dense's");
