@@ -7,9 +7,8 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j "$(nproc)" --target posembed_cli
 # Idle OpenMP threads spin for a bounded time (GOMP_SPINCOUNT), then sleep. Sleeping
 # at once (OMP_WAIT_POLICY=passive) costs a wake-up at each of the step's few hundred
-# parallel regions: 19,100 against 24,400 tokens/s on 2 quiet cores. Long spinning
-# starves the working threads on a shared machine (a run under load was 4x slower
-# with spinning threads). OMP_WAIT_POLICY, when set, still wins.
+# parallel regions; long spinning starves the working threads on a shared machine
+# (docs/performance-log.md has the runs). OMP_WAIT_POLICY, when set, still wins.
 export GOMP_SPINCOUNT=${GOMP_SPINCOUNT:-30000}
 # The main job starts the default run afresh in out/ each time (--overwrite
 # replaces an earlier run there); `posembed train` alone never overwrites one.
