@@ -16,12 +16,12 @@
 #include "cli/flag_checks.h"
 #include "posembed/core/error.h"
 #include "posembed/core/parallel.h"
-#include "posembed/core/philox.h"
 #include "posembed/core/simd.h"
 #include "posembed/model/checkpoint.h"
 #include "posembed/model/distributed.h"
 #include "posembed/model/gemm.h"
 #include "posembed/model/init_from.h"
+#include "posembed/model/sample.h"
 #include "posembed/model/train.h"
 
 namespace posembed::cli {
@@ -31,88 +31,35 @@ struct SampleOptions {
   std::string checkpoint;
   std::string prompt = "\n";
   std::int64_t tokens = 400;
-  double temperature = 0.8;
-  std::int64_t top_k = 0;
-  std::uint64_t seed = 1;
+  model::SampleSettings settings;
   int threads = 1;
 };
 
-// Samples a byte from softmax(logits / temperature), optionally restricted to
-// the top k, with one Philox draw keyed by (seed, index).
-std::int64_t sample_byte(std::span<const float> logits, const SampleOptions& o, std::uint64_t index,
-                         std::vector<double>& probs) {
-  const std::size_t V = logits.size();
-  if (o.temperature == 0.0) {
-    std::size_t best = 0;
-    for (std::size_t i = 1; i < V; ++i) best = logits[i] > logits[best] ? i : best;
-    return static_cast<std::int64_t>(best);
-  }
-  float cutoff = -INFINITY;
-  if (o.top_k > 0 && static_cast<std::size_t>(o.top_k) < V) {
-    std::vector<float> sorted(logits.begin(), logits.end());
-    std::nth_element(sorted.begin(), sorted.begin() + o.top_k - 1, sorted.end(), std::greater<>());
-    cutoff = sorted[static_cast<std::size_t>(o.top_k - 1)];
-  }
-  double mx = -INFINITY, sum = 0;
-  for (float z : logits) mx = std::max(mx, static_cast<double>(z));
-  for (std::size_t i = 0; i < V; ++i) {
-    probs[i] = logits[i] < cutoff ? 0.0 : std::exp((logits[i] - mx) / o.temperature);
-    sum += probs[i];
-  }
-  const PhiloxCounter w = philox4x32_10(philox_counter(index, 0, RandomStream::data_sampling),
-                                        philox_key(o.seed));
-  const double u = static_cast<double>(((std::uint64_t{w[0]} << 32 | w[1]) >> 11)) * 0x1.0p-53 * sum;
-  double acc = 0;
-  for (std::size_t i = 0; i < V; ++i) {
-    acc += probs[i];
-    if (u < acc) return static_cast<std::int64_t>(i);
-  }
-  return static_cast<std::int64_t>(V - 1);
-}
-
 void run_sample(const SampleOptions& o) {
+  const model::SampleSettings& s = o.settings;
   require_at_least("--tokens", o.tokens, 0, "bytes to generate");
-  if (!(o.temperature >= 0) || !std::isfinite(o.temperature)) {
-    throw Error("--temperature " + std::to_string(o.temperature) +
+  if (!(s.temperature >= 0) || !std::isfinite(s.temperature)) {
+    throw Error("--temperature " + std::to_string(s.temperature) +
                 " must be finite and >= 0 (0 = greedy, 1 = the model's distribution)");
   }
-  require_at_least("--top-k", o.top_k, 0, "0 = all bytes, k = the k most likely");
+  require_at_least("--top-k", s.top_k, 0, "0 = all bytes, k = the k most likely");
   require_at_least("--threads", o.threads, 0, "0 = all cores");
   if (o.prompt.empty()) throw Error("--prompt must hold at least one byte");
   set_num_threads(o.threads);
   model::Checkpoint info;
   const model::Gpt gpt = model::load_checkpoint(o.checkpoint, &info, false);
-  if (o.top_k > gpt.config.embedding.vocab_size) {
-    throw Error("--top-k " + std::to_string(o.top_k) + " exceeds the vocabulary of " +
+  if (s.top_k > gpt.config.embedding.vocab_size) {
+    throw Error("--top-k " + std::to_string(s.top_k) + " exceeds the vocabulary of " +
                 std::to_string(gpt.config.embedding.vocab_size) + " bytes; use 0 for all of them");
   }
-  const std::int64_t max_len = gpt.config.embedding.max_seq_len;
-  std::vector<std::int64_t> context(o.prompt.begin(), o.prompt.end());
-  for (auto& t : context) t = static_cast<unsigned char>(t);
-  model::KvCache cache = model::make_kv_cache(gpt.config);
-  std::vector<float> logits(static_cast<std::size_t>(gpt.config.embedding.vocab_size));
-  std::vector<double> probs(logits.size());
-  // Sliding window: when the cache is full, keep the last max_seq_len/2 tokens
-  // and recompute their cache at positions 0.. (the model never saw positions
-  // past max_seq_len - 1).
-  const auto refill = [&] {
-    const std::size_t keep = std::min<std::size_t>(context.size(), static_cast<std::size_t>(std::max<std::int64_t>(1, max_len / 2)));
-    cache.length = 0;
-    for (std::size_t i = context.size() - keep; i < context.size(); ++i) {
-      model::gpt_decode_step(gpt, cache, context[i], logits);
-    }
-  };
-  refill();
+  std::vector<std::int64_t> prompt(o.prompt.begin(), o.prompt.end());
+  for (auto& t : prompt) t = static_cast<unsigned char>(t);
   std::fwrite(o.prompt.data(), 1, o.prompt.size(), stdout);
-  for (std::int64_t n = 0; n < o.tokens; ++n) {
-    const std::int64_t next = sample_byte(logits, o, static_cast<std::uint64_t>(n), probs);
-    const char c = static_cast<char>(next);
+  model::generate(gpt, prompt, o.tokens, s, [](std::int64_t token) {
+    const char c = static_cast<char>(token);
     std::fwrite(&c, 1, 1, stdout);
     std::fflush(stdout);
-    context.push_back(next);
-    if (cache.length == max_len) refill();
-    else model::gpt_decode_step(gpt, cache, next, logits);
-  }
+  });
   std::printf("\n");
 }
 
@@ -333,11 +280,11 @@ void add_sample_command(CLI::App& app) {
   cmd->add_option("checkpoint", o->checkpoint, "checkpoint written by posembed train")->required();
   cmd->add_option("--prompt", o->prompt, "text to continue")->capture_default_str();
   cmd->add_option("--tokens", o->tokens, "bytes to generate")->capture_default_str();
-  cmd->add_option("--temperature", o->temperature, "softmax temperature; 0 = greedy")
+  cmd->add_option("--temperature", o->settings.temperature, "softmax temperature; 0 = greedy")
       ->capture_default_str();
-  cmd->add_option("--top-k", o->top_k, "sample among the k most likely bytes; 0 = all")
+  cmd->add_option("--top-k", o->settings.top_k, "sample among the k most likely bytes; 0 = all")
       ->capture_default_str();
-  cmd->add_option("--seed", o->seed, "seed of the sampling draws")->capture_default_str();
+  cmd->add_option("--seed", o->settings.seed, "seed of the sampling draws")->capture_default_str();
   cmd->add_option("--threads", o->threads, "threads")->capture_default_str();
   cmd->callback([o] { run_sample(*o); });
 }
