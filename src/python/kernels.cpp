@@ -31,22 +31,22 @@ using namespace nb::literals;
 // (V, d) and (P, d). A table may be absent (frozen in backward), so its rows
 // come as numbers.
 struct Batch {
-  std::span<const std::int64_t> token_ids, position_ids;
+  std::span<const std::int64_t> input_ids, position_ids;
   EmbeddingShape shape;
 };
 
-Batch batch_inputs(const In& token_ids, const In& position_ids, std::int64_t vocab_size,
+Batch batch_inputs(const In& input_ids, const In& position_ids, std::int64_t vocab_size,
                    std::int64_t max_seq_len, std::int64_t embed_dim, std::int64_t padding_row) {
   Batch b;
-  b.token_ids = view<const std::int64_t>(token_ids, "input_ids", 2);
+  b.input_ids = view<const std::int64_t>(input_ids, "input_ids", 2);
   b.position_ids = view<const std::int64_t>(position_ids, "position_ids", 2);
-  b.shape = {dim(token_ids, 0), dim(token_ids, 1), vocab_size, max_seq_len, embed_dim, padding_row};
+  b.shape = {dim(input_ids, 0), dim(input_ids, 1), vocab_size, max_seq_len, embed_dim, padding_row};
   require_shape("position_ids", shape_text(position_ids), dim(position_ids, 0),
                 dim(position_ids, 1), b.shape.batch, b.shape.seq_len, ", the shape of input_ids");
   return b;
 }
 
-void forward(Out out, In token_ids, In position_ids, In token_table, In position_table,
+void forward(Out out, In input_ids, In position_ids, In token_table, In position_table,
              double dropout, std::uint64_t seed, std::uint64_t step, std::int64_t padding_row,
              std::optional<Out> mask_bits) {
   const auto tokens = view<const float>(token_table, "token_table", 2);
@@ -56,7 +56,7 @@ void forward(Out out, In token_ids, In position_ids, In token_table, In position
       "position_table", shape_text(position_table), dim(position_table, 0), dim(position_table, 1),
       dim(position_table, 0), d,
       ": both tables have embed_dim columns (the token table has " + std::to_string(d) + ")");
-  const Batch b = batch_inputs(token_ids, position_ids, dim(token_table, 0), dim(position_table, 0),
+  const Batch b = batch_inputs(input_ids, position_ids, dim(token_table, 0), dim(position_table, 0),
                                d, padding_row);
   const auto o = view<float>(out, "out", 3);
   if (dim(out, 0) != b.shape.batch || dim(out, 1) != b.shape.seq_len || dim(out, 2) != d) {
@@ -66,16 +66,16 @@ void forward(Out out, In token_ids, In position_ids, In token_table, In position
   }
   require_disjoint(o, "out", tokens, "token_table");
   require_disjoint(o, "out", positions, "position_table");
-  require_disjoint(o, "out", b.token_ids, "input_ids");
+  require_disjoint(o, "out", b.input_ids, "input_ids");
   require_disjoint(o, "out", b.position_ids, "position_ids");
   const auto mask = mask_view<std::uint64_t>(mask_bits);
   require_disjoint(mask, "mask_bits", o, "out");
   require_disjoint(mask, "mask_bits", tokens, "token_table");
   require_disjoint(mask, "mask_bits", positions, "position_table");
-  require_disjoint(mask, "mask_bits", b.token_ids, "input_ids");
+  require_disjoint(mask, "mask_bits", b.input_ids, "input_ids");
   require_disjoint(mask, "mask_bits", b.position_ids, "position_ids");
   nb::gil_scoped_release release;
-  embedding_forward(o, b.token_ids, b.position_ids, tokens, positions, b.shape,
+  embedding_forward(o, b.input_ids, b.position_ids, tokens, positions, b.shape,
                     {dropout, seed, step}, mask);
 }
 
@@ -87,15 +87,15 @@ struct BackwardArgs {
 };
 
 BackwardArgs backward_args(const std::optional<Out>& grad_position_table, const In& grad_out,
-                           const In& token_ids, const In& position_ids, std::int64_t vocab_size,
+                           const In& input_ids, const In& position_ids, std::int64_t vocab_size,
                            std::int64_t max_seq_len, std::int64_t padding_row) {
   BackwardArgs a;
   a.grad_out = view<const float>(grad_out, "grad_out", 3);
   const std::int64_t d = dim(grad_out, 2);
-  a.batch = batch_inputs(token_ids, position_ids, vocab_size, max_seq_len, d, padding_row);
+  a.batch = batch_inputs(input_ids, position_ids, vocab_size, max_seq_len, d, padding_row);
   if (dim(grad_out, 0) != a.batch.shape.batch || dim(grad_out, 1) != a.batch.shape.seq_len) {
     throw Error("grad_out has shape " + shape_text(grad_out) + " but input_ids has shape " +
-                shape_text(token_ids) + "; grad_out must be (batch, seq_len, embed_dim)");
+                shape_text(input_ids) + "; grad_out must be (batch, seq_len, embed_dim)");
   }
   a.grad_position = view_optional<float>(grad_position_table, "grad_position_table", 2);
   if (grad_position_table) {
@@ -108,10 +108,10 @@ BackwardArgs backward_args(const std::optional<Out>& grad_position_table, const 
 }
 
 void backward(std::optional<Out> grad_token_table, std::optional<Out> grad_position_table,
-              In grad_out, In token_ids, In position_ids, std::int64_t vocab_size,
+              In grad_out, In input_ids, In position_ids, std::int64_t vocab_size,
               std::int64_t max_seq_len, double dropout, std::uint64_t seed, std::uint64_t step,
               std::int64_t padding_row, bool accumulate, std::optional<In> mask_bits) {
-  const BackwardArgs a = backward_args(grad_position_table, grad_out, token_ids, position_ids,
+  const BackwardArgs a = backward_args(grad_position_table, grad_out, input_ids, position_ids,
                                        vocab_size, max_seq_len, padding_row);
   const auto grad_token = view_optional<float>(grad_token_table, "grad_token_table", 2);
   if (grad_token_table) {
@@ -125,7 +125,7 @@ void backward(std::optional<Out> grad_token_table, std::optional<Out> grad_posit
   require_disjoint(grad_token, "grad_token_table", mask, "mask_bits");
   require_disjoint(a.grad_position, "grad_position_table", mask, "mask_bits");
   nb::gil_scoped_release release;
-  embedding_backward(grad_token, a.grad_position, a.grad_out, a.batch.token_ids,
+  embedding_backward(grad_token, a.grad_position, a.grad_out, a.batch.input_ids,
                      a.batch.position_ids, a.batch.shape, {dropout, seed, step},
                      accumulate ? GradMode::accumulate : GradMode::write, mask);
 }
@@ -136,10 +136,10 @@ using ValuesArray = nb::ndarray<nb::numpy, float, nb::ndim<2>>;
 // Returns (rows (R,), values (R, d)): the token gradient's touched rows,
 // ascending, as NumPy arrays that own the kernel's buffers (no copy).
 std::tuple<RowsArray, ValuesArray> backward_sparse(
-    std::optional<Out> grad_position_table, In grad_out, In token_ids, In position_ids,
+    std::optional<Out> grad_position_table, In grad_out, In input_ids, In position_ids,
     std::int64_t vocab_size, std::int64_t max_seq_len, double dropout, std::uint64_t seed,
     std::uint64_t step, std::int64_t padding_row, bool accumulate, std::optional<In> mask_bits) {
-  const BackwardArgs a = backward_args(grad_position_table, grad_out, token_ids, position_ids,
+  const BackwardArgs a = backward_args(grad_position_table, grad_out, input_ids, position_ids,
                                        vocab_size, max_seq_len, padding_row);
   const auto mask = mask_view<const std::uint64_t>(mask_bits);
   require_disjoint(a.grad_position, "grad_position_table", mask, "mask_bits");
@@ -151,7 +151,7 @@ std::tuple<RowsArray, ValuesArray> backward_sparse(
   grad->embed_dim = a.batch.shape.embed_dim;
   {
     nb::gil_scoped_release release;
-    embedding_backward(*grad, a.grad_position, a.grad_out, a.batch.token_ids, a.batch.position_ids,
+    embedding_backward(*grad, a.grad_position, a.grad_out, a.batch.input_ids, a.batch.position_ids,
                        a.batch.shape, {dropout, seed, step},
                        accumulate ? GradMode::accumulate : GradMode::write, mask);
   }

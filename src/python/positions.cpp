@@ -42,11 +42,11 @@ void positions_from_mask_array(Out out, In attention_mask) {
 // The token-based schemes (fairseq padding, Megatron end-of-document).
 template <void (*Scheme)(std::span<std::int64_t>, std::span<const std::int64_t>, std::int64_t,
                          std::int64_t, std::int64_t)>
-void positions_from_tokens_array(Out out, In token_ids, std::int64_t special_id) {
+void positions_from_tokens_array(Out out, In input_ids, std::int64_t special_id) {
   const auto o = view<std::int64_t>(out, "position_ids", 2);
-  const auto ids = view<const std::int64_t>(token_ids, "input_ids", 2);
+  const auto ids = view<const std::int64_t>(input_ids, "input_ids", 2);
   require_disjoint(o, "position_ids", ids, "input_ids");
-  Scheme(o, ids, dim(token_ids, 0), dim(token_ids, 1), special_id);
+  Scheme(o, ids, dim(input_ids, 0), dim(input_ids, 1), special_id);
 }
 
 void positions_from_cu_seqlens_array(Out out, In cu_seqlens) {

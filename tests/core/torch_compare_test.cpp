@@ -72,11 +72,11 @@ TEST_F(TorchReference, PositionSchemesMatch) {
       const auto mask_len = static_cast<std::int64_t>(mask.size()) / B;
       (c.starts_with("opt") ? positions_opt : positions_from_attention_mask)(ours, mask, B, mask_len, T);
     } else if (c.starts_with("eos")) {
-      positions_from_eos(ours, ints(c + "/token_ids"), B, T, ints(c + "/eos_id")[0]);
+      positions_from_eos(ours, ints(c + "/input_ids"), B, T, ints(c + "/eos_id")[0]);
     } else if (c.starts_with("cuseqlens")) {
       positions_from_cu_seqlens(ours, ints(c + "/cu_seqlens"));
     } else if (c.starts_with("fairseq")) {
-      positions_fairseq(ours, ints(c + "/token_ids"), B, T, ints(c + "/pad_id")[0]);
+      positions_fairseq(ours, ints(c + "/input_ids"), B, T, ints(c + "/pad_id")[0]);
     } else {
       continue;  // explicit ids: nothing to derive
     }
@@ -93,7 +93,7 @@ TEST_F(TorchReference, ForwardAndBackwardMatchNnEmbedding) {
     const auto s = ints(c + "/shape");
     const EmbeddingShape shape{s[0], s[1], s[3], s[4], s[2],
                                c.starts_with("fairseq") ? ints(c + "/pad_id")[0] : -1};
-    const auto tokens = ints(c + "/token_ids"), positions = ints(c + "/position_ids");
+    const auto tokens = ints(c + "/input_ids"), positions = ints(c + "/position_ids");
     const auto token_table = floats(c + "/token_table"), position_table = floats(c + "/position_table");
     const auto grad_out = floats(c + "/grad_out");
     std::vector<float> out(grad_out.size());

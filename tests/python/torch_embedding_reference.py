@@ -77,7 +77,7 @@ def main():
         (out * grad_out).sum().backward()
         case = {
             "shape": torch.tensor([batch, seq_len, dim, vocab, max_len]),
-            "token_ids": tokens, "position_ids": positions,
+            "input_ids": tokens, "position_ids": positions,
             "token_table": token_table, "position_table": position_table,
             "grad_out": grad_out, "out": out.detach(),
             "grad_token_table": tok.weight.grad, "grad_position_table": pos.weight.grad,

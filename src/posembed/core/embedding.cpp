@@ -310,7 +310,7 @@ void merge_rows(SparseRowGrad& grad, std::span<const std::int64_t> batch_rows) {
 }
 
 void validate_backward(std::size_t grad_token_size, std::span<float> grad_position_table,
-                       std::span<const float> grad_out, std::span<const std::int64_t> token_ids,
+                       std::span<const float> grad_out, std::span<const std::int64_t> input_ids,
                        std::span<const std::int64_t> position_ids, const EmbeddingShape& shape,
                        const DropoutSpec& dropout, std::span<const std::uint64_t> mask_bits) {
   // Clamped so that a negative field reaches the clear error of validate_embedding_inputs.
@@ -318,7 +318,7 @@ void validate_backward(std::size_t grad_token_size, std::span<float> grad_positi
   const std::int64_t d = std::max<std::int64_t>(shape.embed_dim, 0);
   const std::uint64_t vocab_values = values(count(shape.vocab_size), d, "vocab_size x embed_dim");
   const std::uint64_t position_values = values(count(shape.max_seq_len), d, "max_seq_len x embed_dim");
-  validate_embedding_inputs(token_ids, position_ids, vocab_values, position_values, shape, dropout);
+  validate_embedding_inputs(input_ids, position_ids, vocab_values, position_values, shape, dropout);
   check_size("grad_out", grad_out.size(), values(token_count(shape), shape.embed_dim, "B x T x d"),
              [&] { return shape_text(shape, true); });
   // The backward's plan numbers tokens in 32 bits (simd::BackwardPlan).
@@ -356,7 +356,7 @@ std::size_t dropout_mask_words(const EmbeddingShape& shape) {
   return static_cast<std::size_t>(elements / 64 + (elements % 64 != 0));
 }
 
-void validate_embedding_inputs(std::span<const std::int64_t> token_ids,
+void validate_embedding_inputs(std::span<const std::int64_t> input_ids,
                                std::span<const std::int64_t> position_ids,
                                std::size_t token_table_size, std::size_t position_table_size,
                                const EmbeddingShape& shape, const DropoutSpec& dropout) {
@@ -394,10 +394,10 @@ void validate_embedding_inputs(std::span<const std::int64_t> token_ids,
                       std::to_string(d) + ")";
              });
   const auto ids_shape = [&] { return shape_text(shape, false); };
-  check_size("token ids", token_ids.size(), token_count(shape), ids_shape);
+  check_size("token ids", input_ids.size(), token_count(shape), ids_shape);
   check_size("position ids", position_ids.size(), token_count(shape), ids_shape);
-  for (std::size_t i = 0; i < token_ids.size(); ++i) {
-    const std::int64_t id = token_ids[i];
+  for (std::size_t i = 0; i < input_ids.size(); ++i) {
+    const std::int64_t id = input_ids[i];
     if (id < 0) {
       throw OutOfRange("token id " + std::to_string(id) + " at " + where(i, shape.seq_len) +
                   " is negative; ids lie in [0, " + std::to_string(shape.vocab_size) +
@@ -426,12 +426,12 @@ void validate_embedding_inputs(std::span<const std::int64_t> token_ids,
   }
 }
 
-void embedding_forward(std::span<float> out, std::span<const std::int64_t> token_ids,
+void embedding_forward(std::span<float> out, std::span<const std::int64_t> input_ids,
                        std::span<const std::int64_t> position_ids,
                        std::span<const float> token_table, std::span<const float> position_table,
                        const EmbeddingShape& shape, const DropoutSpec& dropout,
                        std::span<std::uint64_t> mask_bits) {
-  validate_embedding_inputs(token_ids, position_ids, token_table.size(), position_table.size(),
+  validate_embedding_inputs(input_ids, position_ids, token_table.size(), position_table.size(),
                             shape, dropout);
   const std::int64_t d = shape.embed_dim;
   check_size("out", out.size(), values(token_count(shape), shape.embed_dim, "B x T x d"),
@@ -454,7 +454,7 @@ void embedding_forward(std::span<float> out, std::span<const std::int64_t> token
       .stream = bytes >= kStreamBytes,
       .ahead = bytes >= kAheadBytes};
   const auto walk = [&](std::int64_t first, std::int64_t last) {
-    simd::forward_rows(out.data(), token_table.data(), token_ids.data(), position_table.data(),
+    simd::forward_rows(out.data(), token_table.data(), input_ids.data(), position_table.data(),
                        position_ids.data(), static_cast<std::size_t>(d),
                        static_cast<std::size_t>(first * rows),
                        static_cast<std::size_t>(std::min(n, last * rows)), mask, plan);
@@ -468,19 +468,19 @@ void embedding_forward(std::span<float> out, std::span<const std::int64_t> token
 }
 
 void embedding_backward(std::span<float> grad_token_table, std::span<float> grad_position_table,
-                        std::span<const float> grad_out, std::span<const std::int64_t> token_ids,
+                        std::span<const float> grad_out, std::span<const std::int64_t> input_ids,
                         std::span<const std::int64_t> position_ids, const EmbeddingShape& shape,
                         const DropoutSpec& dropout, GradMode mode,
                         std::span<const std::uint64_t> mask_bits) {
-  validate_backward(grad_token_table.size(), grad_position_table, grad_out, token_ids,
+  validate_backward(grad_token_table.size(), grad_position_table, grad_out, input_ids,
                     position_ids, shape, dropout, mask_bits);
-  simd::GradTable token{grad_token_table.empty() ? nullptr : grad_token_table.data(), token_ids.data()};
+  simd::GradTable token{grad_token_table.empty() ? nullptr : grad_token_table.data(), input_ids.data()};
   simd::GradTable position{grad_position_table.empty() ? nullptr : grad_position_table.data(),
                            position_ids.data()};
   if (mode == GradMode::write) {
     // A fresh gradient in one pass: rows no token touches are zeroed, each touched
     // row is written by its first token (0 + v) and added to by the rest.
-    prepare_fresh(token, 0, token_ids, shape.vocab_size, shape.embed_dim, -1);
+    prepare_fresh(token, 0, input_ids, shape.vocab_size, shape.embed_dim, -1);
     // The padding row counts as untouched: zeroed here, then put back as zeros
     // after its tokens added to it.
     prepare_fresh(position, 1, position_ids, shape.max_seq_len, shape.embed_dim, shape.position_padding_row);
@@ -489,11 +489,11 @@ void embedding_backward(std::span<float> grad_token_table, std::span<float> grad
 }
 
 void embedding_backward(SparseRowGrad& grad, std::span<float> grad_position_table,
-                        std::span<const float> grad_out, std::span<const std::int64_t> token_ids,
+                        std::span<const float> grad_out, std::span<const std::int64_t> input_ids,
                         std::span<const std::int64_t> position_ids, const EmbeddingShape& shape,
                         const DropoutSpec& dropout, GradMode position_mode,
                         std::span<const std::uint64_t> mask_bits) {
-  validate_backward(0, grad_position_table, grad_out, token_ids, position_ids, shape,
+  validate_backward(0, grad_position_table, grad_out, input_ids, position_ids, shape,
                     dropout, mask_bits);
   const std::int64_t d = shape.embed_dim;
   if (!grad.rows.empty() && grad.embed_dim != d) {
@@ -503,12 +503,12 @@ void embedding_backward(SparseRowGrad& grad, std::span<float> grad_position_tabl
   validate_sparse_grad(grad, shape.vocab_size);
   grad.embed_dim = d;
   const auto width = static_cast<std::size_t>(d);
-  const std::size_t n = token_ids.size();
+  const std::size_t n = input_ids.size();
   SparseRowGrad::Scratch& scratch = grad.scratch;
   // The batch's rows as a bitmap over the vocabulary: sorted and unique in
   // O(B*T + V/64), with no sort.
   const std::size_t words = (static_cast<std::size_t>(shape.vocab_size) + 63) / 64;
-  mark_touched_rows(scratch.touched, token_ids, shape.vocab_size);
+  mark_touched_rows(scratch.touched, input_ids, shape.vocab_size);
   std::vector<std::int64_t>& batch_rows = scratch.batch_rows;
   batch_rows.clear();
   for (std::size_t w = 0; w < words; ++w) {
@@ -534,7 +534,7 @@ void embedding_backward(SparseRowGrad& grad, std::span<float> grad_position_tabl
       grad.values.resize(grad.rows.size() * width);
     }
     scratch.rank.resize(words);
-    rank_slots(scratch.slot, scratch.rank, scratch.touched, token_ids);
+    rank_slots(scratch.slot, scratch.rank, scratch.touched, input_ids);
     // A large gradient's first writes go past the cache (the next reader is
     // the optimizer); a small one stays in it.
     token.stream = grad.values.size() * sizeof(float) >= kStreamBytes;
@@ -542,7 +542,7 @@ void embedding_backward(SparseRowGrad& grad, std::span<float> grad_position_tabl
     // Accumulating a second batch before zero_grad: merge the new rows in.
     merge_rows(grad, batch_rows);
     for (std::size_t i = 0; i < n; ++i) {
-      scratch.slot[i] = std::lower_bound(grad.rows.begin(), grad.rows.end(), token_ids[i]) - grad.rows.begin();
+      scratch.slot[i] = std::lower_bound(grad.rows.begin(), grad.rows.end(), input_ids[i]) - grad.rows.begin();
     }
   }
   token.grad = grad.values.empty() ? nullptr : grad.values.data();

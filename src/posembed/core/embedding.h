@@ -57,11 +57,11 @@ struct SparseRowGrad {
 // ceil(B * T * d / 64), 1/32 of the output's bytes.
 std::size_t dropout_mask_words(const EmbeddingShape& shape);
 
-// out: (B, T, d); token_ids, position_ids: (B, T); token_table: (vocab_size, d);
+// out: (B, T, d); input_ids, position_ids: (B, T); token_table: (vocab_size, d);
 // position_table: (max_seq_len, d); mask_bits: empty, or dropout_mask_words(shape)
 // words that a training forward (p > 0) fills with its mask (with p == 0 there
 // is no mask: they are left as they are).
-void embedding_forward(std::span<float> out, std::span<const std::int64_t> token_ids,
+void embedding_forward(std::span<float> out, std::span<const std::int64_t> input_ids,
                        std::span<const std::int64_t> position_ids,
                        std::span<const float> token_table, std::span<const float> position_table,
                        const EmbeddingShape& shape, const DropoutSpec& dropout,
@@ -89,7 +89,7 @@ enum class GradMode {
 // training forward with this `dropout` filled, which saves drawing it (Philox is
 // most of a masked backward's arithmetic). Either way the same bits.
 void embedding_backward(std::span<float> grad_token_table, std::span<float> grad_position_table,
-                        std::span<const float> grad_out, std::span<const std::int64_t> token_ids,
+                        std::span<const float> grad_out, std::span<const std::int64_t> input_ids,
                         std::span<const std::int64_t> position_ids, const EmbeddingShape& shape,
                         const DropoutSpec& dropout, GradMode mode = GradMode::accumulate,
                         std::span<const std::uint64_t> mask_bits = {});
@@ -99,7 +99,7 @@ void embedding_backward(std::span<float> grad_token_table, std::span<float> grad
 // until zero_grad; `position_mode` says what happens to the dense position
 // gradient, as `mode` above (GradMode::write: no zero_grad of it needed first).
 void embedding_backward(SparseRowGrad& grad_token_table, std::span<float> grad_position_table,
-                        std::span<const float> grad_out, std::span<const std::int64_t> token_ids,
+                        std::span<const float> grad_out, std::span<const std::int64_t> input_ids,
                         std::span<const std::int64_t> position_ids, const EmbeddingShape& shape,
                         const DropoutSpec& dropout, GradMode position_mode = GradMode::accumulate,
                         std::span<const std::uint64_t> mask_bits = {});
@@ -118,7 +118,7 @@ void zero_grad(SparseRowGrad& grad);
 
 // Throws posembed::Error unless the ids, table sizes and dropout fit the shape.
 // Both kernels call it before writing anything.
-void validate_embedding_inputs(std::span<const std::int64_t> token_ids,
+void validate_embedding_inputs(std::span<const std::int64_t> input_ids,
                                std::span<const std::int64_t> position_ids,
                                std::size_t token_table_size, std::size_t position_table_size,
                                const EmbeddingShape& shape, const DropoutSpec& dropout);

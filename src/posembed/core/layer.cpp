@@ -79,13 +79,13 @@ EmbeddingShape layer_shape(const EmbeddingLayer& layer, std::int64_t batch, std:
 }
 
 DropoutSpec layer_forward(std::span<float> out, EmbeddingLayer& layer,
-                          std::span<const std::int64_t> token_ids,
+                          std::span<const std::int64_t> input_ids,
                           std::span<const std::int64_t> position_ids, std::int64_t batch,
                           std::int64_t seq_len, Mode mode) {
   const bool train = mode == Mode::train;
   const DropoutSpec dropout{train ? layer.config.dropout : 0.0, layer.config.seed,
                             layer.dropout_step};
-  embedding_forward(out, token_ids, position_ids, layer.token_table, layer.position_table,
+  embedding_forward(out, input_ids, position_ids, layer.token_table, layer.position_table,
                     layer_shape(layer, batch, seq_len), dropout);
   if (train) ++layer.dropout_step;
   return dropout;

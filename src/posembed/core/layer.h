@@ -50,7 +50,7 @@ enum class Mode { eval, train };
 // embedding_backward. A training forward advances layer.dropout_step, so the
 // next one draws a fresh mask.
 DropoutSpec layer_forward(std::span<float> out, EmbeddingLayer& layer,
-                          std::span<const std::int64_t> token_ids,
+                          std::span<const std::int64_t> input_ids,
                           std::span<const std::int64_t> position_ids, std::int64_t batch,
                           std::int64_t seq_len, Mode mode);
 

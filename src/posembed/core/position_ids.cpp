@@ -107,29 +107,29 @@ void positions_from_cu_seqlens(std::span<std::int64_t> out,
   }
 }
 
-void positions_from_eos(std::span<std::int64_t> out, std::span<const std::int64_t> token_ids,
+void positions_from_eos(std::span<std::int64_t> out, std::span<const std::int64_t> input_ids,
                         std::int64_t batch, std::int64_t seq_len, std::int64_t eos_id) {
-  check_shape("token ids", token_ids.size(), batch, seq_len);
+  check_shape("token ids", input_ids.size(), batch, seq_len);
   check_shape("position ids", out.size(), batch, seq_len);
   for (std::int64_t b = 0; b < batch; ++b) {
     std::int64_t position = 0;
     for (std::int64_t t = 0; t < seq_len; ++t) {
       const auto i = static_cast<std::size_t>(b * seq_len + t);
       out[i] = position++;
-      if (token_ids[i] == eos_id) position = 0;  // the eos ends its document
+      if (input_ids[i] == eos_id) position = 0;  // the eos ends its document
     }
   }
 }
 
-void positions_fairseq(std::span<std::int64_t> out, std::span<const std::int64_t> token_ids,
+void positions_fairseq(std::span<std::int64_t> out, std::span<const std::int64_t> input_ids,
                        std::int64_t batch, std::int64_t seq_len, std::int64_t pad_id) {
-  check_shape("token ids", token_ids.size(), batch, seq_len);
+  check_shape("token ids", input_ids.size(), batch, seq_len);
   check_shape("position ids", out.size(), batch, seq_len);
   for (std::int64_t b = 0; b < batch; ++b) {
     std::int64_t count = 0;
     for (std::int64_t t = 0; t < seq_len; ++t) {
       const auto i = static_cast<std::size_t>(b * seq_len + t);
-      const std::int64_t real = token_ids[i] != pad_id;
+      const std::int64_t real = input_ids[i] != pad_id;
       count += real;
       out[i] = count * real + pad_id;
     }

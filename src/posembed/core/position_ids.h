@@ -35,8 +35,8 @@ void positions_from_cu_seqlens(std::span<std::int64_t> out,
 // (d) Packed documents split by an end-of-document token (Megatron's
 // reset_position_ids): the token after each eos_id starts at 0, and so does
 // every row. A one-token document (eos right after eos) restarts correctly.
-// out: (B, T); token_ids: (B, T)
-void positions_from_eos(std::span<std::int64_t> out, std::span<const std::int64_t> token_ids,
+// out: (B, T); input_ids: (B, T)
+void positions_from_eos(std::span<std::int64_t> out, std::span<const std::int64_t> input_ids,
                         std::int64_t batch, std::int64_t seq_len, std::int64_t eos_id);
 
 // OPT's table rows: pos = cumsum(mask) * mask - 1, last T columns, plus the
@@ -45,8 +45,8 @@ void positions_opt(std::span<std::int64_t> out, std::span<const std::int64_t> at
                    std::int64_t batch, std::int64_t mask_len, std::int64_t seq_len);
 
 // fairseq / RoBERTa table rows: m = token != pad; pos = cumsum(m) * m + pad
-// (padding lands on row pad, real tokens start at pad + 1). out, token_ids: (B, T)
-void positions_fairseq(std::span<std::int64_t> out, std::span<const std::int64_t> token_ids,
+// (padding lands on row pad, real tokens start at pad + 1). out, input_ids: (B, T)
+void positions_fairseq(std::span<std::int64_t> out, std::span<const std::int64_t> input_ids,
                        std::int64_t batch, std::int64_t seq_len, std::int64_t pad_id);
 
 }  // namespace posembed

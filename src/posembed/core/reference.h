@@ -22,7 +22,7 @@ T dropout_factor(const DropoutSpec& dropout, std::uint64_t flat_index) {
 
 // out (B, T, d)
 template <class T>
-std::vector<T> embedding_forward(const std::vector<std::int64_t>& token_ids,
+std::vector<T> embedding_forward(const std::vector<std::int64_t>& input_ids,
                                  const std::vector<std::int64_t>& position_ids,
                                  const std::vector<T>& token_table,
                                  const std::vector<T>& position_table, const EmbeddingShape& s,
@@ -32,7 +32,7 @@ std::vector<T> embedding_forward(const std::vector<std::int64_t>& token_ids,
   for (std::int64_t r = 0; r < n; ++r) {
     for (std::int64_t j = 0; j < d; ++j) {
       const auto i = static_cast<std::size_t>(r * d + j);
-      const T sum = token_table[static_cast<std::size_t>(token_ids[r] * d + j)] +
+      const T sum = token_table[static_cast<std::size_t>(input_ids[r] * d + j)] +
                     position_table[static_cast<std::size_t>(position_ids[r] * d + j)];
       out[i] = sum * dropout_factor<T>(dropout, i);
     }
@@ -45,7 +45,7 @@ std::vector<T> embedding_forward(const std::vector<std::int64_t>& token_ids,
 // position padding row (s.position_padding_row, if any) gets nothing.
 template <class T>
 void embedding_backward(std::vector<T>& grad_token_table, std::vector<T>& grad_position_table,
-                        const std::vector<T>& grad_out, const std::vector<std::int64_t>& token_ids,
+                        const std::vector<T>& grad_out, const std::vector<std::int64_t>& input_ids,
                         const std::vector<std::int64_t>& position_ids, const EmbeddingShape& s,
                         const DropoutSpec& dropout, GradMode mode = GradMode::accumulate) {
   if (mode == GradMode::write) {
@@ -57,7 +57,7 @@ void embedding_backward(std::vector<T>& grad_token_table, std::vector<T>& grad_p
     for (std::int64_t j = 0; j < d; ++j) {
       const auto i = static_cast<std::size_t>(r * d + j);
       const T g = grad_out[i] * dropout_factor<T>(dropout, i);
-      grad_token_table[static_cast<std::size_t>(token_ids[r] * d + j)] += g;
+      grad_token_table[static_cast<std::size_t>(input_ids[r] * d + j)] += g;
       if (position_ids[r] != s.position_padding_row) {
         grad_position_table[static_cast<std::size_t>(position_ids[r] * d + j)] += g;
       }

@@ -85,9 +85,9 @@ struct ForwardPlan {
 };
 
 // Rows [r0, r1) of the fused forward: out row r = add_dropout of token row
-// token_ids[r] and position row position_ids[r], flat indices r * d + j.
+// input_ids[r] and position row position_ids[r], flat indices r * d + j.
 // out: (n, d), token_table: (V, d), position_table: (max_seq_len, d), ids: (n)
-void forward_rows(float* out, const float* token_table, const std::int64_t* token_ids,
+void forward_rows(float* out, const float* token_table, const std::int64_t* input_ids,
                   const float* position_table, const std::int64_t* position_ids, std::size_t d,
                   std::size_t r0, std::size_t r1, const KeepRule& mask, const ForwardPlan& plan);
 

@@ -189,7 +189,7 @@ HWY_INLINE void ReadyThrough(KeepAhead<D64>& a, std::uint64_t e, std::size_t n) 
 // slower than this one too.
 template <bool kMasked, bool kAhead, class Ahead>
 void ForwardRowsStitched(float* HWY_RESTRICT out, const float* HWY_RESTRICT token_table,
-                         const std::int64_t* HWY_RESTRICT token_ids,
+                         const std::int64_t* HWY_RESTRICT input_ids,
                          const float* HWY_RESTRICT position_table,
                          const std::int64_t* HWY_RESTRICT position_ids, std::size_t d,
                          std::size_t r0, std::size_t r1, const KeepRule& mask, bool stream,
@@ -197,7 +197,7 @@ void ForwardRowsStitched(float* HWY_RESTRICT out, const float* HWY_RESTRICT toke
   const hn::ScalableTag<float> df;
   using V = hn::Vec<decltype(df)>;
   const std::size_t lanes = hn::Lanes(df);
-  const auto token_row = [&](std::size_t r) { return token_table + static_cast<std::size_t>(token_ids[r]) * d; };
+  const auto token_row = [&](std::size_t r) { return token_table + static_cast<std::size_t>(input_ids[r]) * d; };
   const auto position_row = [&](std::size_t r) {
     return position_table + static_cast<std::size_t>(position_ids[r]) * d;
   };
@@ -287,7 +287,7 @@ void ForwardRowsStitched(float* HWY_RESTRICT out, const float* HWY_RESTRICT toke
 // walk) fetch the row two ahead a few lines at a time and draw a step between
 // their vectors; other targets fetch rows whole and draw ahead a row at a time.
 void ForwardRows(float* HWY_RESTRICT out, const float* HWY_RESTRICT token_table,
-                 const std::int64_t* HWY_RESTRICT token_ids,
+                 const std::int64_t* HWY_RESTRICT input_ids,
                  const float* HWY_RESTRICT position_table,
                  const std::int64_t* HWY_RESTRICT position_ids, std::size_t d, std::size_t r0,
                  std::size_t r1, const KeepRule& mask, const ForwardPlan& plan) {
@@ -311,11 +311,11 @@ void ForwardRows(float* HWY_RESTRICT out, const float* HWY_RESTRICT token_table,
     if constexpr (kFloatMaskedLoadsNeverFault) {
       if (d >= hn::Lanes(hn::ScalableTag<float>())) {
         if (ahead) {
-          return ForwardRowsStitched<kMasked, true>(out, token_table, token_ids, position_table,
+          return ForwardRowsStitched<kMasked, true>(out, token_table, input_ids, position_table,
                                                     position_ids, d, r0, r1, mask, stream, cursor,
                                                     drawing);
         }
-        return ForwardRowsStitched<kMasked, false>(out, token_table, token_ids, position_table,
+        return ForwardRowsStitched<kMasked, false>(out, token_table, input_ids, position_table,
                                                    position_ids, d, r0, r1, mask, stream, cursor,
                                                    drawing);
       }
@@ -325,8 +325,8 @@ void ForwardRows(float* HWY_RESTRICT out, const float* HWY_RESTRICT token_table,
         DrawAhead(*drawing, r * d);
         ReadyThrough(*drawing, r * d, d);
       }
-      if (r + 2 < r1) PrefetchRow(token_table + static_cast<std::size_t>(token_ids[r + 2]) * d, d);
-      AddDropoutSpan<kMasked>(out + r * d, token_table + static_cast<std::size_t>(token_ids[r]) * d,
+      if (r + 2 < r1) PrefetchRow(token_table + static_cast<std::size_t>(input_ids[r + 2]) * d, d);
+      AddDropoutSpan<kMasked>(out + r * d, token_table + static_cast<std::size_t>(input_ids[r]) * d,
                               position_table + static_cast<std::size_t>(position_ids[r]) * d, d, r * d, r1 * d,
                               mask, &cursor, stream);
     }
@@ -360,11 +360,11 @@ void add_dropout(float* out, const float* a, const float* b, std::size_t n, std:
   HWY_DYNAMIC_DISPATCH(AddDropout)(out, a, b, n, first, mask, stream);
 }
 
-void forward_rows(float* out, const float* token_table, const std::int64_t* token_ids,
+void forward_rows(float* out, const float* token_table, const std::int64_t* input_ids,
                   const float* position_table, const std::int64_t* position_ids, std::size_t d,
                   std::size_t r0, std::size_t r1, const KeepRule& mask, const ForwardPlan& plan) {
   HWY_DYNAMIC_DISPATCH(ForwardRows)
-  (out, token_table, token_ids, position_table, position_ids, d, r0, r1, mask, plan);
+  (out, token_table, input_ids, position_table, position_ids, d, r0, r1, mask, plan);
 }
 
 }  // namespace posembed::simd
