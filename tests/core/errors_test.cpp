@@ -188,8 +188,8 @@ TEST(Errors, MaskBitsOfTheWrongSize) {
 
 TEST(Errors, DropoutOutOfRange) {
   Fixture f;
-  f.dropout.p = 1.0;
-  expect_rejected(f, {"dropout p", "[0, 1)"});
+  f.dropout.probability = 1.0;
+  expect_rejected(f, {"dropout = 1", "[0, 1)"});
 }
 
 TEST(Errors, SparseGradientOfAnotherWidth) {

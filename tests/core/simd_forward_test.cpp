@@ -29,7 +29,7 @@ using test::as_bits;
 using test::for_each_target;
 
 simd::KeepRule mask_of(const DropoutSpec& s) {
-  return {philox_key(s.seed), s.step, dropout_threshold(s.p), dropout_scale(s.p), s.p > 0};
+  return {philox_key(s.seed), s.step, dropout_threshold(s.probability), dropout_scale(s.probability), s.probability > 0};
 }
 
 const std::uint64_t kFirsts[] = {0, 1, 2, 3, 4099, 0x3FFFFFFFFull};  // block offsets, 2^32 carry

@@ -181,7 +181,7 @@ def test_same_bits_on_one_and_two_threads():
     ("tables of different widths", ValueError, ["position_table has shape (40, 23)", "embed_dim"]),
     ("out of the wrong shape", ValueError, ["out has shape (3, 17, 23)"]),
     ("out aliasing the token table", ValueError, ["shares memory with token_table"]),
-    ("dropout 1", ValueError, ["dropout p = 1", "[0, 1)"]),
+    ("dropout 1", ValueError, ["dropout = 1", "[0, 1)"]),
 ])
 def test_bad_input_raises_the_library_message_and_writes_nothing(case, error, words):
     tok, pos = tables()

@@ -77,8 +77,8 @@ void check_mask_bits(std::span<Word> mask_bits, const EmbeddingShape& shape) {
 }
 
 simd::KeepRule dropout_mask(const DropoutSpec& dropout) {
-  return {philox_key(dropout.seed), dropout.step, dropout_threshold(dropout.p),
-          dropout_scale(dropout.p), dropout.p > 0.0};
+  return {philox_key(dropout.seed), dropout.step, dropout_threshold(dropout.probability),
+          dropout_scale(dropout.probability), dropout.probability > 0.0};
 }
 
 // touched ends as the bitmap of the rows the tokens touch, except row `skip`
@@ -372,8 +372,8 @@ void validate_embedding_inputs(std::span<const std::int64_t> input_ids,
     throw Error("position_padding_row " + std::to_string(shape.position_padding_row) +
                 " must be -1 (none) or a row in [0, " + std::to_string(shape.max_seq_len) + ")");
   }
-  if (!(dropout.p >= 0.0 && dropout.p < 1.0)) {
-    throw Error("dropout p = " + std::to_string(dropout.p) +
+  if (!(dropout.probability >= 0.0 && dropout.probability < 1.0)) {
+    throw Error("dropout = " + std::to_string(dropout.probability) +
                 " must lie in [0, 1); use 0 for eval mode");
   }
   if (dropout.step > kMaxRandomStep) {

@@ -23,9 +23,9 @@ struct EmbeddingShape {
   std::int64_t position_padding_row = -1;
 };
 
-// p == 0 is the identity: that is eval mode, and training without dropout.
+// probability 0 is the identity: that is eval mode, and training without dropout.
 struct DropoutSpec {
-  double p = 0.0;
+  double probability = 0.0;  // what EmbeddingConfig, the CLI and Python call `dropout`
   std::uint64_t seed = 0;
   std::uint64_t step = 0;  // advances once per training forward; part of the mask's key
 };

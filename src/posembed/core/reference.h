@@ -15,9 +15,9 @@ namespace posembed::reference {
 
 template <class T>
 T dropout_factor(const DropoutSpec& dropout, std::uint64_t flat_index) {
-  if (dropout.p == 0.0) return T(1);
-  const bool keep = dropout_draw(dropout.seed, dropout.step, flat_index) >= dropout_threshold(dropout.p);
-  return keep ? T(1) / (T(1) - T(dropout.p)) : T(0);
+  if (dropout.probability == 0.0) return T(1);
+  const bool keep = dropout_draw(dropout.seed, dropout.step, flat_index) >= dropout_threshold(dropout.probability);
+  return keep ? T(1) / (T(1) - T(dropout.probability)) : T(0);
 }
 
 // out (B, T, d)

@@ -447,7 +447,7 @@ void gpt_backward(const Gpt& model, ParamViews& g, Activations& a,
   // dropout it is the stream's gradient itself, read in place.
   const auto branch_grad = [&](std::span<float> scratch,
                                std::uint64_t site) -> std::span<const float> {
-    if (dropout.p == 0.0) return a.d_residual.first(nc);
+    if (dropout.probability == 0.0) return a.d_residual.first(nc);
     dropout_backward(scratch.first(nc), a.d_residual.first(nc), dropout, site, write);
     return scratch.first(nc);
   };

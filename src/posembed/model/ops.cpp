@@ -576,7 +576,7 @@ constexpr std::int64_t kDropPiece = 4096;  // elements per task; a multiple of 4
 
 template <class Body>
 void for_dropout_mask(std::size_t n, const DropoutSpec& dropout, std::uint64_t site, Body&& body) {
-  const std::uint32_t threshold = dropout_threshold(dropout.p);
+  const std::uint32_t threshold = dropout_threshold(dropout.probability);
   const PhiloxKey key = philox_key(dropout.seed);
   const std::uint64_t base = site * n;
   const auto total = static_cast<std::int64_t>(n);
@@ -598,11 +598,11 @@ void for_dropout_mask(std::size_t n, const DropoutSpec& dropout, std::uint64_t s
 
 void dropout_forward(std::span<float> out, std::span<const float> inp, const DropoutSpec& dropout,
                      std::uint64_t site) {
-  if (dropout.p == 0.0) {
+  if (dropout.probability == 0.0) {
     if (out.data() != inp.data()) std::copy(inp.begin(), inp.end(), out.begin());
     return;
   }
-  const float scale = dropout_scale(dropout.p);
+  const float scale = dropout_scale(dropout.probability);
   for_dropout_mask(inp.size(), dropout, site,
                    [&](std::size_t i, bool keep) { out[i] = keep ? inp[i] * scale : 0.0f; });
 }
@@ -610,7 +610,7 @@ void dropout_forward(std::span<float> out, std::span<const float> inp, const Dro
 void dropout_backward(std::span<float> dinp, std::span<const float> dout,
                       const DropoutSpec& dropout, std::uint64_t site, GradMode dinp_mode) {
   const bool write = writes(dinp_mode);
-  if (dropout.p == 0.0) {
+  if (dropout.probability == 0.0) {
     for_elem_pieces(dout.size(), 1, [&](std::int64_t i0, std::int64_t n) {
       if (write) {
         std::copy_n(dout.data() + i0, n, dinp.data() + i0);
@@ -620,7 +620,7 @@ void dropout_backward(std::span<float> dinp, std::span<const float> dout,
     });
     return;
   }
-  const float scale = dropout_scale(dropout.p);
+  const float scale = dropout_scale(dropout.probability);
   for_dropout_mask(dout.size(), dropout, site, [&](std::size_t i, bool keep) {
     if (write) {
       dinp[i] = keep ? dout[i] * scale : 0.0f;

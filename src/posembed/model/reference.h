@@ -199,10 +199,10 @@ T gelu_derivative(T x) {
 // The residual-dropout factor of element i of `site` (0 or 1/(1-p)).
 template <class T>
 T dropout_factor(const DropoutSpec& d, std::uint64_t site, std::uint64_t n, std::uint64_t i) {
-  if (d.p == 0.0) return T(1);
+  if (d.probability == 0.0) return T(1);
   const bool keep = philox_bits(d.seed, d.step, RandomStream::model_dropout, site * n + i) >=
-                    dropout_threshold(d.p);
-  return keep ? T(1) / (T(1) - T(d.p)) : T(0);
+                    dropout_threshold(d.probability);
+  return keep ? T(1) / (T(1) - T(d.probability)) : T(0);
 }
 
 // losses (N) = logsumexp(logits) - logits[target]

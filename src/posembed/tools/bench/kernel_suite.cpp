@@ -95,7 +95,7 @@ void validate_forward(Workload& w, const DropoutSpec& dropout) {
   for (std::size_t i = 0; i < ref.size(); ++i) {
     if (std::abs(w.out[i] - ref[i]) > 2 * eps * std::abs(ref[i]) ||
         ((ref[i] == 0) != (w.out[i] == 0))) {
-      check(false, "forward p " + std::to_string(dropout.p) + " element " + std::to_string(i));
+      check(false, "forward p " + std::to_string(dropout.probability) + " element " + std::to_string(i));
     }
   }
 }
