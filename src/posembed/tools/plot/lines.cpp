@@ -1,260 +1,17 @@
-#include "posembed/tools/plot.h"
-
-#include <cairo-svg.h>
-#include <cairo.h>
-#include <fontconfig/fontconfig.h>
-
 #include <algorithm>
-#include <cctype>
-#include <cstdlib>
-#include <fstream>
-#include <functional>
-#include <memory>
-#include <string_view>
+#include <cmath>
 
 #include "posembed/core/error.h"
 #include "posembed/tools/format.h"
+#include "posembed/tools/plot.h"
+#include "posembed/tools/plot/canvas.h"
 
 namespace posembed::tools {
 namespace {
 
+using namespace canvas;
+
 constexpr Rgb kBlue{33, 102, 172}, kRed{178, 24, 43};  // the diverging map's ends
-
-std::uint8_t lerp(std::uint8_t a, std::uint8_t b, double t) {
-  return static_cast<std::uint8_t>(std::lround(a + (b - a) * t));
-}
-
-void set_colour(cairo_t* cr, Rgb c) {
-  cairo_set_source_rgb(cr, c.r / 255.0, c.g / 255.0, c.b / 255.0);
-}
-
-// ---- Text: DejaVu Sans through cairo's toy font API (fontconfig finds the
-// file), with sub- and superscript runs. The toy API is enough for one-line
-// labels in one script and keeps pango, glib and harfbuzz out of the build.
-
-struct Font {
-  double size = 11;
-  bool bold = false;
-};
-constexpr Font kTitleFont{15, true}, kFigureTitleFont{17, true}, kLabelFont{12.5, false},
-    kTickFont{11, false};
-
-struct Run {
-  std::string text;
-  int shift = 0;  // +1 superscript, -1 subscript
-};
-
-std::vector<Run> parse_markup(std::string_view s) {
-  std::vector<Run> runs;
-  const auto add = [&](std::string_view t, int shift) {
-    if (t.empty()) return;
-    if (runs.empty() || runs.back().shift != shift) runs.push_back({std::string(), shift});
-    runs.back().text += t;
-  };
-  std::size_t i = 0;
-  while (i < s.size()) {
-    const char c = s[i];
-    if ((c == '^' || c == '_') && i + 1 < s.size() && s[i + 1] == '{') {
-      const std::size_t close = s.find('}', i + 2);
-      if (close != std::string_view::npos) {
-        add(s.substr(i + 2, close - i - 2), c == '^' ? 1 : -1);
-        i = close + 1;
-        continue;
-      }
-    }
-    if (c == '^') {  // ^2, ^-3: a signed number
-      std::size_t end = i + 1;
-      if (end < s.size() && (s[end] == '-' || s[end] == '+')) ++end;
-      const std::size_t digits = end;
-      while (end < s.size() && std::isdigit(static_cast<unsigned char>(s[end]))) ++end;
-      if (end > digits) {
-        add(s.substr(i + 1, end - i - 1), 1);
-        i = end;
-        continue;
-      }
-    }
-    add(s.substr(i, 1), 0);
-    ++i;
-  }
-  return runs;
-}
-
-double run_size(Font f, const Run& r) {
-  return r.shift == 0 ? f.size : 0.7 * f.size;
-}
-double run_rise(Font f, const Run& r) {
-  return r.shift > 0 ? -0.42 * f.size : r.shift < 0 ? 0.22 * f.size : 0.0;
-}
-
-void select_font(cairo_t* cr, Font f) {
-  cairo_select_font_face(cr, "DejaVu Sans", CAIRO_FONT_SLANT_NORMAL,
-                         f.bold ? CAIRO_FONT_WEIGHT_BOLD : CAIRO_FONT_WEIGHT_NORMAL);
-}
-
-double text_width(cairo_t* cr, std::string_view s, Font f) {
-  select_font(cr, f);
-  double w = 0;
-  for (const Run& r : parse_markup(s)) {
-    cairo_set_font_size(cr, run_size(f, r));
-    cairo_text_extents_t e;
-    cairo_text_extents(cr, r.text.c_str(), &e);
-    w += e.x_advance;
-  }
-  return w;
-}
-
-// The font shrunk (down to 8 px) so that s fits in max_width.
-Font fitted(cairo_t* cr, std::string_view s, Font f, double max_width) {
-  const double w = text_width(cr, s, f);
-  if (w > max_width && w > 0) f.size = std::max(8.0, f.size * max_width / w);
-  return f;
-}
-
-enum class Align { left, centre, right };
-
-// s with its baseline at y, starting at, centred on or ending at x.
-void draw_text(cairo_t* cr, double x, double y, std::string_view s, Font f, Align align) {
-  if (align != Align::left) x -= text_width(cr, s, f) / (align == Align::centre ? 2 : 1);
-  select_font(cr, f);
-  set_colour(cr, kBlack);
-  for (const Run& r : parse_markup(s)) {
-    cairo_set_font_size(cr, run_size(f, r));
-    cairo_move_to(cr, x, y + run_rise(f, r));
-    cairo_show_text(cr, r.text.c_str());
-    cairo_text_extents_t e;
-    cairo_text_extents(cr, r.text.c_str(), &e);
-    x += e.x_advance;
-  }
-}
-
-// Reading upwards, centred on (x, y) along the text, baseline at x.
-void draw_text_up(cairo_t* cr, double x, double y, std::string_view s, Font f) {
-  cairo_save(cr);
-  cairo_translate(cr, x, y);
-  cairo_rotate(cr, -M_PI / 2);
-  draw_text(cr, 0, 0, s, f, Align::centre);
-  cairo_restore(cr);
-}
-
-// A 1-pixel line between pixel centres, crisp on integer coordinates.
-void hairline(cairo_t* cr, double x0, double y0, double x1, double y1, Rgb c) {
-  set_colour(cr, c);
-  cairo_set_line_width(cr, 1);
-  cairo_move_to(cr, x0 + 0.5, y0 + 0.5);
-  cairo_line_to(cr, x1 + 0.5, y1 + 0.5);
-  cairo_stroke(cr);
-}
-
-// A 1-pixel frame just outside the box.
-void frame(cairo_t* cr, const PixelBox& b, Rgb c) {
-  set_colour(cr, c);
-  cairo_set_line_width(cr, 1);
-  cairo_rectangle(cr, b.x - 0.5, b.y - 0.5, b.w + 1, b.h + 1);
-  cairo_stroke(cr);
-}
-
-// ---- Surfaces and files
-
-// cairo and fontconfig keep their font caches for the life of the process. The
-// sanitizer build frees them at exit (what cairo_debug_reset_static_data is
-// for), so that LeakSanitizer reports only real leaks; elsewhere they are left
-// alone, as another library in the process may still use them while it exits.
-void free_font_caches_at_exit() {
-#ifdef POSEMBED_SANITIZE
-  static const int once = std::atexit([] {
-    cairo_debug_reset_static_data();
-    FcFini();
-  });
-  (void)once;
-#endif
-}
-
-using SurfacePtr = std::unique_ptr<cairo_surface_t, decltype(&cairo_surface_destroy)>;
-using ContextPtr = std::unique_ptr<cairo_t, decltype(&cairo_destroy)>;
-
-SurfacePtr image_surface(int width, int height) {
-  return {cairo_image_surface_create(CAIRO_FORMAT_RGB24, width, height), &cairo_surface_destroy};
-}
-
-cairo_status_t append_bytes(void* closure, const unsigned char* data, unsigned int length) {
-  static_cast<std::string*>(closure)->append(reinterpret_cast<const char*>(data), length);
-  return CAIRO_STATUS_SUCCESS;
-}
-
-void check_cairo(cairo_status_t status, const std::filesystem::path& path) {
-  if (status != CAIRO_STATUS_SUCCESS) {
-    throw Error("cairo failed drawing " + path.string() + ": " + cairo_status_to_string(status));
-  }
-}
-
-// A temporary file beside the target, renamed over it: a failure leaves the
-// target as it was.
-void write_file(const std::filesystem::path& path, const std::string& bytes) {
-  std::filesystem::path tmp = path;
-  tmp += ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    if (!out) {
-      throw Error("cannot write " + path.string() +
-                  ": check that the directory exists and is writable");
-    }
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    out.close();
-    if (!out) {
-      std::error_code ignored;
-      std::filesystem::remove(tmp, ignored);
-      throw Error("writing " + path.string() + " failed (disk full?)");
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::error_code ignored;
-    std::filesystem::remove(tmp, ignored);
-    throw Error("cannot rename " + tmp.string() + " to " + path.string() + ": " + ec.message());
-  }
-}
-
-// Draws on a white width x height surface of the path's format and writes the
-// file. Errors from `draw` (bad plot data) leave no file behind.
-void render(const std::filesystem::path& path, int width, int height,
-            const std::function<void(cairo_t*)>& draw) {
-  const ImageFormat format = image_format(path);
-  free_font_caches_at_exit();
-  std::string bytes;
-  SurfacePtr surface =
-      format == ImageFormat::png
-          ? image_surface(width, height)
-          : SurfacePtr(cairo_svg_surface_create_for_stream(append_bytes, &bytes, width, height),
-                       &cairo_surface_destroy);
-  check_cairo(cairo_surface_status(surface.get()), path);
-  if (format == ImageFormat::svg) {
-    cairo_svg_surface_set_document_unit(surface.get(), CAIRO_SVG_UNIT_PX);
-  }
-  {
-    const ContextPtr cr(cairo_create(surface.get()), &cairo_destroy);
-    set_colour(cr.get(), kWhite);
-    cairo_paint(cr.get());
-    draw(cr.get());
-    check_cairo(cairo_status(cr.get()), path);
-  }
-  if (format == ImageFormat::png) {
-    check_cairo(cairo_surface_write_to_png_stream(surface.get(), append_bytes, &bytes), path);
-  } else {
-    cairo_surface_finish(surface.get());  // flushes the SVG into `bytes`
-    check_cairo(cairo_surface_status(surface.get()), path);
-  }
-  write_file(path, bytes);
-}
-
-// A scratch context for measuring text where nothing is drawn yet.
-template <class F>
-auto with_scratch_context(F&& f) {
-  free_font_caches_at_exit();
-  const SurfacePtr s = image_surface(1, 1);
-  const ContextPtr cr(cairo_create(s.get()), &cairo_destroy);
-  return f(cr.get());
-}
 
 // ---- Line plots
 
@@ -600,15 +357,6 @@ void draw_line_plot(cairo_t* cr, const LinePlot& plot, int ox, int oy) {
 
 constexpr int kFigureTitleHeight = 36;
 
-// ---- Heatmap geometry: cells at least 512 pixels square; room on the left
-// for the position ticks, on the right for the colour bar and its labels.
-constexpr int kHeatLeft = 78, kHeatTop = 48, kHeatBottom = 62, kHeatBarGap = 24, kHeatBarWidth = 20,
-              kHeatRight = 110;
-
-int heat_cell(std::int64_t n) {
-  return static_cast<int>(std::max<std::int64_t>(1, (512 + n - 1) / n));
-}
-
 }  // namespace
 
 Rgb diverging_colour(double v) {
@@ -661,6 +409,7 @@ PixelBox line_plot_frame(const LinePlot& plot) {
   return with_scratch_context([&](cairo_t* cr) { return layout_plot(cr, plot, 0, 0).frame; });
 }
 
+
 void write_line_plot(const std::filesystem::path& path, const LinePlot& plot) {
   write_line_plots(path, std::span<const LinePlot>(&plot, 1), "");
 }
@@ -683,91 +432,6 @@ void write_line_plots(const std::filesystem::path& path, std::span<const LinePlo
       draw_line_plot(cr, p, 0, oy);
       oy += p.height;
     }
-  });
-}
-
-PixelBox heatmap_cells(std::int64_t n) {
-  const int side = static_cast<int>(n) * heat_cell(n);
-  return {kHeatLeft, kHeatTop, side, side};
-}
-
-PixelBox heatmap_colour_bar(std::int64_t n) {
-  const PixelBox cells = heatmap_cells(n);
-  return {cells.x + cells.w + kHeatBarGap, cells.y, kHeatBarWidth, cells.h};
-}
-
-void write_heatmap(const std::filesystem::path& path, const Heatmap& h) {
-  constexpr std::int64_t kMaxCells = 4096;
-  if (h.n < 1 || h.n > kMaxCells) {
-    throw Error("heatmap of " + std::to_string(h.n) + " x " + std::to_string(h.n) +
-                " cells: draw between 1 and " + std::to_string(kMaxCells) +
-                " per side (subsample larger tables)");
-  }
-  if (h.values.size() != static_cast<std::size_t>(h.n * h.n)) {
-    throw Error("heatmap '" + h.title + "' has " + std::to_string(h.values.size()) +
-                " values, not " + std::to_string(h.n) + " x " + std::to_string(h.n));
-  }
-  const PixelBox cells = heatmap_cells(h.n), bar = heatmap_colour_bar(h.n);
-  const int cell = heat_cell(h.n), n = static_cast<int>(h.n);
-  const int width = bar.x + bar.w + kHeatRight, height = cells.y + cells.h + kHeatBottom;
-  render(path, width, height, [&](cairo_t* cr) {
-    draw_text(cr, cells.x, 30, h.title, fitted(cr, h.title, kTitleFont, width - cells.x - 8),
-              Align::left);
-    // The cells as an image at its final size, drawn 1:1 (exact pixels in a
-    // PNG, one embedded image instead of n^2 rectangles in an SVG).
-    const SurfacePtr image = image_surface(cells.w, cells.h);
-    check_cairo(cairo_surface_status(image.get()), path);
-    cairo_surface_flush(image.get());
-    unsigned char* data = cairo_image_surface_get_data(image.get());
-    const int stride = cairo_image_surface_get_stride(image.get());
-    for (int i = 0; i < n; ++i) {
-      for (int j = 0; j < n; ++j) {
-        const Rgb c = diverging_colour(h.values[static_cast<std::size_t>(i * n + j)]);
-        const std::uint32_t pixel = (std::uint32_t{c.r} << 16) | (std::uint32_t{c.g} << 8) | c.b;
-        for (int y = i * cell; y < (i + 1) * cell; ++y) {
-          auto* row =
-              reinterpret_cast<std::uint32_t*>(data + static_cast<std::ptrdiff_t>(y) * stride);
-          std::fill(row + j * cell, row + (j + 1) * cell, pixel);
-        }
-      }
-    }
-    cairo_surface_mark_dirty(image.get());
-    cairo_set_source_surface(cr, image.get(), cells.x, cells.y);
-    cairo_paint(cr);
-    frame(cr, cells, kBlack);
-
-    // Position ticks on both axes: cell i is position i * step.
-    for (double t : nice_ticks(0, h.last, 8)) {
-      const double p = std::round(t / h.step * cell + cell / 2.0);
-      const std::string label = format("%.0f", t);
-      hairline(cr, cells.x + p, cells.y + cells.h, cells.x + p, cells.y + cells.h + 4, kBlack);
-      draw_text(cr, cells.x + p + 0.5, cells.y + cells.h + 18, label, kTickFont, Align::centre);
-      hairline(cr, cells.x - 5, cells.y + p, cells.x - 1, cells.y + p, kBlack);
-      draw_text(cr, cells.x - 8, cells.y + p + 4.5, label, kTickFont, Align::right);
-    }
-    draw_text(cr, cells.x + cells.w / 2.0, cells.y + cells.h + 44, h.axis_label, kLabelFont,
-              Align::centre);
-    draw_text_up(cr, 22, cells.y + cells.h / 2.0, h.axis_label, kLabelFont);
-
-    // Colour bar: the same linear ramps as diverging_colour, +1 at the top.
-    std::unique_ptr<cairo_pattern_t, decltype(&cairo_pattern_destroy)> ramp(
-        cairo_pattern_create_linear(0, bar.y, 0, bar.y + bar.h), &cairo_pattern_destroy);
-    for (double v : {1.0, 0.0, -1.0}) {
-      const Rgb c = diverging_colour(v);
-      cairo_pattern_add_color_stop_rgb(ramp.get(), (1 - v) / 2, c.r / 255.0, c.g / 255.0,
-                                       c.b / 255.0);
-    }
-    cairo_set_source(cr, ramp.get());
-    cairo_rectangle(cr, bar.x, bar.y, bar.w, bar.h);
-    cairo_fill(cr);
-    frame(cr, bar, kBlack);
-    for (double v : {1.0, 0.5, 0.0, -0.5, -1.0}) {
-      const double y = std::round(bar.y + (1 - v) / 2 * (bar.h - 1));
-      hairline(cr, bar.x + bar.w, y, bar.x + bar.w + 4, y, kBlack);
-      draw_text(cr, bar.x + bar.w + 8, y + 4.5, v == 0 ? "0" : format("%+.1f", v), kTickFont,
-                Align::left);
-    }
-    draw_text_up(cr, bar.x + bar.w + 58, bar.y + bar.h / 2.0, h.value_label, kLabelFont);
   });
 }
 
