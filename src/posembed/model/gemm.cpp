@@ -5,6 +5,7 @@
 #include <map>
 #include <stdexcept>
 #include <tuple>
+#include <vector>
 
 #include "oneapi/dnnl/dnnl.h"
 #include "oneapi/dnnl/dnnl.hpp"
@@ -29,8 +30,8 @@ class OneThread {
 };
 
 // A bf16 matmul primitive per shape, transposes, leading dimensions and beta,
-// made on first use. Per thread: a primitive owns its scratchpad, so two
-// threads must not run the same one at once. The trainer's products come in a
+// made on first use, per thread (a primitive is made for the thread count it
+// will run on, see gemm_bf16). The trainer's products come in a
 // few dozen shapes (row pieces of fixed size), so the map stays small.
 using Bf16Key = std::tuple<bool, bool, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
                            std::int64_t, std::int64_t, bool>;
@@ -41,7 +42,7 @@ const dnnl::engine& cpu_engine() {
 }
 
 struct Bf16Matmul {
-  dnnl::memory::desc a, b, c;
+  dnnl::memory::desc a, b, c, scratchpad;
   dnnl::matmul primitive;
 };
 
@@ -53,13 +54,17 @@ Bf16Matmul make_bf16_matmul(const Bf16Key& key) {
   const dnnl::memory::desc b({K, N}, dt::bf16, tb ? dnnl::memory::dims{1, ldb} : dnnl::memory::dims{ldb, 1});
   const dnnl::memory::desc c({M, N}, dt::f32, dnnl::memory::dims{ldc, 1});
   dnnl::primitive_attr attr;
+  // The scratchpad comes from the caller (gemm_bf16's, per thread): left to the
+  // library, this build of oneDNN allocates it afresh on every call, and the
+  // kernel zeroing those new pages took 40% of a one-thread training step.
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   if (accumulate) {  // c += a @ b: a sum post-op adds the old c in fp32
     dnnl::post_ops ops;
     ops.append_sum(1.0f);
     attr.set_post_ops(ops);
   }
-  return {a, b, c,
-          dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, cpu_engine()))};
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, cpu_engine());
+  return {a, b, c, pd.scratchpad_desc(), dnnl::matmul(pd)};
 }
 
 }  // namespace
@@ -100,8 +105,14 @@ void gemm_bf16(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t 
   const dnnl::memory am(mm.a, engine, const_cast<std::uint16_t*>(a));
   const dnnl::memory bm(mm.b, engine, const_cast<std::uint16_t*>(b));
   const dnnl::memory cm(mm.c, engine, c);
+  thread_local std::vector<std::uint8_t> scratch;  // grows to the largest once
+  if (scratch.size() < mm.scratchpad.get_size()) scratch.resize(mm.scratchpad.get_size());
+  const dnnl::memory sm(mm.scratchpad, engine, scratch.data());
   thread_local dnnl::stream stream(engine);
-  mm.primitive.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+  mm.primitive.execute(stream, {{DNNL_ARG_SRC, am},
+                                {DNNL_ARG_WEIGHTS, bm},
+                                {DNNL_ARG_DST, cm},
+                                {DNNL_ARG_SCRATCHPAD, sm}});
   stream.wait();
 }
 
