@@ -297,8 +297,10 @@ void matmul_backward_any(std::span<float> dinp, std::span<float> dweight, std::s
   const float beta = beta_of(dinp_mode);
   const std::int64_t dinp_pieces = pieces(N, kRowPiece);
   // dout @ W^T: (in, out) weights are transposed; (out, in) ones already are W^T.
-  const Operand w = in_out ? transposed_operand(weight.data(), C, OC, dinp_pieces, weight_t)
-                           : Operand{weight.data(), Trans::no, C};
+  // (bf16 products take W^T from bf16.)
+  const Operand w = bf16.enabled() ? Operand{nullptr, Trans::no, 0}
+                    : in_out       ? transposed_operand(weight.data(), C, OC, dinp_pieces, weight_t)
+                                   : Operand{weight.data(), Trans::no, C};
   // dweight (R, K) += a^T @ b over all N rows.
   constexpr std::int64_t kOutPiece = 32;
   const float* a = in_out ? inp.data() : dout.data();
