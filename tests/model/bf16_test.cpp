@@ -26,14 +26,24 @@ using Vd = std::vector<double>;
 // Every rounding against the double definition, over all exponents (normal,
 // subnormal, past the largest bf16), exact ties both ways, and the specials.
 TEST(Bf16, RoundingIsNearestEvenAsTheDoubleDefinition) {
-  std::vector<float> xs = {0.0f, -0.0f, 1.0f, -1.0f, INFINITY, -INFINITY,
-                           std::numeric_limits<float>::max(), -std::numeric_limits<float>::max(),
-                           std::numeric_limits<float>::min(), std::numeric_limits<float>::denorm_min(),
-                           1.0f + 0x1p-8f,              // a tie, kept part even: rounds down
-                           1.0f + 3 * 0x1p-8f,          // a tie, kept part odd: rounds up
-                           1.0f + 0x1p-8f + 0x1p-23f,   // just above a tie: up
-                           0x1.fep127f, 0x1.ffp127f,    // largest bf16; the tie above it -> inf
-                           0x1p-133f, 0x1p-134f, 0x1.8p-134f};  // bf16's least subnormal, ties
+  std::vector<float> xs = {0.0f,
+                           -0.0f,
+                           1.0f,
+                           -1.0f,
+                           INFINITY,
+                           -INFINITY,
+                           std::numeric_limits<float>::max(),
+                           -std::numeric_limits<float>::max(),
+                           std::numeric_limits<float>::min(),
+                           std::numeric_limits<float>::denorm_min(),
+                           1.0f + 0x1p-8f,             // a tie, kept part even: rounds down
+                           1.0f + 3 * 0x1p-8f,         // a tie, kept part odd: rounds up
+                           1.0f + 0x1p-8f + 0x1p-23f,  // just above a tie: up
+                           0x1.fep127f,
+                           0x1.ffp127f,  // largest bf16; the tie above it -> inf
+                           0x1p-133f,
+                           0x1p-134f,
+                           0x1.8p-134f};        // bf16's least subnormal, ties
   for (std::uint32_t i = 0; i < 200000; ++i) {  // random bit patterns: every exponent
     const std::uint32_t u = philox_bits(3, 0, RandomStream::model_init, i);
     const float x = std::bit_cast<float>(u);
@@ -86,7 +96,8 @@ std::vector<std::uint16_t> bits(const std::vector<float>& v) {
 std::vector<float> transpose_of(const std::vector<float>& w, std::int64_t rows, std::int64_t cols) {
   std::vector<float> t(w.size());
   for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t c = 0; c < cols; ++c) t[static_cast<std::size_t>(c * rows + r)] = w[static_cast<std::size_t>(r * cols + c)];
+    for (std::int64_t c = 0; c < cols; ++c)
+      t[static_cast<std::size_t>(c * rows + r)] = w[static_cast<std::size_t>(r * cols + c)];
   return t;
 }
 Vd abs_of(const std::vector<float>& v) {
@@ -108,7 +119,9 @@ Vd bound(Vd mag, double n) {
 // the bf16-rounded operands. Shapes cross the 128-row pieces and 32-row
 // weight pieces. Same bits on 1, 2 and 3 threads.
 TEST(Bf16, ProductsMatchTheDoubleReferenceOnRoundedOperands) {
-  struct Case { std::int64_t N, C, OC; };
+  struct Case {
+    std::int64_t N, C, OC;
+  };
   for (const Case c : {Case{300, 70, 90}, Case{129, 33, 256}, Case{5, 8, 24}}) {
     const auto n = [](std::int64_t v) { return static_cast<std::size_t>(v); };
     const auto inp = random_floats(n(c.N * c.C), 31), w = random_floats(n(c.C * c.OC), 32, 0.1),
@@ -140,13 +153,14 @@ TEST(Bf16, ProductsMatchTheDoubleReferenceOnRoundedOperands) {
       }
     }
     set_num_threads(0);
-    const Vd ri = to_double(rounded(inp)), rw = to_double(rounded(w)), rd = to_double(rounded(dout)),
-             b = to_double(bias);
-    const std::string shape = " N " + std::to_string(c.N) + " C " + std::to_string(c.C) + " OC " +
-                              std::to_string(c.OC);
+    const Vd ri = to_double(rounded(inp)), rw = to_double(rounded(w)),
+             rd = to_double(rounded(dout)), b = to_double(bias);
+    const std::string shape =
+        " N " + std::to_string(c.N) + " C " + std::to_string(c.C) + " OC " + std::to_string(c.OC);
     Vd out(n(c.N * c.OC)), mag(out.size());
     ref::matmul_forward(out, ri, rw, b, c.N, c.C, c.OC);
-    ref::matmul_forward(mag, abs_of(rounded(inp)), abs_of(rounded(w)), abs_of(bias), c.N, c.C, c.OC);
+    ref::matmul_forward(mag, abs_of(rounded(inp)), abs_of(rounded(w)), abs_of(bias), c.N, c.C,
+                        c.OC);
     expect_all_near(one[0], out, bound(mag, double(c.C + 1)), "bf16 forward" + shape);
     Vd dinp(inp.size(), 0.5), dw(w.size(), 0.25), db(bias.size(), 0.125);
     Vd dinp_m(inp.size(), 0.5), dw_m(w.size(), 0.25), db_m(bias.size(), 0.125);
@@ -156,7 +170,8 @@ TEST(Bf16, ProductsMatchTheDoubleReferenceOnRoundedOperands) {
     expect_all_near(one[1], dinp, bound(dinp_m, double(c.OC + 1)), "bf16 dinp" + shape);
     expect_all_near(one[2], dw, bound(dw_m, double(c.N + 1)), "bf16 dweight" + shape);
     // The bias gradient sums dout itself, in fp32 (no product): unrounded.
-    Vd db_fp(bias.size(), 0.125), dbm_fp(bias.size(), 0.125), unused_i(inp.size()), unused_w(w.size());
+    Vd db_fp(bias.size(), 0.125), dbm_fp(bias.size(), 0.125), unused_i(inp.size()),
+        unused_w(w.size());
     ref::matmul_backward(unused_i, unused_w, db_fp, to_double(dout), ri, rw, c.N, c.C, c.OC);
     ref::matmul_backward(unused_i, unused_w, dbm_fp, abs_of(dout), ri, rw, c.N, c.C, c.OC);
     expect_all_near(one[3], db_fp, bound(dbm_fp, double(c.N + 1)), "fp32 dbias" + shape);
@@ -184,7 +199,8 @@ TEST(Bf16, ProductsDifferFromFp32) {
   matmul_forward(fp32, inp, w, {}, N, C, OC);
   matmul_forward(bf, inp, w, {}, N, C, OC, {bits(w), bits(transpose_of(w, C, OC)), scratch});
   double diff = 0;
-  for (std::size_t i = 0; i < fp32.size(); ++i) diff = std::max(diff, double(std::abs(fp32[i] - bf[i])));
+  for (std::size_t i = 0; i < fp32.size(); ++i)
+    diff = std::max(diff, double(std::abs(fp32[i] - bf[i])));
   EXPECT_GT(diff, 1e-4);
   EXPECT_LT(diff, 0.1);  // a few bf16 ulps of O(4) sums
 }

@@ -48,7 +48,8 @@ double reference_loss(const Gpt& model, const Vd& w, const std::vector<std::int6
               w.begin() + static_cast<std::ptrdiff_t>(p->offset + p->numel));
   };
   const auto r = [&](Vd v) {  // a product's operand
-    if (bf16_products) for (double& x : v) x = ref::bf16_nearest(x);
+    if (!bf16_products) return v;
+    for (double& x : v) x = ref::bf16_nearest(x);
     return v;
   };
   std::vector<std::int64_t> pos(static_cast<std::size_t>(N));
@@ -63,15 +64,19 @@ double reference_loss(const Gpt& model, const Vd& w, const std::vector<std::int6
     const std::string h = "h." + std::to_string(l) + ".";
     Vd ln(n), qkv(3 * n), y(n), proj(n), fc(4 * n), fcp(n);
     ref::layernorm_forward(ln, x, t(h + "ln_1.weight"), t(h + "ln_1.bias"), N, C, kLayerNormEps);
-    ref::matmul_forward(qkv, r(ln), r(t(h + "attn.c_attn.weight")), t(h + "attn.c_attn.bias"), N, C, 3 * C);
+    ref::matmul_forward(qkv, r(ln), r(t(h + "attn.c_attn.weight")), t(h + "attn.c_attn.bias"), N, C,
+                        3 * C);
     ref::attention_forward(y, qkv, B, T, C, H);
-    ref::matmul_forward(proj, r(y), r(t(h + "attn.c_proj.weight")), t(h + "attn.c_proj.bias"), N, C, C);
+    ref::matmul_forward(proj, r(y), r(t(h + "attn.c_proj.weight")), t(h + "attn.c_proj.bias"), N, C,
+                        C);
     drop(proj, static_cast<std::uint64_t>(2 * l));
     for (std::size_t i = 0; i < n; ++i) x[i] += proj[i];
     ref::layernorm_forward(ln, x, t(h + "ln_2.weight"), t(h + "ln_2.bias"), N, C, kLayerNormEps);
-    ref::matmul_forward(fc, r(ln), r(t(h + "mlp.c_fc.weight")), t(h + "mlp.c_fc.bias"), N, C, 4 * C);
+    ref::matmul_forward(fc, r(ln), r(t(h + "mlp.c_fc.weight")), t(h + "mlp.c_fc.bias"), N, C,
+                        4 * C);
     for (auto& v : fc) v = ref::gelu(v);
-    ref::matmul_forward(fcp, r(fc), r(t(h + "mlp.c_proj.weight")), t(h + "mlp.c_proj.bias"), N, 4 * C, C);
+    ref::matmul_forward(fcp, r(fc), r(t(h + "mlp.c_proj.weight")), t(h + "mlp.c_proj.bias"), N,
+                        4 * C, C);
     drop(fcp, static_cast<std::uint64_t>(2 * l + 1));
     for (std::size_t i = 0; i < n; ++i) x[i] += fcp[i];
   }
@@ -152,7 +157,8 @@ TEST(Gpt, Bf16LossAndGradientsAgainstDoubleReference) {
   for (std::size_t i = 0; i < model.num_params; ++i) model.params[i] += noise[i];
   const std::int64_t B = 2, T = 5;
   const Batch batch = tiny_batch(B, T);
-  Activations fp32_acts = make_activations(c, B, T), acts = make_activations(c, B, T, Precision::bf16);
+  Activations fp32_acts = make_activations(c, B, T),
+              acts = make_activations(c, B, T, Precision::bf16);
   TransposedWeights wt = make_transposed_weights(c, Precision::bf16);
   transpose_weights(wt, model);
   std::vector<float> fp32(model.num_params), bf(model.num_params);
@@ -162,7 +168,8 @@ TEST(Gpt, Bf16LossAndGradientsAgainstDoubleReference) {
   const double loss = gpt_forward(model, acts, batch.in, batch.tg, T, true, 3, &wt);
   gpt_backward(model, bf_views, acts, batch.in, batch.tg, 0, GradMode::write, &wt);
   const Vd w(model.params.begin(), model.params.end());
-  const double ref_rounded = reference_loss(model, w, batch.in, batch.tg, B, T, acts.last_dropout, true);
+  const double ref_rounded =
+      reference_loss(model, w, batch.in, batch.tg, B, T, acts.last_dropout, true);
   const double ref_exact = reference_loss(model, w, batch.in, batch.tg, B, T, acts.last_dropout);
   // The same rounded operands: what is left is fp32 arithmetic (the fp32
   // test's loss agrees to ~1e-8 relative) and the rare operand whose fp32 and

@@ -56,7 +56,7 @@ template <class T>
 T bf16_nearest(T x) {
   if (std::isnan(x) || std::isinf(x) || x == T(0)) return x;
   int e = 0;
-  std::frexp(x, &e);                    // |x| in [2^(e-1), 2^e)
+  std::frexp(x, &e);                          // |x| in [2^(e-1), 2^e)
   const int quantum = std::max(e - 8, -133);  // the spacing of bf16 values near x
   const T scaled = std::ldexp(x, -quantum);
   T r = std::nearbyint(scaled);  // the default rounding mode: to nearest, ties to even

@@ -50,8 +50,10 @@ Bf16Matmul make_bf16_matmul(const Bf16Key& key) {
   const auto [ta, tb, M, N, K, lda, ldb, ldc, accumulate] = key;
   using dt = dnnl::memory::data_type;
   // A transposed operand is the same bytes read with swapped strides.
-  const dnnl::memory::desc a({M, K}, dt::bf16, ta ? dnnl::memory::dims{1, lda} : dnnl::memory::dims{lda, 1});
-  const dnnl::memory::desc b({K, N}, dt::bf16, tb ? dnnl::memory::dims{1, ldb} : dnnl::memory::dims{ldb, 1});
+  const dnnl::memory::desc a({M, K}, dt::bf16,
+                             ta ? dnnl::memory::dims{1, lda} : dnnl::memory::dims{lda, 1});
+  const dnnl::memory::desc b({K, N}, dt::bf16,
+                             tb ? dnnl::memory::dims{1, ldb} : dnnl::memory::dims{ldb, 1});
   const dnnl::memory::desc c({M, N}, dt::f32, dnnl::memory::dims{ldc, 1});
   dnnl::primitive_attr attr;
   // The scratchpad comes from the caller (gemm_bf16's, per thread): left to the
@@ -109,10 +111,9 @@ void gemm_bf16(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t 
   if (scratch.size() < mm.scratchpad.get_size()) scratch.resize(mm.scratchpad.get_size());
   const dnnl::memory sm(mm.scratchpad, engine, scratch.data());
   thread_local dnnl::stream stream(engine);
-  mm.primitive.execute(stream, {{DNNL_ARG_SRC, am},
-                                {DNNL_ARG_WEIGHTS, bm},
-                                {DNNL_ARG_DST, cm},
-                                {DNNL_ARG_SCRATCHPAD, sm}});
+  mm.primitive.execute(
+      stream,
+      {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}, {DNNL_ARG_SCRATCHPAD, sm}});
   stream.wait();
 }
 

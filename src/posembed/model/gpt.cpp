@@ -58,8 +58,9 @@ Bf16Operands bf16_operands(const Gpt& model, const TransposedWeights* t, Activat
 // Throws unless bf16 weights come with activations that have the bf16 scratch.
 void check_precision(const TransposedWeights* t, const Activations& a) {
   if (t != nullptr && t->precision == Precision::bf16 && a.bf16_scratch.empty()) {
-    throw Error("the transposed weights were made for bf16 products but the activations for "
-                "fp32; make the activations with Precision::bf16 too");
+    throw Error(
+        "the transposed weights were made for bf16 products but the activations for "
+        "fp32; make the activations with Precision::bf16 too");
   }
 }
 
@@ -272,8 +273,8 @@ Activations make_activations(const GptConfig& c, std::int64_t B, std::int64_t T,
       const double scratch = precision == Precision::bf16
                                  ? 4.0 * static_cast<double>(bf16_scratch_half(c, 1)) * tokens
                                  : 0.0;
-      const auto bytes = static_cast<std::uint64_t>(4.0 * k.counted + tokens * static_cast<double>(C) / 8.0 +
-                                                    16.0 * tokens + scratch);
+      const auto bytes = static_cast<std::uint64_t>(
+          4.0 * k.counted + tokens * static_cast<double>(C) / 8.0 + 16.0 * tokens + scratch);
       char gib[32];
       std::snprintf(gib, sizeof gib, "%.1f GiB", static_cast<double>(bytes) / 0x1p30);
       check_fits_in_memory(bytes, what + " need " + std::to_string(bytes) + " bytes (" + gib + ")",
@@ -340,12 +341,14 @@ void transpose_weights(TransposedWeights& out, const Gpt& model) {
   out.params_bf16.resize(model.num_params);
   constexpr std::size_t kChunk = std::size_t{1} << 16;
   const std::size_t P = model.num_params, Q = out.memory.size();
-  const auto chunks = [&](std::size_t n) { return static_cast<std::int64_t>((n + kChunk - 1) / kChunk); };
+  const auto chunks = [&](std::size_t n) {
+    return static_cast<std::int64_t>((n + kChunk - 1) / kChunk);
+  };
   parallel_for(chunks(P) + chunks(Q), [&](std::int64_t task) {
     const bool params = task < chunks(P);
     const std::size_t begin = sz(params ? task : task - chunks(P)) * kChunk;
-    const std::span<const float> from = params ? std::span<const float>(model.params)
-                                               : std::span<const float>(out.memory);
+    const std::span<const float> from =
+        params ? std::span<const float>(model.params) : std::span<const float>(out.memory);
     std::span<std::uint16_t> to = params ? std::span(out.params_bf16) : std::span(out.memory_bf16);
     const std::size_t n = std::min(kChunk, from.size() - begin);
     round_to_bf16(to.subspan(begin, n), from.subspan(begin, n));
@@ -524,11 +527,12 @@ void gpt_backward(const Gpt& model, ParamViews& g, Activations& a,
     // residual3 = residual2 + dropout(mlp_proj(gelu(fc(ln_2(residual2)))))
     const std::span<const float> d_mlpproj =
         branch_grad(a.d_mlpproj, static_cast<std::uint64_t>(l * kSitesPerLayer + 1));
-    matmul_gelu_backward(a.d_fch, dw.mlp_proj_w, dw.mlp_proj_b, d_mlpproj, L.fch_gelu,
-                         w.mlp_proj_w, L.fch_dgelu, N, 4 * C, C, param_mode, wt.mlp_proj_w,
+    matmul_gelu_backward(a.d_fch, dw.mlp_proj_w, dw.mlp_proj_b, d_mlpproj, L.fch_gelu, w.mlp_proj_w,
+                         L.fch_dgelu, N, 4 * C, C, param_mode, wt.mlp_proj_w,
                          bf16_operands(model, transposed, a, w.mlp_proj_w, wt.mlp_proj_w));
     matmul_backward(a.d_ln, dw.c_fc_w, dw.c_fc_b, a.d_fch, L.ln_2, w.c_fc_w, N, C, 4 * C, write,
-                    param_mode, wt.c_fc_w, bf16_operands(model, transposed, a, w.c_fc_w, wt.c_fc_w));
+                    param_mode, wt.c_fc_w,
+                    bf16_operands(model, transposed, a, w.c_fc_w, wt.c_fc_w));
     layernorm_backward(a.d_residual, dw.ln_2_w, dw.ln_2_b, a.d_ln, L.residual2, w.ln_2_w,
                        L.ln_2_mean, L.ln_2_rstd, N, C, GradMode::accumulate, param_mode);
     // residual2 = layer_in + dropout(attn_proj(attention(c_attn(ln_1(layer_in)))))

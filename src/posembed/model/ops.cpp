@@ -254,8 +254,9 @@ VECTOR_CLONES void gelu_backward_piece(float* dx, const float* g, const float* x
 // half of its bf16 scratch; the ops' callers size it (make_activations).
 void check_bf16_scratch(std::size_t half, std::int64_t N, std::int64_t width) {
   if (half < sz(N * width)) {
-    throw std::logic_error("bf16 scratch of 2 x " + std::to_string(half) + " values for a product of " +
-                           std::to_string(N) + " rows of " + std::to_string(width) + " columns");
+    throw std::logic_error("bf16 scratch of 2 x " + std::to_string(half) +
+                           " values for a product of " + std::to_string(N) + " rows of " +
+                           std::to_string(width) + " columns");
   }
 }
 
@@ -285,10 +286,12 @@ void matmul_backward_any(std::span<float> dinp, std::span<float> dweight, std::s
   if (bf16.enabled()) {
     const std::size_t half = bf16.scratch.size() / 2;
     check_bf16_scratch(half, N, std::max(C, OC));
-    const std::span<std::uint16_t> dout_s = bf16.scratch.first(half), inp_s = bf16.scratch.subspan(half);
+    const std::span<std::uint16_t> dout_s = bf16.scratch.first(half),
+                                   inp_s = bf16.scratch.subspan(half);
     parallel_pieces(pieces(N, kRowPiece), double(N) * double(C + OC), [&](std::int64_t p) {
       const std::int64_t r0 = p * kRowPiece, rows = std::min(N - r0, kRowPiece);
-      round_to_bf16(dout_s.subspan(sz(r0 * OC), sz(rows * OC)), dout.subspan(sz(r0 * OC), sz(rows * OC)));
+      round_to_bf16(dout_s.subspan(sz(r0 * OC), sz(rows * OC)),
+                    dout.subspan(sz(r0 * OC), sz(rows * OC)));
       round_to_bf16(inp_s.subspan(sz(r0 * C), sz(rows * C)), inp.subspan(sz(r0 * C), sz(rows * C)));
     });
     dout_b = dout_s.data();
@@ -316,8 +319,8 @@ void matmul_backward_any(std::span<float> dinp, std::span<float> dweight, std::s
       gemm_bf16(Trans::no, Trans::no, rows, C, OC, dout_b + r0 * OC, OC,
                 (in_out ? bf16.weight_t : bf16.weight).data(), C, beta, d, C);
     } else {
-      gemm(Trans::no, w.trans, rows, C, OC, 1.0f, dout.data() + r0 * OC, OC, w.data, w.ld, beta,
-           d, C);
+      gemm(Trans::no, w.trans, rows, C, OC, 1.0f, dout.data() + r0 * OC, OC, w.data, w.ld, beta, d,
+           C);
     }
     if (!gelu_grad.empty()) multiply_piece(d, gelu_grad.data() + r0 * C, rows * C);
   };
@@ -345,8 +348,8 @@ void matmul_backward_any(std::span<float> dinp, std::span<float> dweight, std::s
 // out (N, OC) = inp @ weight + bias by row pieces; with act, each piece goes on
 // through bias_gelu_piece (out then holds gelu').
 void matmul_forward_any(std::span<float> out, std::span<const float> inp,
-                        std::span<const float> weight, std::span<const float> bias,
-                        std::int64_t N, std::int64_t C, std::int64_t OC, std::span<float> act,
+                        std::span<const float> weight, std::span<const float> bias, std::int64_t N,
+                        std::int64_t C, std::int64_t OC, std::span<float> act,
                         const Bf16Operands& bf16) {
   if (bf16.enabled()) check_bf16_scratch(bf16.scratch.size() / 2, N, C);
   assert(out.size() >= static_cast<std::size_t>(N * OC));
@@ -358,10 +361,11 @@ void matmul_forward_any(std::span<float> out, std::span<const float> inp,
     if (bf16.enabled()) {
       const std::span<std::uint16_t> a = bf16.scratch.subspan(sz(r0 * C), sz(rows * C));
       round_to_bf16(a, inp.subspan(sz(r0 * C), sz(rows * C)));
-      gemm_bf16(Trans::no, Trans::no, rows, OC, C, a.data(), C, bf16.weight.data(), OC, 0.0f, o, OC);
+      gemm_bf16(Trans::no, Trans::no, rows, OC, C, a.data(), C, bf16.weight.data(), OC, 0.0f, o,
+                OC);
     } else {
-      gemm(Trans::no, Trans::no, rows, OC, C, 1.0f, inp.data() + r0 * C, C, weight.data(), OC,
-           0.0f, o, OC);
+      gemm(Trans::no, Trans::no, rows, OC, C, 1.0f, inp.data() + r0 * C, C, weight.data(), OC, 0.0f,
+           o, OC);
     }
     if (!act.empty()) {
       bias_gelu_piece(act.data() + r0 * OC, o, bias.data(), rows, OC);
@@ -405,8 +409,7 @@ void matmul_gelu_backward(std::span<float> dpre, std::span<float> dweight, std::
 
 void matmul_tied_forward(std::span<float> out, std::span<const float> inp,
                          std::span<const float> table, std::int64_t N, std::int64_t C,
-                         std::int64_t V, std::span<const float> table_t,
-                         const Bf16Operands& bf16) {
+                         std::int64_t V, std::span<const float> table_t, const Bf16Operands& bf16) {
   if (bf16.enabled()) {  // inp @ table^T: the table's rounded transpose (C, V)
     check_bf16_scratch(bf16.scratch.size() / 2, N, C);
     parallel_pieces(pieces(N, kRowPiece), double(N) * double(C) * double(V), [&](std::int64_t p) {
