@@ -203,6 +203,25 @@ TEST(Gpt, Bf16LossAndGradientsAgainstDoubleReference) {
   RecordProperty("bf16_worst_relative_gradient_error", std::to_string(worst));
 }
 
+// bf16 weights with activations made for fp32 (no room for the bf16 copies)
+// are refused before any op runs, naming the fix.
+TEST(Gpt, Bf16WeightsNeedBf16Activations) {
+  const GptConfig c = tiny_config();
+  const Gpt model = make_gpt(c);
+  const Batch batch = tiny_batch(2, 5);
+  Activations acts = make_activations(c, 2, 5);
+  TransposedWeights wt = make_transposed_weights(c, Precision::bf16);
+  transpose_weights(wt, model);
+  try {
+    gpt_forward(model, acts, batch.in, batch.tg, 5, true, 1, &wt);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(),
+                 "the transposed weights were made for bf16 products but the activations for "
+                 "fp32; make the activations with Precision::bf16 too");
+  }
+}
+
 // A gradient written fresh (GradMode::write, the trainer's micro-batches) into
 // a buffer of NaNs holds the values of zero_grad and accumulating, with and
 // without dropout and with the position table frozen: every element is
