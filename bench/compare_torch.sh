@@ -6,10 +6,20 @@
 #   Debian torch 1.13 eager               (/usr/bin/python3; OpenBLAS 1 thread and its default)
 # Each run prints its median step; the summary gives, per program and thread count, the median
 # over rounds of those tokens/s and posembed's ratio to the best PyTorch 2.x and to 1.13.
+# --precision bf16: `posembed train --precision bf16` against PyTorch's CPU bf16 autocast.
 #   bench/compare_torch.sh
 #   THREADS=2 ROUNDS=5 STEPS=60 bench/compare_torch.sh
+#   THREADS=2 bench/compare_torch.sh --precision bf16
 set -euo pipefail
 cd "$(dirname "$0")/.."
+precision=fp32
+if [ $# -gt 0 ]; then
+  if [ $# -ne 2 ] || [ "$1" != --precision ] || { [ "$2" != fp32 ] && [ "$2" != bf16 ]; }; then
+    echo "usage: bench/compare_torch.sh [--precision fp32|bf16]" >&2
+    exit 2
+  fi
+  precision=$2
+fi
 scripts/deps.sh test >&2
 scripts/deps.sh run >&2
 [ -x build/posembed ] || {
@@ -29,7 +39,7 @@ record() { echo "$1|$2|$3" >>"$results"; echo "  $1, $2 thread(s): $3 tokens/s";
 posembed_run() {
   rm -rf "$out/run"
   build/posembed train --steps $((steps + 5)) --eval-every 100000 --eval-batches 1 \
-    --val-fraction 0.01 --threads "$1" --out "$out/run" >"$out/train.txt" 2>&1
+    --val-fraction 0.01 --threads "$1" --precision "$precision" --out "$out/run" >"$out/train.txt" 2>&1
   # The median of the step times after the first five, from the log's elapsed seconds.
   python3 -c "
 import csv, statistics as st
@@ -39,7 +49,7 @@ print(round(2048 / st.median(b - a for a, b in zip(t[4:], t[5:]))))"
 torch_run() {  # python, threads, extra arguments; prints tokens/s
   local python=$1 threads=$2
   shift 2
-  "$python" bench/gpt_train_torch.py --threads "$threads" --steps "$steps" "$@" 2>/dev/null |
+  "$python" bench/gpt_train_torch.py --threads "$threads" --steps "$steps" --precision "$precision" "$@" 2>/dev/null |
     sed -n 's/.* \([0-9]*\) tokens\/s.*/\1/p'
 }
 for round in $(seq "${ROUNDS:-3}"); do

@@ -9,10 +9,14 @@ Same architecture, sizes, dropout placement (embedding sum and both residual
 branches), AdamW decay groups, gradient clipping and batch as posembed's
 defaults (dropout 0 as `posembed train`'s default); windows drawn at random from
 the same text. --compile runs forward and loss through torch.compile (the
-warmup steps include the compilation). Prints the median step time and tokens/s
-over the timed steps (after warmup).
+warmup steps include the compilation). --precision bf16 runs forward and loss
+under torch.autocast("cpu", dtype=torch.bfloat16), PyTorch's CPU mixed
+precision (its matrix products in bf16; parameters, optimizer and gradients fp32),
+against `posembed train --precision bf16`. Prints the median step time and
+tokens/s over the timed steps (after warmup).
 
-usage: OPENBLAS_NUM_THREADS=1 bench/gpt_train_torch.py --threads 1 [--compile] [--data PATH] [--steps 40]
+usage: OPENBLAS_NUM_THREADS=1 bench/gpt_train_torch.py --threads 1 [--compile] [--precision bf16]
+       [--data PATH] [--steps 40]
 """
 import argparse
 import math
@@ -88,6 +92,8 @@ def main():
     ap.add_argument("--n-head", type=int, default=4)
     ap.add_argument("--dropout", type=float, default=0.0)
     ap.add_argument("--compile", action="store_true", help="torch.compile forward and loss")
+    ap.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                    help="bf16: forward and loss under CPU autocast to bfloat16")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     data = np.frombuffer(read_text(a.data), dtype=np.uint8).astype(np.int64)
@@ -100,8 +106,9 @@ def main():
     except (RuntimeError, TypeError, ValueError):
         opt = torch.optim.AdamW(groups, lr=2e-3, betas=(0.9, 0.95))
     def loss_of(win):
-        logits = forward(p, win[:, :-1], a.embed_dim, a.n_head, a.n_layer, a.dropout)
-        return F.cross_entropy(logits.reshape(-1, 256), win[:, 1:].reshape(-1))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+            logits = forward(p, win[:, :-1], a.embed_dim, a.n_head, a.n_layer, a.dropout)
+            return F.cross_entropy(logits.reshape(-1, 256), win[:, 1:].reshape(-1))
 
     if a.compile:
         loss_of = torch.compile(loss_of)
@@ -119,7 +126,7 @@ def main():
         if step >= a.warmup:
             times.append(time.perf_counter() - t0)
     med = statistics.median(times)
-    print(f"torch {torch.__version__} {'compiled' if a.compile else 'eager'} threads {a.threads} OPENBLAS_NUM_THREADS="
+    print(f"torch {torch.__version__} {'compiled' if a.compile else 'eager'} {a.precision} threads {a.threads} OPENBLAS_NUM_THREADS="
           f"{os.environ.get('OPENBLAS_NUM_THREADS', 'default')}: median step {med * 1e3:.1f} ms, "
           f"min {min(times) * 1e3:.1f} ms, {a.batch * a.seq_len / med:.0f} tokens/s "
           f"(final loss {loss.item():.3f})")

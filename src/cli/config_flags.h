@@ -26,6 +26,12 @@ void add_config_flags(CLI::App& app, Config& config) {
              flag_name(name), [&field](const std::string& text) { field = parse_table_init(text); },
              help)
           ->default_str(to_string(field));
+    } else if constexpr (std::is_enum_v<Field>) {  // a choice, parsed by its field_from_string
+      app.add_option_function<std::string>(
+             flag_name(name),
+             [&field, name](const std::string& text) { field_from_string(name, text, field); },
+             help)
+          ->default_str(field_to_string(field));
     } else {
       app.add_option(flag_name(name), field, help)->capture_default_str();
     }

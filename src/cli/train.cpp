@@ -117,8 +117,9 @@ class TrainPrinter {
           e.sharded ? "sharded (ZeRO-1)" : "on every rank",
           static_cast<double>(e.bytes_per_step) / 1e6);
     }
-    std::printf("compute: GEMM %s; embedding kernels %s\n", model::gemm_library().c_str(),
-                simd::target_name());
+    std::printf("compute: GEMM %s; embedding kernels %s; products in %s\n",
+                model::gemm_library().c_str(), simd::target_name(),
+                t.precision == model::Precision::bf16 ? "bf16 (fp32 sums)" : "fp32");
     std::fflush(stdout);
   }
 

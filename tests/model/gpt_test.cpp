@@ -9,6 +9,7 @@
 
 #include "posembed/core/error.h"
 #include "posembed/core/reference.h"
+#include "posembed/model/bf16.h"
 #include "posembed/model/gpt.h"
 #include "posembed/model/ops.h"
 #include "posembed/model/reference.h"
@@ -34,15 +35,22 @@ GptConfig tiny_config() {
 }
 
 // The mean loss of the model with parameters `w` (the flat buffer, in double).
+// bf16_products: every matrix product's two operands rounded to bf16 first,
+// as the trainer's --precision bf16 rounds them (the sums stay double).
 double reference_loss(const Gpt& model, const Vd& w, const std::vector<std::int64_t>& in,
                       const std::vector<std::int64_t>& tg, std::int64_t B, std::int64_t T,
-                      const DropoutSpec& dropout) {
+                      const DropoutSpec& dropout, bool bf16_products = false) {
   const GptConfig& c = model.config;
   const std::int64_t C = c.embedding.embed_dim, N = B * T, V = c.embedding.vocab_size, H = c.n_head;
   const auto t = [&](const std::string& name) {
     const ParamTensor* p = find_tensor(model, name);
     return Vd(w.begin() + static_cast<std::ptrdiff_t>(p->offset),
               w.begin() + static_cast<std::ptrdiff_t>(p->offset + p->numel));
+  };
+  const auto r = [&](Vd v) {  // a product's operand
+    if (!bf16_products) return v;
+    for (double& x : v) x = ref::bf16_nearest(x);
+    return v;
   };
   std::vector<std::int64_t> pos(static_cast<std::size_t>(N));
   for (std::int64_t i = 0; i < N; ++i) pos[static_cast<std::size_t>(i)] = i % T;
@@ -56,21 +64,25 @@ double reference_loss(const Gpt& model, const Vd& w, const std::vector<std::int6
     const std::string h = "h." + std::to_string(l) + ".";
     Vd ln(n), qkv(3 * n), y(n), proj(n), fc(4 * n), fcp(n);
     ref::layernorm_forward(ln, x, t(h + "ln_1.weight"), t(h + "ln_1.bias"), N, C, kLayerNormEps);
-    ref::matmul_forward(qkv, ln, t(h + "attn.c_attn.weight"), t(h + "attn.c_attn.bias"), N, C, 3 * C);
+    ref::matmul_forward(qkv, r(ln), r(t(h + "attn.c_attn.weight")), t(h + "attn.c_attn.bias"), N, C,
+                        3 * C);
     ref::attention_forward(y, qkv, B, T, C, H);
-    ref::matmul_forward(proj, y, t(h + "attn.c_proj.weight"), t(h + "attn.c_proj.bias"), N, C, C);
+    ref::matmul_forward(proj, r(y), r(t(h + "attn.c_proj.weight")), t(h + "attn.c_proj.bias"), N, C,
+                        C);
     drop(proj, static_cast<std::uint64_t>(2 * l));
     for (std::size_t i = 0; i < n; ++i) x[i] += proj[i];
     ref::layernorm_forward(ln, x, t(h + "ln_2.weight"), t(h + "ln_2.bias"), N, C, kLayerNormEps);
-    ref::matmul_forward(fc, ln, t(h + "mlp.c_fc.weight"), t(h + "mlp.c_fc.bias"), N, C, 4 * C);
+    ref::matmul_forward(fc, r(ln), r(t(h + "mlp.c_fc.weight")), t(h + "mlp.c_fc.bias"), N, C,
+                        4 * C);
     for (auto& v : fc) v = ref::gelu(v);
-    ref::matmul_forward(fcp, fc, t(h + "mlp.c_proj.weight"), t(h + "mlp.c_proj.bias"), N, 4 * C, C);
+    ref::matmul_forward(fcp, r(fc), r(t(h + "mlp.c_proj.weight")), t(h + "mlp.c_proj.bias"), N,
+                        4 * C, C);
     drop(fcp, static_cast<std::uint64_t>(2 * l + 1));
     for (std::size_t i = 0; i < n; ++i) x[i] += fcp[i];
   }
   Vd ln(n), logits(static_cast<std::size_t>(N * V)), losses(static_cast<std::size_t>(N));
   ref::layernorm_forward(ln, x, t("ln_f.weight"), t("ln_f.bias"), N, C, kLayerNormEps);
-  ref::matmul_tied_forward(logits, ln, t("wte.weight"), N, C, V);
+  ref::matmul_tied_forward(logits, r(ln), r(t("wte.weight")), N, C, V);
   ref::crossentropy_forward(losses, logits, tg, N, V);
   double sum = 0;
   for (double v : losses) sum += v;
@@ -133,6 +145,81 @@ TEST(Gpt, GradientsMatchFiniteDifferencesOfDoubleReference) {
     }
   }
   RecordProperty("worst_gradient_error", std::to_string(worst) + " in " + worst_name);
+}
+
+// --precision bf16: the loss against the double reference model whose
+// products take bf16-rounded operands, the gradient against the fp32 one
+// (itself checked against finite differences above).
+TEST(Gpt, Bf16LossAndGradientsAgainstDoubleReference) {
+  GptConfig c = tiny_config();
+  Gpt model = make_gpt(c);
+  auto noise = random_floats(model.num_params, 77, 0.05);
+  for (std::size_t i = 0; i < model.num_params; ++i) model.params[i] += noise[i];
+  const std::int64_t B = 2, T = 5;
+  const Batch batch = tiny_batch(B, T);
+  Activations fp32_acts = make_activations(c, B, T),
+              acts = make_activations(c, B, T, Precision::bf16);
+  TransposedWeights wt = make_transposed_weights(c, Precision::bf16);
+  transpose_weights(wt, model);
+  std::vector<float> fp32(model.num_params), bf(model.num_params);
+  ParamViews fp32_views = param_views(model, fp32), bf_views = param_views(model, bf);
+  gpt_forward(model, fp32_acts, batch.in, batch.tg, T, true, 3);
+  gpt_backward(model, fp32_views, fp32_acts, batch.in, batch.tg, 0, GradMode::write);
+  const double loss = gpt_forward(model, acts, batch.in, batch.tg, T, true, 3, &wt);
+  gpt_backward(model, bf_views, acts, batch.in, batch.tg, 0, GradMode::write, &wt);
+  const Vd w(model.params.begin(), model.params.end());
+  const double ref_rounded =
+      reference_loss(model, w, batch.in, batch.tg, B, T, acts.last_dropout, true);
+  const double ref_exact = reference_loss(model, w, batch.in, batch.tg, B, T, acts.last_dropout);
+  // The same rounded operands: what is left is fp32 arithmetic (the fp32
+  // test's loss agrees to ~1e-8 relative) and the rare operand whose fp32 and
+  // double values straddle a bf16 rounding boundary (about 2^-16 of them), which
+  // then differs by one bf16 step in one term of one sum: 1e-6 relative covers
+  // both. Against the unrounded model the loss moves ten times that, so the
+  // test tells the two apart.
+  EXPECT_NEAR(loss, ref_rounded, 1e-6 * ref_rounded);
+  EXPECT_GT(std::abs(ref_rounded - ref_exact), 1e-5 * ref_exact);
+  RecordProperty("bf16_loss_errors", std::to_string(loss - ref_rounded) + " against rounded, " +
+                                         std::to_string(loss - ref_exact) + " against exact");
+  // Gradients: each operand of a product is off by at most 2^-9 relative (8
+  // significant bits), so each product by at most 2^-8 of the sum of its terms'
+  // magnitudes; a weight's gradient comes through up to 3 L + 2 = 8 products
+  // (the loss's, each block's, the tied layer's), and terms cancel, so the error
+  // is bounded by a small multiple of 8 * 2^-8 of the tensor's largest gradient.
+  // Measured: at most 1.1% (a LayerNorm gain's tiny gradients), 0.2-0.6% for the
+  // weights; the bound 2^-5 = 3.1% holds with room. A bf16 gradient equal to
+  // the fp32 one would mean the products were not rounded.
+  double worst = 0;
+  for (const ParamTensor& t : model.tensors) {
+    double gmax = 0, err = 0;
+    for (std::size_t i = t.offset; i < t.offset + t.numel; ++i) {
+      gmax = std::max(gmax, std::abs(double(fp32[i])));
+      err = std::max(err, std::abs(double(fp32[i]) - double(bf[i])));
+    }
+    EXPECT_LE(err, 0x1p-5 * gmax) << t.name;
+    worst = std::max(worst, err / gmax);
+  }
+  EXPECT_GT(worst, 1e-4);
+  RecordProperty("bf16_worst_relative_gradient_error", std::to_string(worst));
+}
+
+// bf16 weights with activations made for fp32 (no room for the bf16 copies)
+// are refused before any op runs, naming the fix.
+TEST(Gpt, Bf16WeightsNeedBf16Activations) {
+  const GptConfig c = tiny_config();
+  const Gpt model = make_gpt(c);
+  const Batch batch = tiny_batch(2, 5);
+  Activations acts = make_activations(c, 2, 5);
+  TransposedWeights wt = make_transposed_weights(c, Precision::bf16);
+  transpose_weights(wt, model);
+  try {
+    gpt_forward(model, acts, batch.in, batch.tg, 5, true, 1, &wt);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(),
+                 "the transposed weights were made for bf16 products but the activations for "
+                 "fp32; make the activations with Precision::bf16 too");
+  }
 }
 
 // A gradient written fresh (GradMode::write, the trainer's micro-batches) into

@@ -3,8 +3,9 @@
 # mpirun must give the same log and the same checkpoint, byte for byte, as a
 # plain run (model/distributed.h says why it can). One case per CTest test:
 #   mpi_test.sh CASE POSEMBED MPIRUN WORK_DIR   (MPIRUN may be "none" for no_mpi)
-# Cases: ranks, shard_optimizer, resume, interrupt, killed_rank, errors (too
-# many ranks; an error on one rank), no_mpi (the last for a build without MPI).
+# Cases: ranks, shard_optimizer, resume, bf16 (the three with --precision bf16),
+# interrupt, killed_rank, errors (too many ranks; an error on one rank), no_mpi
+# (the last for a build without MPI).
 set -euo pipefail
 case_name=$1 posembed=$2 mpirun=$3 work=$4
 rm -rf "$work" && mkdir -p "$work" && cd "$work"
@@ -68,6 +69,20 @@ resume)
   [ "$(step_of parts/ckpt.safetensors)" = 6 ] || fail "second part did not stop at step 6"
   "$posembed" train --resume parts/ckpt.safetensors --out parts > /dev/null
   same_run one parts "2 ranks, then 3, then one process"
+  ;;
+bf16)
+  # --precision bf16: 2 ranks, 3 sharded ranks and a run resumed on 3 ranks
+  # from 2 give the bits of one process; the checkpoint records the precision.
+  "$posembed" "${run[@]}" --precision bf16 --threads 2 --out one > /dev/null
+  "${mpi[@]}" -np 2 "$posembed" "${run[@]}" --precision bf16 --threads 1 --out np2 > /dev/null
+  same_run one np2 "bf16, mpirun -np 2"
+  "${mpi[@]}" -np 3 "$posembed" "${run[@]}" --precision bf16 --shard-optimizer --out sharded > /dev/null
+  same_run one sharded "bf16, mpirun -np 3 --shard-optimizer"
+  "${mpi[@]}" -np 2 "$posembed" "${run[@]}" --precision bf16 --stop-after 3 --out parts > /dev/null
+  "${mpi[@]}" -np 3 "$posembed" train --resume parts/ckpt.safetensors --out parts > /dev/null
+  same_run one parts "bf16, 2 ranks, then 3"
+  "$posembed" inspect one/ckpt.safetensors | grep -q "^metadata train.precision = bf16$" ||
+    fail "the checkpoint does not record train.precision = bf16"
   ;;
 interrupt)
   # Ctrl-C reaches mpirun, which sends every rank SIGTERM (and SIGKILL a second

@@ -122,6 +122,61 @@ TEST(Train, ResumeMatchesUninterruptedRun) {
   set_num_threads(0);
 }
 
+// Mixed precision (--precision bf16): the same bits on 1 and 2 threads, a run
+// stopped and resumed on another thread count equals the whole run, and the
+// checkpoint records the precision (so a resume continues in bf16). The bf16
+// run is not the fp32 one, but learns alike: its first loss (both start from
+// the same weights) agrees to bf16's rounding, its last to 0.05 nats.
+TEST(Train, Bf16SameBitsOnAnyThreadCountAndResumesBitwise) {
+  const fs::path dir = scratch_dir("bf16");
+  TrainOptions o = small_run(dir);
+  const TrainResult fp32 = train(o);
+  o.train.precision = Precision::bf16;
+  o.threads = 1;
+  const TrainResult one = train(o);
+  const auto p_one = params_of(one.checkpoint);
+  EXPECT_EQ(read_checkpoint_info(one.checkpoint).train.precision, Precision::bf16);
+  o.threads = 2;
+  const TrainResult two = train(o);
+  EXPECT_EQ(one.losses, two.losses);  // bitwise
+  EXPECT_EQ(params_of(two.checkpoint), p_one);
+  EXPECT_EQ(one.final_val_loss, two.final_val_loss);
+  ASSERT_EQ(one.losses.size(), fp32.losses.size());
+  EXPECT_NE(one.losses, fp32.losses);
+  // Loss ~5.5 from logits of O(1): bf16 operands move each logit by a few
+  // 2^-9 relative, the mean loss by well under 1e-2.
+  EXPECT_NEAR(one.losses.front(), fp32.losses.front(), 1e-2);
+  EXPECT_NEAR(one.losses.back(), fp32.losses.back(), 0.05);
+
+  o.out_dir = dir / "parts";
+  o.stop_after = 5;
+  o.threads = 1;
+  const TrainResult first = train(o);
+  TrainOptions rest;
+  rest.resume = first.checkpoint;
+  rest.out_dir = o.out_dir;
+  rest.threads = 2;
+  const TrainResult second = train(rest);
+  std::vector<double> joined = first.losses;
+  joined.insert(joined.end(), second.losses.begin(), second.losses.end());
+  EXPECT_EQ(joined, one.losses);  // bitwise
+  EXPECT_EQ(params_of(second.checkpoint), p_one);
+  set_num_threads(0);
+}
+
+// A checkpoint from before --precision trained in fp32, and resumes so.
+TEST(Train, CheckpointWithoutPrecisionIsFp32) {
+  Checkpoint info;
+  info.train.precision = Precision::bf16;
+  auto meta = checkpoint_metadata(info);
+  EXPECT_EQ(meta.at("train.precision"), "bf16");
+  EXPECT_EQ(checkpoint_from_metadata(meta, "test").train.precision, Precision::bf16);
+  meta.erase("train.precision");
+  EXPECT_EQ(checkpoint_from_metadata(meta, "old").train.precision, Precision::fp32);
+  meta["train.precision"] = "fp8";
+  EXPECT_THROW(checkpoint_from_metadata(meta, "bad"), Error);
+}
+
 std::string read_file(const fs::path& path) {
   std::ifstream in(path);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};

@@ -70,6 +70,8 @@ Checkpoint checkpoint_from_metadata(const std::map<std::string, std::string>& fi
   if (!meta.contains("train.micro_batch")) {
     meta["train.micro_batch"] = meta_get(meta, "train.batch_size", src);
   }
+  // Checkpoints from before mixed precision multiplied in fp32.
+  if (!meta.contains("train.precision")) meta["train.precision"] = "fp32";
   Checkpoint info;
   get_fields(meta, "model.", info.model, src);
   get_fields(meta, "train.", info.train, src);

@@ -2,11 +2,74 @@
 
 #include <omp.h>
 
+#include <map>
 #include <stdexcept>
+#include <tuple>
+#include <vector>
 
 #include "oneapi/dnnl/dnnl.h"
+#include "oneapi/dnnl/dnnl.hpp"
 
 namespace posembed::model {
+namespace {
+
+// Pins the calling task's OpenMP thread count to 1 while it lives: see gemm().
+class OneThread {
+ public:
+  OneThread() : threads_(omp_get_max_threads()) {
+    if (threads_ != 1) omp_set_num_threads(1);
+  }
+  ~OneThread() {
+    if (threads_ != 1) omp_set_num_threads(threads_);
+  }
+  OneThread(const OneThread&) = delete;
+  OneThread& operator=(const OneThread&) = delete;
+
+ private:
+  int threads_;
+};
+
+// A bf16 matmul primitive per shape, transposes, leading dimensions and beta,
+// made on first use, per thread (a primitive is made for the thread count it
+// will run on, see gemm_bf16). The trainer's products come in a
+// few dozen shapes (row pieces of fixed size), so the map stays small.
+using Bf16Key = std::tuple<bool, bool, std::int64_t, std::int64_t, std::int64_t, std::int64_t,
+                           std::int64_t, std::int64_t, bool>;
+
+const dnnl::engine& cpu_engine() {
+  static const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+struct Bf16Matmul {
+  dnnl::memory::desc a, b, c, scratchpad;
+  dnnl::matmul primitive;
+};
+
+Bf16Matmul make_bf16_matmul(const Bf16Key& key) {
+  const auto [ta, tb, M, N, K, lda, ldb, ldc, accumulate] = key;
+  using dt = dnnl::memory::data_type;
+  // A transposed operand is the same bytes read with swapped strides.
+  const dnnl::memory::desc a({M, K}, dt::bf16,
+                             ta ? dnnl::memory::dims{1, lda} : dnnl::memory::dims{lda, 1});
+  const dnnl::memory::desc b({K, N}, dt::bf16,
+                             tb ? dnnl::memory::dims{1, ldb} : dnnl::memory::dims{ldb, 1});
+  const dnnl::memory::desc c({M, N}, dt::f32, dnnl::memory::dims{ldc, 1});
+  dnnl::primitive_attr attr;
+  // The scratchpad comes from the caller (gemm_bf16's, per thread): left to the
+  // library, this build of oneDNN allocates it afresh on every call, and the
+  // kernel zeroing those new pages took 40% of a one-thread training step.
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  if (accumulate) {  // c += a @ b: a sum post-op adds the old c in fp32
+    dnnl::post_ops ops;
+    ops.append_sum(1.0f);
+    attr.set_post_ops(ops);
+  }
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, cpu_engine());
+  return {a, b, c, pd.scratchpad_desc(), dnnl::matmul(pd)};
+}
+
+}  // namespace
 
 void gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, float alpha,
           const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
@@ -25,6 +88,33 @@ void gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, fl
   if (threads != 1) omp_set_num_threads(threads);
   // The ops validate shapes before any product runs, so this is a bug, not bad input.
   if (status != dnnl_success) throw std::logic_error("dnnl_sgemm failed: invalid arguments");
+}
+
+void gemm_bf16(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K,
+               const std::uint16_t* a, std::int64_t lda, const std::uint16_t* b, std::int64_t ldb,
+               float beta, float* c, std::int64_t ldc) {
+  if (beta != 0.0f && beta != 1.0f) throw std::logic_error("gemm_bf16: beta must be 0 or 1");
+  // Made and run on one thread: oneDNN picks a primitive's blocking from the
+  // thread count it sees when the primitive is made.
+  const OneThread one;
+  thread_local std::map<Bf16Key, Bf16Matmul> primitives;
+  const Bf16Key key{ta == Trans::yes, tb == Trans::yes, M, N, K, lda, ldb, ldc, beta != 0.0f};
+  auto it = primitives.find(key);
+  if (it == primitives.end()) it = primitives.emplace(key, make_bf16_matmul(key)).first;
+  const Bf16Matmul& mm = it->second;
+  const dnnl::engine& engine = cpu_engine();
+  // oneDNN's memory objects take non-const handles; the operands are only read.
+  const dnnl::memory am(mm.a, engine, const_cast<std::uint16_t*>(a));
+  const dnnl::memory bm(mm.b, engine, const_cast<std::uint16_t*>(b));
+  const dnnl::memory cm(mm.c, engine, c);
+  thread_local std::vector<std::uint8_t> scratch;  // grows to the largest once
+  if (scratch.size() < mm.scratchpad.get_size()) scratch.resize(mm.scratchpad.get_size());
+  const dnnl::memory sm(mm.scratchpad, engine, scratch.data());
+  thread_local dnnl::stream stream(engine);
+  mm.primitive.execute(
+      stream,
+      {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}, {DNNL_ARG_SCRATCHPAD, sm}});
+  stream.wait();
 }
 
 std::string gemm_library() {

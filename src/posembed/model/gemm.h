@@ -23,6 +23,15 @@ void gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, fl
           const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
           std::int64_t ldc);
 
+// The same product with a and b in bf16 (raw bit patterns, model/bf16.h) and
+// the sums and c in fp32 (alpha 1; beta 0 or 1): oneDNN's bf16 matmul, which
+// multiplies on the CPU's bf16 dot-product units where it has them
+// (avx512_bf16) and converts to fp32 otherwise. One thread, as gemm(); its bits
+// depend on the shapes only (the kernel and its blocking are chosen from them).
+void gemm_bf16(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K,
+               const std::uint16_t* a, std::int64_t lda, const std::uint16_t* b, std::int64_t ldb,
+               float beta, float* c, std::int64_t ldc);
+
 // The library, its version and the instruction set its JIT kernels target,
 // e.g. "oneDNN 2.6.3 dnnl_sgemm, JIT for avx512_core_bf16".
 std::string gemm_library();

@@ -35,6 +35,35 @@ struct Carver {
 
 constexpr std::int64_t kSitesPerLayer = 2;  // residual dropout after attention and after the MLP
 
+// Values in each half of a bf16 scratch: the widest activation a product reads
+// (the MLP's 4C) or the logits' gradient (V), over N rows.
+std::int64_t bf16_scratch_half(const GptConfig& c, std::int64_t N) {
+  return N * std::max(4 * c.embedding.embed_dim, c.embedding.vocab_size);
+}
+
+// The bf16 operands of a product by `weight` (a view into model.params) and
+// `weight_t`, its transpose (a view into t->memory): the same places in their
+// rounded copies. None (fp32 products) without bf16 weights.
+Bf16Operands bf16_operands(const Gpt& model, const TransposedWeights* t, Activations& a,
+                           std::span<const float> weight, std::span<const float> weight_t) {
+  if (t == nullptr || t->precision != Precision::bf16) return {};
+  const auto same_place = [](const std::vector<std::uint16_t>& copy, const float* base,
+                             std::span<const float> view) {
+    return std::span<const std::uint16_t>(copy.data() + (view.data() - base), view.size());
+  };
+  return {same_place(t->params_bf16, model.params.data(), weight),
+          same_place(t->memory_bf16, t->memory.data(), weight_t), a.bf16_scratch};
+}
+
+// Throws unless bf16 weights come with activations that have the bf16 scratch.
+void check_precision(const TransposedWeights* t, const Activations& a) {
+  if (t != nullptr && t->precision == Precision::bf16 && a.bf16_scratch.empty()) {
+    throw Error(
+        "the transposed weights were made for bf16 products but the activations for "
+        "fp32; make the activations with Precision::bf16 too");
+  }
+}
+
 }  // namespace
 
 void validate(const GptConfig& c) {
@@ -195,7 +224,8 @@ std::span<float> tensor_view(const Gpt&, std::span<float> buffer, const ParamTen
   return buffer.subspan(t.offset, t.numel);
 }
 
-Activations make_activations(const GptConfig& c, std::int64_t B, std::int64_t T) {
+Activations make_activations(const GptConfig& c, std::int64_t B, std::int64_t T,
+                             Precision precision) {
   if (B < 1 || T < 1 || T > c.embedding.max_seq_len) {
     throw Error("activations for batch " + std::to_string(B) + " x seq_len " + std::to_string(T) +
                 ": need batch >= 1 and 1 <= seq_len <= max_seq_len = " +
@@ -240,8 +270,11 @@ Activations make_activations(const GptConfig& c, std::int64_t B, std::int64_t T)
     if (pass == 0) {
       // Also the embedding's mask bits, and the batch's input and target ids
       // (int64) that callers hold beside them.
-      const auto bytes = static_cast<std::uint64_t>(4.0 * k.counted + tokens * static_cast<double>(C) / 8.0 +
-                                                    16.0 * tokens);
+      const double scratch = precision == Precision::bf16
+                                 ? 4.0 * static_cast<double>(bf16_scratch_half(c, 1)) * tokens
+                                 : 0.0;
+      const auto bytes = static_cast<std::uint64_t>(
+          4.0 * k.counted + tokens * static_cast<double>(C) / 8.0 + 16.0 * tokens + scratch);
       char gib[32];
       std::snprintf(gib, sizeof gib, "%.1f GiB", static_cast<double>(bytes) / 0x1p30);
       check_fits_in_memory(bytes, what + " need " + std::to_string(bytes) + " bytes (" + gib + ")",
@@ -249,6 +282,7 @@ Activations make_activations(const GptConfig& c, std::int64_t B, std::int64_t T)
       assign_zeros_huge(a.memory, k.used);
     }
   }
+  if (precision == Precision::bf16) a.bf16_scratch.assign(2 * sz(bf16_scratch_half(c, N)), 0);
   a.positions.resize(sz(N));
   positions_contiguous(a.positions, B, T, 0);
   a.embedding_mask.resize(
@@ -256,10 +290,11 @@ Activations make_activations(const GptConfig& c, std::int64_t B, std::int64_t T)
   return a;
 }
 
-TransposedWeights make_transposed_weights(const GptConfig& c) {
+TransposedWeights make_transposed_weights(const GptConfig& c, Precision precision) {
   validate(c);
   TransposedWeights t;
   t.config = c;
+  t.precision = precision;
   const std::int64_t C = c.embedding.embed_dim;
   t.h.resize(sz(c.n_layer));
   for (int pass = 0; pass < 2; ++pass) {
@@ -274,6 +309,7 @@ TransposedWeights make_transposed_weights(const GptConfig& c) {
       check_fits_in_memory(bytes, "the transposed weights need " + std::to_string(bytes) + " bytes",
                            "reduce n_layer, embed_dim or vocab_size");
       assign_zeros_huge(t.memory, k.used);
+      if (precision == Precision::bf16) t.memory_bf16.assign(k.used, 0);
     }
   }
   return t;
@@ -298,6 +334,24 @@ void transpose_weights(TransposedWeights& out, const Gpt& model) {
       case 2: return transpose(t.c_fc_w, w.c_fc_w, C, 4 * C);
       default: return transpose(t.mlp_proj_w, w.mlp_proj_w, 4 * C, C);
     }
+  });
+  if (out.precision != Precision::bf16) return;
+  // The parameters' count is the model's, not the config's alone: sized on the
+  // first step, then reused.
+  out.params_bf16.resize(model.num_params);
+  constexpr std::size_t kChunk = std::size_t{1} << 16;
+  const std::size_t P = model.num_params, Q = out.memory.size();
+  const auto chunks = [&](std::size_t n) {
+    return static_cast<std::int64_t>((n + kChunk - 1) / kChunk);
+  };
+  parallel_for(chunks(P) + chunks(Q), [&](std::int64_t task) {
+    const bool params = task < chunks(P);
+    const std::size_t begin = sz(params ? task : task - chunks(P)) * kChunk;
+    const std::span<const float> from =
+        params ? std::span<const float>(model.params) : std::span<const float>(out.memory);
+    std::span<std::uint16_t> to = params ? std::span(out.params_bf16) : std::span(out.memory_bf16);
+    const std::size_t n = std::min(kChunk, from.size() - begin);
+    round_to_bf16(to.subspan(begin, n), from.subspan(begin, n));
   });
 }
 
@@ -357,6 +411,7 @@ double gpt_forward(const Gpt& model, Activations& a, std::span<const std::int64_
   const GptConfig& c = model.config;
   validate_batch(c, a, inputs, targets, T);
   if (transposed) check_buffers_fit(c, transposed->config, "the transposed weights");
+  check_precision(transposed, a);
   const std::int64_t B = a.batch, C = c.embedding.embed_dim, N = B * T, H = c.n_head,
                      V = c.embedding.vocab_size;
   const auto nc = sz(N * C);
@@ -374,25 +429,32 @@ double gpt_forward(const Gpt& model, Activations& a, std::span<const std::int64_
   std::span<const float> residual = a.encoded.first(nc);
   for (std::int64_t l = 0; l < c.n_layer; ++l) {
     const BlockViews& w = p.h[sz(l)];
+    const TransposedWeights::Block wt =
+        transposed ? transposed->h[sz(l)] : TransposedWeights::Block{};
     Activations::Layer& L = a.layers[sz(l)];
     layernorm_forward(L.ln_1, L.ln_1_mean, L.ln_1_rstd, residual, w.ln_1_w, w.ln_1_b, N, C);
-    matmul_forward(L.qkv, L.ln_1, w.c_attn_w, w.c_attn_b, N, C, 3 * C);
+    matmul_forward(L.qkv, L.ln_1, w.c_attn_w, w.c_attn_b, N, C, 3 * C,
+                   bf16_operands(model, transposed, a, w.c_attn_w, wt.c_attn_w));
     attention_forward(L.atty, L.att, L.qkv, B, T, C, H);
-    matmul_forward(L.attproj, L.atty, w.attn_proj_w, w.attn_proj_b, N, C, C);
+    matmul_forward(L.attproj, L.atty, w.attn_proj_w, w.attn_proj_b, N, C, C,
+                   bf16_operands(model, transposed, a, w.attn_proj_w, wt.attn_proj_w));
     dropout_forward(L.attproj.first(nc), L.attproj.first(nc), dropout,
                     static_cast<std::uint64_t>(l * kSitesPerLayer));
     residual_forward(L.residual2.first(nc), residual, L.attproj.first(nc));
     layernorm_forward(L.ln_2, L.ln_2_mean, L.ln_2_rstd, L.residual2, w.ln_2_w, w.ln_2_b, N, C);
-    matmul_gelu_forward(L.fch_gelu, L.fch_dgelu, L.ln_2, w.c_fc_w, w.c_fc_b, N, C, 4 * C);
-    matmul_forward(L.mlpproj, L.fch_gelu, w.mlp_proj_w, w.mlp_proj_b, N, 4 * C, C);
+    matmul_gelu_forward(L.fch_gelu, L.fch_dgelu, L.ln_2, w.c_fc_w, w.c_fc_b, N, C, 4 * C,
+                        bf16_operands(model, transposed, a, w.c_fc_w, wt.c_fc_w));
+    matmul_forward(L.mlpproj, L.fch_gelu, w.mlp_proj_w, w.mlp_proj_b, N, 4 * C, C,
+                   bf16_operands(model, transposed, a, w.mlp_proj_w, wt.mlp_proj_w));
     dropout_forward(L.mlpproj.first(nc), L.mlpproj.first(nc), dropout,
                     static_cast<std::uint64_t>(l * kSitesPerLayer + 1));
     residual_forward(L.residual3.first(nc), L.residual2.first(nc), L.mlpproj.first(nc));
     residual = L.residual3.first(nc);
   }
   layernorm_forward(a.ln_f, a.ln_f_mean, a.ln_f_rstd, residual, p.ln_f_w, p.ln_f_b, N, C);
-  matmul_tied_forward(a.logits, a.ln_f, p.wte, N, C, V,
-                      transposed ? transposed->wte : std::span<const float>());
+  const std::span<const float> wte_t = transposed ? transposed->wte : std::span<const float>();
+  matmul_tied_forward(a.logits, a.ln_f, p.wte, N, C, V, wte_t,
+                      bf16_operands(model, transposed, a, p.wte, wte_t));
   crossentropy_forward(a.losses, a.probs, a.logits, targets, N, V);
   return gpt_loss_sum(a, N) / static_cast<double>(N);
 }
@@ -422,6 +484,7 @@ void gpt_backward(const Gpt& model, ParamViews& g, Activations& a,
   const std::int64_t T = a.last_seq_len;
   validate_batch(c, a, inputs, targets, T);
   if (transposed) check_buffers_fit(c, transposed->config, "the transposed weights");
+  check_precision(transposed, a);
   const std::int64_t B = a.batch, C = c.embedding.embed_dim, N = B * T, H = c.n_head,
                      V = c.embedding.vocab_size;
   const auto nc = sz(N * C);
@@ -438,7 +501,9 @@ void gpt_backward(const Gpt& model, ParamViews& g, Activations& a,
   crossentropy_backward(a.d_logits, a.d_losses, a.probs, targets, N, V, write);
   // The tied output layer writes or adds the token table's gradient first; the
   // embedding's backward adds to it last.
-  matmul_tied_backward(a.d_ln, g.wte, a.d_logits, a.ln_f, p.wte, N, C, V, write, param_mode);
+  matmul_tied_backward(a.d_ln, g.wte, a.d_logits, a.ln_f, p.wte, N, C, V, write, param_mode,
+                       bf16_operands(model, transposed, a, p.wte,
+                                     transposed ? transposed->wte : std::span<const float>()));
   const std::span<const float> last =
       c.n_layer > 0 ? a.layers.back().residual3.first(nc) : a.encoded.first(nc);
   layernorm_backward(a.d_residual, g.ln_f_w, g.ln_f_b, a.d_ln, last, p.ln_f_w, a.ln_f_mean,
@@ -462,20 +527,24 @@ void gpt_backward(const Gpt& model, ParamViews& g, Activations& a,
     // residual3 = residual2 + dropout(mlp_proj(gelu(fc(ln_2(residual2)))))
     const std::span<const float> d_mlpproj =
         branch_grad(a.d_mlpproj, static_cast<std::uint64_t>(l * kSitesPerLayer + 1));
-    matmul_gelu_backward(a.d_fch, dw.mlp_proj_w, dw.mlp_proj_b, d_mlpproj, L.fch_gelu,
-                         w.mlp_proj_w, L.fch_dgelu, N, 4 * C, C, param_mode, wt.mlp_proj_w);
+    matmul_gelu_backward(a.d_fch, dw.mlp_proj_w, dw.mlp_proj_b, d_mlpproj, L.fch_gelu, w.mlp_proj_w,
+                         L.fch_dgelu, N, 4 * C, C, param_mode, wt.mlp_proj_w,
+                         bf16_operands(model, transposed, a, w.mlp_proj_w, wt.mlp_proj_w));
     matmul_backward(a.d_ln, dw.c_fc_w, dw.c_fc_b, a.d_fch, L.ln_2, w.c_fc_w, N, C, 4 * C, write,
-                    param_mode, wt.c_fc_w);
+                    param_mode, wt.c_fc_w,
+                    bf16_operands(model, transposed, a, w.c_fc_w, wt.c_fc_w));
     layernorm_backward(a.d_residual, dw.ln_2_w, dw.ln_2_b, a.d_ln, L.residual2, w.ln_2_w,
                        L.ln_2_mean, L.ln_2_rstd, N, C, GradMode::accumulate, param_mode);
     // residual2 = layer_in + dropout(attn_proj(attention(c_attn(ln_1(layer_in)))))
     const std::span<const float> d_attproj =
         branch_grad(a.d_attproj, static_cast<std::uint64_t>(l * kSitesPerLayer));
     matmul_backward(a.d_atty, dw.attn_proj_w, dw.attn_proj_b, d_attproj, L.atty, w.attn_proj_w, N,
-                    C, C, write, param_mode, wt.attn_proj_w);
+                    C, C, write, param_mode, wt.attn_proj_w,
+                    bf16_operands(model, transposed, a, w.attn_proj_w, wt.attn_proj_w));
     attention_backward(a.d_qkv, a.d_att, a.d_atty, L.qkv, L.att, B, T, C, H, write);
     matmul_backward(a.d_ln, dw.c_attn_w, dw.c_attn_b, a.d_qkv, L.ln_1, w.c_attn_w, N, C, 3 * C,
-                    write, param_mode, wt.c_attn_w);
+                    write, param_mode, wt.c_attn_w,
+                    bf16_operands(model, transposed, a, w.c_attn_w, wt.c_attn_w));
     layernorm_backward(a.d_residual, dw.ln_1_w, dw.ln_1_b, a.d_ln, layer_in, w.ln_1_w,
                        L.ln_1_mean, L.ln_1_rstd, N, C, GradMode::accumulate, param_mode);
   }

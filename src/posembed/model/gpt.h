@@ -17,6 +17,7 @@
 
 #include "posembed/core/config.h"
 #include "posembed/core/embedding.h"
+#include "posembed/model/bf16.h"
 
 namespace posembed::model {
 
@@ -138,6 +139,9 @@ struct Activations {
   // (ceil(B*T*C / 64)): the embedding dropout's mask, kept by the forward for
   // the backward (core/embedding.h), which then need not draw it again.
   std::vector<std::uint64_t> embedding_mask;
+  // Precision::bf16: the products' bf16 copies of the activations they read
+  // (ops.h's Bf16Operands::scratch), 2 * B*T * max(4C, V); empty for fp32.
+  std::vector<std::uint16_t> bf16_scratch;
   // Forward, per layer l at [l]: (B,T,C) unless noted.
   std::span<float> encoded;
   struct Layer {
@@ -168,7 +172,9 @@ struct Activations {
   Activations(const Activations&) = delete;
 };
 
-Activations make_activations(const GptConfig& config, std::int64_t batch, std::int64_t seq_len);
+// precision bf16 adds the bf16 scratch of the mixed-precision products.
+Activations make_activations(const GptConfig& config, std::int64_t batch, std::int64_t seq_len,
+                             Precision precision = Precision::fp32);
 
 // The weights that products multiply by transposed (the backward's input
 // gradients, the tied output layer), each (out, in) = its weight's transpose:
@@ -176,8 +182,14 @@ Activations make_activations(const GptConfig& config, std::int64_t batch, std::i
 // micro-batch of the step, instead of transposed again in each (the copies were
 // 2.8% of a one-thread training step, AMD EPYC Zen 4). They are a copy: after
 // any change of the parameters they are stale until transposed again.
+// With Precision::bf16 they also hold the parameters and these transposes
+// rounded to bf16, the operands of the mixed-precision products: rounded once
+// per step, not once per product and micro-batch.
 struct TransposedWeights {
   GptConfig config;  // the model they were sized for (checked on use)
+  Precision precision = Precision::fp32;
+  std::vector<std::uint16_t> params_bf16;  // (num_params) model.params rounded; bf16 only
+  std::vector<std::uint16_t> memory_bf16;  // memory rounded, element for element; bf16 only
   std::vector<float> memory;
   std::span<float> wte;  // (C, V)
   struct Block {  // (3C, C), (C, C), (4C, C), (C, 4C)
@@ -185,7 +197,8 @@ struct TransposedWeights {
   };
   std::vector<Block> h;
 };
-TransposedWeights make_transposed_weights(const GptConfig& config);
+TransposedWeights make_transposed_weights(const GptConfig& config,
+                                          Precision precision = Precision::fp32);
 void transpose_weights(TransposedWeights& out, const Gpt& model);
 
 // inputs, targets: (B, T) byte ids. step keys the dropout masks of a training
@@ -193,7 +206,8 @@ void transpose_weights(TransposedWeights& out, const Gpt& model);
 // B*T targets (per-position losses stay in acts.losses). T may be shorter than
 // the seq_len the activations were made for (then only rows 0..B*T use them).
 // transposed: the model's weights transposed for this forward (the same bits
-// with or without them).
+// with or without them). Made for Precision::bf16 (and acts with it too), the
+// products run in bf16 (ops.h's Bf16Operands); everything else stays fp32.
 double gpt_forward(const Gpt& model, Activations& acts, std::span<const std::int64_t> inputs,
                    std::span<const std::int64_t> targets, std::int64_t T, bool train,
                    std::uint64_t step, const TransposedWeights* transposed = nullptr);

@@ -23,10 +23,24 @@
 
 namespace posembed::model {
 
+// Mixed precision (TrainConfig's precision bf16): the products below multiply
+// their two operands rounded to bf16, the sums in fp32 (gemm_bf16); the bias,
+// the GELU and the bias gradient around them stay fp32. weight is the weight
+// rounded once per optimizer step, in its stored layout, weight_t its
+// transpose rounded. scratch holds the bf16 copies of the activations the
+// product reads: at least 2 * N * max(C, OC) values (Activations::bf16_scratch).
+// Empty (the default): the products run in fp32.
+struct Bf16Operands {
+  std::span<const std::uint16_t> weight, weight_t;
+  std::span<std::uint16_t> scratch;
+  bool enabled() const { return !weight.empty(); }
+};
+
 // out (N, OC) = inp (N, C) @ weight (C, OC) + bias (OC). bias may be empty.
 // weight is stored (in, out) as GPT-2's Conv1D.
 void matmul_forward(std::span<float> out, std::span<const float> inp, std::span<const float> weight,
-                    std::span<const float> bias, std::int64_t N, std::int64_t C, std::int64_t OC);
+                    std::span<const float> bias, std::int64_t N, std::int64_t C, std::int64_t OC,
+                    const Bf16Operands& bf16 = {});
 // dinp (N, C), dweight (C, OC), dbias (OC, may be empty) += VJP of dout (N, OC).
 // weight_t (OC, C), if given, is weight transposed, made once for several calls
 // (gpt.h's TransposedWeights); otherwise the op transposes weight itself. Both
@@ -36,7 +50,7 @@ void matmul_backward(std::span<float> dinp, std::span<float> dweight, std::span<
                      std::span<const float> weight, std::int64_t N, std::int64_t C, std::int64_t OC,
                      GradMode dinp_mode = GradMode::accumulate,
                      GradMode param_mode = GradMode::accumulate,
-                     std::span<const float> weight_t = {});
+                     std::span<const float> weight_t = {}, const Bf16Operands& bf16 = {});
 
 // The MLP's first product with its activation: act (N, OC) = gelu(pre) and
 // dact (N, OC) = gelu'(pre), pre = inp (N, C) @ weight (C, OC) + bias (OC, not
@@ -46,7 +60,7 @@ void matmul_backward(std::span<float> dinp, std::span<float> dweight, std::span<
 // gelu_forward (and gelu_backward of ones for dact).
 void matmul_gelu_forward(std::span<float> act, std::span<float> dact, std::span<const float> inp,
                          std::span<const float> weight, std::span<const float> bias, std::int64_t N,
-                         std::int64_t C, std::int64_t OC);
+                         std::int64_t C, std::int64_t OC, const Bf16Operands& bf16 = {});
 // The backward of a product whose input was inp = gelu(pre), pre (N, C), with
 // dact = gelu'(pre) from matmul_gelu_forward: dpre (N, C) = dact * (dout @
 // weight^T), written fresh (GradMode::write), each row piece while it is in
@@ -58,19 +72,21 @@ void matmul_gelu_backward(std::span<float> dpre, std::span<float> dweight, std::
                           std::span<const float> weight, std::span<const float> dact,
                           std::int64_t N, std::int64_t C, std::int64_t OC,
                           GradMode param_mode = GradMode::accumulate,
-                          std::span<const float> weight_t = {});
+                          std::span<const float> weight_t = {}, const Bf16Operands& bf16 = {});
 
 // The tied output layer: out (N, V) = inp (N, C) @ table (V, C)^T, no bias.
 // table_t (C, V), if given, is table transposed (as matmul_backward's weight_t).
 void matmul_tied_forward(std::span<float> out, std::span<const float> inp,
                          std::span<const float> table, std::int64_t N, std::int64_t C,
-                         std::int64_t V, std::span<const float> table_t = {});
+                         std::int64_t V, std::span<const float> table_t = {},
+                         const Bf16Operands& bf16 = {});
 // dinp (N, C), dtable (V, C) += VJP of dout (N, V).
 void matmul_tied_backward(std::span<float> dinp, std::span<float> dtable,
                           std::span<const float> dout, std::span<const float> inp,
                           std::span<const float> table, std::int64_t N, std::int64_t C,
                           std::int64_t V, GradMode dinp_mode = GradMode::accumulate,
-                          GradMode param_mode = GradMode::accumulate);
+                          GradMode param_mode = GradMode::accumulate,
+                          const Bf16Operands& bf16 = {});
 
 inline constexpr float kLayerNormEps = 1e-5f;  // GPT-2's layer_norm_epsilon
 

@@ -191,15 +191,16 @@ StepBuffers make_step_buffers(const Gpt& model, const TrainConfig& c, std::int64
     if (s == 1) spare = available_memory_bytes() / 2;  // 0: unknown, then no limit
     if (s >= 1 && spare != 0 && slot_bytes * static_cast<std::uint64_t>(s) > spare) break;
     MicroBatchSlot& slot = b.slots.emplace_back();
-    slot.acts = make_activations(model.config, b.micro_batch, seq_len);
+    slot.acts = make_activations(model.config, b.micro_batch, seq_len, c.precision);
     slot.inputs.assign(sz(b.micro_batch * seq_len), 0);
     slot.targets.assign(slot.inputs.size(), 0);
     assign_zeros_huge(slot.grads, P);
     slot.grad_views = param_views(model, slot.grads);
     slot_bytes = sizeof(float) * (slot.acts.memory.size() + slot.grads.size()) +
+                 sizeof(std::uint16_t) * slot.acts.bf16_scratch.size() +
                  sizeof(std::int64_t) * (2 * slot.inputs.size() + slot.acts.positions.size());
   }
-  b.transposed = make_transposed_weights(model.config);
+  b.transposed = make_transposed_weights(model.config, c.precision);
   b.wave.resize(b.slots.size());
   b.loss_sums.assign(sz(M), 0.0);
   b.piece_squares.assign((P + kParamPiece - 1) / kParamPiece, 0.0);

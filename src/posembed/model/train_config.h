@@ -26,6 +26,7 @@ struct TrainConfig {
   std::int64_t eval_every = 200;
   std::int64_t eval_batches = 8;
   std::int64_t checkpoint_every = 500;
+  Precision precision = Precision::fp32;  // of the matrix products
   bool operator==(const TrainConfig&) const = default;
 };
 
@@ -55,6 +56,9 @@ void visit_fields(TrainConfig& c, Visitor&& visitor) {
   visitor("eval_batches", c.eval_batches,
           "batches per periodic validation estimate (the final one uses the whole split)");
   visitor("checkpoint_every", c.checkpoint_every, "steps between checkpoints (and one at the end)");
+  visitor("precision", c.precision,
+          "fp32, or bf16: the matrix products multiply bf16 copies of their operands with fp32 "
+          "sums; LayerNorm, softmax, the loss, the optimizer and the master weights stay fp32");
 }
 
 void validate(const TrainConfig& train, const GptConfig& model);
