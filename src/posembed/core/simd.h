@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "posembed/core/half.h"
 #include "posembed/core/philox.h"
 
 namespace posembed::simd {
@@ -90,6 +91,31 @@ struct ForwardPlan {
 void forward_rows(float* out, const float* token_table, const std::int64_t* input_ids,
                   const float* position_table, const std::int64_t* position_ids, std::size_t d,
                   std::size_t r0, std::size_t r1, const KeepRule& mask, const ForwardPlan& plan);
+
+// simd/forward_half.cpp: the fused forward over bf16 or fp16 tables.
+
+// forward_rows over tables of `table` dtype (bf16 or f16) into an output of
+// `output` dtype (the tables' or f32): each element widened to float, added
+// and scaled in float as forward_rows does, then rounded once (RNE) to the
+// output's dtype. keep: null (the words are drawn as the walk reaches them),
+// or the batch's keep words, of which the call writes those of its rows (as
+// ForwardPlan::keep) and reads them in place.
+// out: (n, d), token_table: (V, d), position_table: (max_seq_len, d), ids: (n)
+void forward_rows_half(void* out, Dtype output, const void* token_table, const void* position_table, Dtype table,
+                       const std::int64_t* input_ids, const std::int64_t* position_ids, std::size_t d,
+                       std::size_t r0, std::size_t r1, const KeepRule& mask, std::uint64_t* keep);
+
+// simd/backward_half.cpp: what a backward with bf16 or fp16 gradients adds
+// around the float backward: its sums stay float (a sum in bf16 stops growing
+// near 256 when each token adds 1), so grad_out is widened first and the
+// gradients rounded once at the end.
+
+// out[j] = float(in[j]), j < n, exactly. out: (n), in: (n) elements of `dtype`
+void widen(float* out, const void* in, Dtype dtype, std::size_t n);
+
+// out[j] = round(in[j]) (accumulate: round(float(out[j]) + in[j])), j < n, one
+// RNE rounding to `dtype` per element. out: (n) elements of `dtype`, in: (n)
+void narrow(void* out, Dtype dtype, const float* in, std::size_t n, bool accumulate);
 
 // simd/backward.cpp: the backward into both tables, and fresh gradients' zeros.
 
