@@ -20,7 +20,9 @@
 #include "core/test_util.h"
 #include "posembed/core/embedding.h"
 #include "posembed/core/half.h"
+#include "posembed/core/optim.h"
 #include "posembed/core/parallel.h"
+#include "posembed/core/philox.h"
 #include "posembed/core/reference.h"
 #include "posembed/core/simd.h"
 
@@ -405,6 +407,113 @@ TEST(HalfLayer, RejectsMixedDtypesNamingThemAndWritesNothing) {
                                   c.input_ids, c.position_ids, c.shape, {}),
                Error);
   EXPECT_EQ(bits_of(grad_token), grad_before);
+}
+
+// AdamW over a half table with float master weights: the master, m and v are
+// the float step's bits, and the table is the master rounded once.
+template <class T, class G>
+void expect_master_step_is_float_step() {
+  const AdamWConfig config{.lr = 1e-2, .weight_decay = 0.1};
+  for (const std::size_t n : {std::size_t{1}, std::size_t{17}, std::size_t{4095}, std::size_t{4097},
+                              std::size_t{20000}}) {
+    const std::vector<float> master0 = test::random_floats(n, 21);
+    const std::vector<G> grad = narrow_all<G>(test::random_floats(n, 22));
+    const std::vector<float> m0 = test::random_floats(n, 23);
+    std::vector<float> v0 = test::random_floats(n, 24);
+    for (auto& x : v0) x = x * x;
+    std::vector<float> want_master = master0, want_m = m0, want_v = v0;
+    adamw_step(std::span(want_master), std::span<const float>(widen_all(grad)), std::span(want_m), std::span(want_v),
+               3, config);
+    for_each_target([&] {
+      for (const int threads : {1, 2}) {
+        set_num_threads(threads);
+        std::vector<T> param = narrow_all<T>(master0);
+        std::vector<float> master = master0, m = m0, v = v0;
+        adamw_step(std::span(param), std::span(master), std::span<const G>(grad), std::span(m), std::span(v), 3,
+                   config);
+        EXPECT_EQ(test::as_bits(master), test::as_bits(want_master)) << "n " << n;
+        EXPECT_EQ(test::as_bits(m), test::as_bits(want_m));
+        EXPECT_EQ(test::as_bits(v), test::as_bits(want_v));
+        EXPECT_EQ(bits_of(param), bits_of(narrow_all<T>(want_master)));
+      }
+    });
+    set_num_threads(0);
+  }
+}
+
+TEST(HalfAdamW, MasterWeightsAreTheFloatStepsAndTheTableTheirRounding) {
+  expect_master_step_is_float_step<bf16, float>();
+  expect_master_step_is_float_step<bf16, bf16>();
+  expect_master_step_is_float_step<fp16, fp16>();
+  expect_master_step_is_float_step<fp16, float>();
+}
+
+// Without a master: the float step from the widened table, rounded by the
+// plain-loop definition of stochastic rounding (its draw's low 16 bits added
+// below the bf16 bits), on every target and thread count; and unbiased.
+TEST(HalfAdamW, StochasticRoundingIsTheDrawsDefinitionAndUnbiased) {
+  const AdamWConfig config{.lr = 1e-3, .weight_decay = 0.0};
+  const std::uint64_t seed = 77;
+  const std::int64_t step = 5;
+  for (const std::size_t n : {std::size_t{1}, std::size_t{13}, std::size_t{4097}, std::size_t{30001}}) {
+    const std::vector<bf16> param0 = narrow_all<bf16>(test::random_floats(n, 31));
+    const std::vector<float> grad = test::random_floats(n, 32);
+    // The float update, then each element rounded by its draw.
+    std::vector<float> updated = widen_all(param0), want_m(n, 0.0f), want_v(n, 0.0f);
+    adamw_step(std::span(updated), std::span<const float>(grad), std::span(want_m), std::span(want_v), step, config);
+    std::vector<bf16> want(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint32_t draw = philox_bits(seed, static_cast<std::uint64_t>(step), RandomStream::rounding, i);
+      want[i].bits = static_cast<std::uint16_t>((std::bit_cast<std::uint32_t>(updated[i]) + (draw & 0xFFFF)) >> 16);
+    }
+    for_each_target([&] {
+      for (const int threads : {1, 2}) {
+        set_num_threads(threads);
+        std::vector<bf16> param = param0;
+        std::vector<float> m(n, 0.0f), v(n, 0.0f);
+        adamw_step(std::span(param), std::span<const float>(grad), std::span(m), std::span(v), step, config,
+                   StochasticRounding{seed});
+        EXPECT_EQ(bits_of(param), bits_of(want)) << "n " << n;
+        EXPECT_EQ(test::as_bits(m), test::as_bits(want_m));
+      }
+    });
+    set_num_threads(0);
+  }
+  // Unbiased: 1 + 2^-10 lies between bf16 neighbours 1 and 1 + 2^-7; 65536
+  // copies of it round up one time in eight on average (sd of the mean:
+  // sqrt(p (1 - p) / n) x 2^-7, about 1e-5).
+  const std::size_t n = 65536;
+  std::vector<bf16> param(n, to_bf16(1.0f));
+  std::vector<float> m(n, 0.0f), v(n, 0.0f), grad(n, 1.0f);
+  // A first step of lr moves each weight by -lr (m / sqrt(v) = 1): lr = -2^-10 moves it up.
+  const AdamWConfig up{.lr = 0x1p-10, .eps = 1e-30, .weight_decay = 0.0};
+  for (auto& g : grad) g = -1.0f;
+  adamw_step(std::span(param), std::span<const float>(grad), std::span(m), std::span(v), 1, up, StochasticRounding{3});
+  double mean = 0;
+  for (const bf16 p : param) {
+    ASSERT_TRUE(to_float(p) == 1.0f || to_float(p) == 1.0f + 0x1p-7f) << to_float(p);
+    mean += to_float(p);
+  }
+  mean /= static_cast<double>(n);
+  EXPECT_NEAR(mean, 1.0 + 0x1p-10, 6e-5);  // 6 standard deviations
+}
+
+TEST(HalfAdamW, RejectsWhatItCannotRoundNamingTheFix) {
+  std::vector<fp16> param(8);
+  std::vector<float> grad(8), m(8), v(8);
+  std::vector<fp16> before = param;
+  try {
+    adamw_step(std::span(param), std::span<const float>(grad), std::span(m), std::span(v), 1, {},
+               StochasticRounding{});
+    ADD_FAILURE() << "fp16 without master accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("keep float master weights"), std::string::npos) << e.what();
+  }
+  std::vector<float> short_master(7);
+  EXPECT_THROW(adamw_step(std::span(param), std::span(short_master), std::span<const float>(grad), std::span(m),
+                          std::span(v), 1, {}),
+               Error);
+  EXPECT_EQ(bits_of(param), bits_of(before));
 }
 
 }  // namespace

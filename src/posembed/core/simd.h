@@ -172,4 +172,24 @@ struct AdamWCoefficients {
 void adamw(float* param, const float* grad, float* m, float* v, std::size_t n,
            const AdamWCoefficients& c);
 
+// simd/adamw_half.cpp: the update of a bf16 or fp16 table.
+
+// The draws of stochastic rounding: element i (flat, of the whole table) adds
+// the low 16 bits of philox_bits(seed, step, RandomStream::rounding, i) below
+// its bf16 bits and truncates.
+struct RoundingDraws {
+  PhiloxKey key{};
+  std::uint64_t step = 0;
+};
+
+// adamw's update, element by element in the same order, over a table of
+// `dtype` (bf16 or f16) with grad of grad_dtype (widened exactly). master
+// (float, the weights the update reads and writes) non-null: param = master
+// rounded to nearest even, in the same pass. master null: the update reads
+// param widened, and writes it back stochastically rounded by `draws` (bf16
+// only), first being the flat index of param[0], a multiple of 4.
+// param, master, grad, m, v: (n)
+void adamw_half(void* param, Dtype dtype, float* master, const void* grad, Dtype grad_dtype, float* m, float* v,
+                std::size_t n, const AdamWCoefficients& c, std::uint64_t first, const RoundingDraws& draws);
+
 }  // namespace posembed::simd
