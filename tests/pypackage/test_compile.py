@@ -369,3 +369,20 @@ def test_export_in_training_keeps_the_step_mutation():
     first, second = run(x), run(x)
     assert torch.equal(first, replay(x)) and torch.equal(second, replay(x))
     assert not torch.equal(first, second)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_compiled_half_layer_is_eagers_bits(dtype):
+    import copy
+    m = LearnedPositionEmbedding(V, P, D, dropout=0.25, seed=3, dtype=dtype)
+    eager = copy.deepcopy(m)
+    compiled = torch.compile(m, fullgraph=True)
+    x = make_ids()
+    g = torch.randn(B, T, D, generator=torch.Generator().manual_seed(5)).to(dtype)
+    ours, theirs = compiled(x), eager(x)
+    assert ours.dtype == dtype and torch.equal(ours, theirs)
+    ours.backward(g)
+    theirs.backward(g)
+    for a, b in ((m.token_table, eager.token_table), (m.position_table, eager.position_table)):
+        assert a.grad.dtype == dtype and torch.equal(a.grad, b.grad)
+    assert no_graph_breaks()
