@@ -592,25 +592,42 @@ std::span<float> float_sums(TensorSpan grad, GradMode mode) {
 // Rounds the float sums of a half gradient into it, once per element: row
 // rows[k] (ascending) from value_row(k); accumulate: added to what the row
 // holds, in float; else written, and the rows not listed set to zeros, as a
-// fresh float gradient's. grad: (table_rows, d)
+// fresh float gradient's: past the cache from kStreamBytes on, viewed as
+// floats where a row is a whole number of them (zero_untouched_rows, one
+// fence per block, not a memset that reads each line first), else memset.
+// grad: (table_rows, d)
 template <class ValueRow>
 void narrow_rows(TensorSpan grad, std::span<const std::int64_t> rows, std::int64_t table_rows, std::int64_t d,
                  GradMode mode, ValueRow&& value_row) {
   auto* out = static_cast<std::uint8_t*>(grad.data);
   const std::size_t row_bytes = static_cast<std::size_t>(d) * dtype_bytes(grad.dtype);
+  if (mode == GradMode::write) {
+    thread_local std::vector<std::uint64_t> touched;
+    mark_touched_rows(touched, rows, table_rows);
+    if (row_bytes % sizeof(float) == 0 && reinterpret_cast<std::uintptr_t>(out) % alignof(float) == 0) {
+      const auto floats = static_cast<std::int64_t>(row_bytes / sizeof(float));
+      zero_untouched_rows(reinterpret_cast<float*>(out), touched, table_rows, floats,
+                          static_cast<std::size_t>(table_rows) * row_bytes >= kStreamBytes);
+    } else {
+      const std::uint64_t* bits = touched.data();  // on this thread (see widened)
+      const std::int64_t per_block = std::max<std::int64_t>(1, kGrainElements / d);
+      parallel_for((table_rows + per_block - 1) / per_block, [&](std::int64_t b) {
+        for (std::int64_t r = b * per_block; r < std::min(table_rows, (b + 1) * per_block); ++r) {
+          if ((bits[static_cast<std::size_t>(r) >> 6] >> (r & 63) & 1) == 0) {
+            std::memset(out + static_cast<std::size_t>(r) * row_bytes, 0, row_bytes);  // bf16/fp16 zeros
+          }
+        }
+      });
+    }
+  }
   const bool accumulate = mode == GradMode::accumulate;
+  const auto count = static_cast<std::int64_t>(rows.size());
   const std::int64_t per_block = std::max<std::int64_t>(1, kGrainElements / d);
-  parallel_for((table_rows + per_block - 1) / per_block, [&](std::int64_t b) {
-    const std::int64_t r0 = b * per_block, r1 = std::min(table_rows, r0 + per_block);
-    auto k = static_cast<std::size_t>(std::lower_bound(rows.begin(), rows.end(), r0) - rows.begin());
-    for (std::int64_t r = r0; r < r1; ++r) {
-      std::uint8_t* row = out + static_cast<std::size_t>(r) * row_bytes;
-      if (k < rows.size() && rows[k] == r) {
-        simd::narrow(row, grad.dtype, value_row(k, r), static_cast<std::size_t>(d), accumulate);
-        ++k;
-      } else if (!accumulate) {
-        std::memset(row, 0, row_bytes);  // bf16 and fp16 zeros are all-zero bits
-      }
+  parallel_for((count + per_block - 1) / per_block, [&](std::int64_t b) {
+    for (std::int64_t k = b * per_block; k < std::min(count, (b + 1) * per_block); ++k) {
+      const auto at = static_cast<std::size_t>(k);
+      simd::narrow(out + static_cast<std::size_t>(rows[at]) * row_bytes, grad.dtype, value_row(at, rows[at]),
+                   static_cast<std::size_t>(d), accumulate);
     }
   });
 }
