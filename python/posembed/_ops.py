@@ -39,6 +39,7 @@ by default ``/tmp/torchinductor_$USER``) or set ``TORCHINDUCTOR_FORCE_DISABLE_CA
 AOTAutograd cache keys a graph by the operators it calls, not by their Python formulas.
 """
 
+import math
 from typing import Optional
 
 import torch
@@ -70,11 +71,16 @@ def _mask_words(batch, seq_len, embed_dim):
 
 
 def empty(shape, dtype) -> Tensor:
-    """An uninitialised tensor for an output or a fresh gradient: float32 from posembed's pool
-    of reused storage (see posembed.torch.empty_cache), a half dtype from torch."""
+    """An uninitialised tensor for an output or a fresh gradient, from posembed's pool of reused
+    storage (see posembed.torch.empty_cache): a fresh torch.empty of a table's size page-faults
+    in on every step. A half dtype takes float32 storage of half the columns, viewed as it
+    (from torch where the width is odd)."""
+    *lead, width = shape
+    rows = math.prod(lead)
     if dtype == torch.float32:
-        return _C.empty_float32(*shape) if len(shape) == 2 else _C.empty_float32(
-            shape[0] * shape[1], shape[2]).view(*shape)
+        return _C.empty_float32(rows, width).view(*shape)
+    if width % 2 == 0:
+        return _C.empty_float32(rows, width // 2).view(dtype).view(*shape)
     return torch.empty(shape, dtype=dtype)
 
 
