@@ -261,6 +261,10 @@ class LearnedPositionEmbedding(nn.Module):
     - ``device``: ``"cpu"`` or ``"meta"`` (also from ``with torch.device("meta"):`` on torch 2):
       meta tables hold no memory and are not drawn; ``to_empty(device="cpu")`` and
       ``reset_parameters()`` make them real, as for ``nn.Embedding``.
+    - ``dtype``: ``torch.float32`` (the default), ``torch.bfloat16`` or ``torch.float16``: the
+      tables' dtype (drawn in float32, rounded once), and so the output's and the gradients'
+      (``.to(torch.bfloat16)`` and ``.half()`` convert a module later). The arithmetic inside
+      is float32 with one rounding per element, and every gradient is summed in float32.
 
     The tables live in two ``nn.Embedding`` children, ``token_embedding`` and
     ``position_embedding`` (parameters ``token_embedding.weight``, ``position_embedding.weight``),
