@@ -53,7 +53,10 @@ using tools::bench::quantile;
 // The layer's entry points in one build, found by the names of this program's own.
 struct Build {
   std::string path;
-  decltype(&embedding_forward) forward = nullptr;
+  // The float overload (embedding.h has dtype-aware ones beside it).
+  void (*forward)(std::span<float>, std::span<const std::int64_t>, std::span<const std::int64_t>,
+                  std::span<const float>, std::span<const float>, const EmbeddingShape&, const DropoutSpec&,
+                  std::span<std::uint64_t>) = nullptr;
   void (*backward_sparse)(SparseRowGrad&, std::span<float>, std::span<const float>, std::span<const std::int64_t>,
                           std::span<const std::int64_t>, const EmbeddingShape&, const DropoutSpec&, GradMode,
                           std::span<const std::uint64_t>) = nullptr;
@@ -87,7 +90,8 @@ Build load(const std::string& path) {
   if (library == nullptr) throw std::runtime_error("cannot load " + path + ": " + dlerror());
   Build b;
   b.path = path;
-  b.forward = find<decltype(b.forward)>(library, path, reinterpret_cast<const void*>(&embedding_forward));
+  b.forward = find<decltype(b.forward)>(
+      library, path, reinterpret_cast<const void*>(static_cast<decltype(b.forward)>(&embedding_forward)));
   b.backward_sparse = find<decltype(b.backward_sparse)>(
       library, path, reinterpret_cast<const void*>(static_cast<decltype(b.backward_sparse)>(&embedding_backward)));
   b.backward_dense = find<decltype(b.backward_dense)>(

@@ -7,6 +7,7 @@ rounds of:
   posembed   posembed.torch.LearnedPositionEmbedding (dense and sparse token gradient)
   kernels    the same C++ kernels called directly on preallocated arrays (posembed._C): the
              C++ time, so that kernels / posembed is the Python layer's overhead
+and the training forward and forward + backward again with bf16 tables, outputs and gradients.
 Each training step ends as `optimizer.zero_grad(set_to_none=True)` leaves it: gradients None.
 Validates first (same output without dropout, same mask rate), then times; prints medians.
 
@@ -153,6 +154,58 @@ def model_cases():
     return cases
 
 
+def bf16_cases(ids, pids, grad_out):
+    """The layer with bf16 tables (issue 40): nn.Embedding(...).to(torch.bfloat16) + add +
+    nn.Dropout, eager and compiled, against posembed's module and kernels with bf16 tables;
+    outputs and gradients in bf16. Validated first: equal outputs without dropout."""
+    bf = torch.bfloat16
+    ours = LearnedPositionEmbedding(V, T, D, dropout=P, dtype=bf)
+    wte, wpe, drop = nn.Embedding(V, D).to(bf), nn.Embedding(T, D).to(bf), nn.Dropout(P)
+    with torch.no_grad():
+        wte.weight.copy_(ours.token_table)
+        wpe.weight.copy_(ours.position_table)
+    ours.eval()
+    assert torch.equal(ours(ids), wte(ids) + wpe(pids)), "bf16 outputs differ"
+    ours.train()
+    g = grad_out.to(bf)
+    params = [wte.weight, wpe.weight]
+
+    def torch_forward():
+        return drop(wte(ids) + wpe(pids))
+
+    def torch_step(forward=torch_forward):
+        for p in params:
+            p.grad = None
+        forward().backward(g)
+
+    def ours_step():
+        ours.token_table.grad = ours.position_table.grad = None
+        ours(ids).backward(g)
+
+    tok, pos = ours.token_table.detach(), ours.position_table.detach()
+    out = torch.empty(B, T, D, dtype=bf)
+    gtok, gpos = torch.empty(V, D, dtype=bf), torch.empty(T, D, dtype=bf)
+    mask = torch.empty((B * T * D + 63) // 64, dtype=torch.int64)
+
+    def kernels_forward():
+        _C.forward(out, ids, pids, tok, pos, P, 1337, 0, -1, mask)
+
+    def kernels_step():
+        kernels_forward()
+        _C.backward(gtok, gpos, g, ids, pids, V, T, P, 1337, 0, -1, accumulate=False, mask_bits=mask)
+
+    cases = {"training forward, bf16": {"torch": torch_forward, "posembed": lambda: ours(ids),
+                                        "kernels": kernels_forward},
+             "fwd + bwd, dense, bf16": {"torch": torch_step, "posembed": ours_step,
+                                        "kernels": kernels_step}}
+    if hasattr(torch, "compile"):
+        compiled_forward = torch.compile(torch_forward)
+        compiled_forward()  # compile outside the timed runs
+        cases["training forward, bf16"]["compiled"] = compiled_forward
+        cases["fwd + bwd, dense, bf16"]["compiled"] = lambda: torch_step(compiled_forward)
+    return cases
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
@@ -237,6 +290,7 @@ def main():
         fn()  # compile outside the timed runs
         cases[case] = {"torch": cases[case]["torch"], "compiled": fn,
                        **{w: f for w, f in cases[case].items() if w != "torch"}}
+    cases.update(bf16_cases(ids, pids, grad_out))
     steps = {} if args.no_model else model_cases()
     for fn in steps.values():
         fn()  # compile outside the timed runs

@@ -126,6 +126,47 @@ def bench_shape(batch, seq_len, dim, vocab, max_seq_len, reps, compile_too):
     return results
 
 
+def bench_shape_bf16(batch, seq_len, dim, vocab, max_seq_len, reps, compile_too):
+    """forward_eval_bf16, forward_train_bf16, fwd_bwd_dense_bf16: the layer as written, with
+    bf16 tables (nn.Embedding(...).to(torch.bfloat16)) and a bf16 gradient."""
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, vocab, (batch, seq_len), generator=gen)
+    pids = torch.arange(seq_len).expand(batch, seq_len)
+    grad_out = torch.randn(batch, seq_len, dim, generator=gen).to(torch.bfloat16)
+    tok = nn.Embedding(vocab, dim).to(torch.bfloat16)
+    pos = nn.Embedding(max_seq_len, dim).to(torch.bfloat16)
+    drop = nn.Dropout(P)
+
+    def forward():
+        return drop(tok(ids) + pos(pids))
+
+    def clear():
+        tok.weight.grad = pos.weight.grad = None
+
+    out = forward()
+    assert out.dtype == torch.bfloat16
+    kept = out != 0
+    assert abs(kept.float().mean().item() - (1 - P)) < 0.05
+    del out, kept
+    forwards = {"eager": forward}
+    if compile_too:
+        forwards["compile"] = torch.compile(forward)
+
+    def eval_of(fwd):
+        def forward_eval():
+            with torch.no_grad():
+                drop.eval()
+                fwd()
+                drop.train()
+        return forward_eval
+    return {
+        "forward_eval_bf16": fastest({k: timed(eval_of(f), reps) for k, f in forwards.items()}),
+        "forward_train_bf16": fastest({k: timed(f, reps) for k, f in forwards.items()}),
+        "fwd_bwd_dense_bf16": fastest(
+            {k: timed(lambda f=f: f().backward(grad_out), reps, clear) for k, f in forwards.items()}),
+    }
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, required=True)
@@ -150,7 +191,9 @@ def main():
     for spec in args.shape:
         name, *dims = spec.split(":")
         batch, seq_len, dim, vocab, max_seq_len = map(int, dims)
-        shapes[name] = bench_shape(batch, seq_len, dim, vocab, max_seq_len, args.reps, compile_too)
+        shapes[name] = {
+            **bench_shape(batch, seq_len, dim, vocab, max_seq_len, args.reps, compile_too),
+            **bench_shape_bf16(batch, seq_len, dim, vocab, max_seq_len, args.reps, compile_too)}
     json.dump({"format": FORMAT, "torch": torch.__version__, "threads": torch.get_num_threads(),
                "compile": compile_too, "evict_bytes": args.evict_bytes, "shapes": shapes}, sys.stdout)
     print()

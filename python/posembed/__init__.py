@@ -65,11 +65,23 @@ def dropout_mask_words(batch: int, seq_len: int, embed_dim: int) -> int:
     return (batch * seq_len * embed_dim + 63) // 64
 
 
-def forward(input_ids, position_ids, token_table, position_table, *, dropout=0.0, seed=1337, step=0,
-            padding_row=-1, out=None, mask_bits=None):
-    """dropout(token_table[input_ids] + position_table[position_ids]) as a (B, T, d) float32 array.
+def _uint16_is_bf16(dtype) -> bool:
+    """Whether uint16 arrays hold bfloat16 bits: dtype="bfloat16" (NumPy has no bfloat16)."""
+    if dtype not in (None, "bfloat16"):
+        raise InvalidInputError(f"dtype {dtype!r}: give dtype='bfloat16' when uint16 arrays hold "
+                                "bfloat16 bits, or leave it out (float32 and float16 arrays say "
+                                "their own dtype)")
+    return dtype == "bfloat16"
 
-    input_ids, position_ids: (B, T) int64; tables: (rows, d) float32, C-contiguous. Element i of
+
+def forward(input_ids, position_ids, token_table, position_table, *, dropout=0.0, seed=1337, step=0,
+            padding_row=-1, out=None, mask_bits=None, dtype=None):
+    """dropout(token_table[input_ids] + position_table[position_ids]) as a (B, T, d) array.
+
+    input_ids, position_ids: (B, T) int64; tables: (rows, d), C-contiguous, both float32, both
+    float16, or both bfloat16: uint16 arrays of its bits with ``dtype="bfloat16"``. The output
+    is the tables' dtype (or a float32 ``out``): float arithmetic, rounded once per element to
+    nearest even. Element i of
     the output (flat index) is dropped when Philox(seed, step, i) falls below round(p * 2^32):
     backward() with the same (dropout, seed, step) regenerates the same mask. mask_bits: None, or
     an int64 array of dropout_mask_words(B, T, d) that a forward with dropout > 0 fills with its
@@ -78,18 +90,24 @@ def forward(input_ids, position_ids, token_table, position_table, *, dropout=0.0
     """
     ids = np.asarray(input_ids)
     table = np.asarray(token_table)
+    bf16_bits = _uint16_is_bf16(dtype)
     if out is None:
         shape = tuple(ids.shape) + (table.shape[-1] if table.ndim == 2 else 0,)
-        out = np.empty(shape, dtype=np.float32)
+        half = table.dtype in (np.float16, np.uint16)
+        out = np.empty(shape, dtype=table.dtype if half else np.float32)
     _C.forward(out, input_ids, position_ids, token_table, position_table, float(dropout), seed, step,
-               padding_row, mask_bits)
+               padding_row, mask_bits, bf16_bits)
     return out
 
 
 def backward(grad_out, input_ids, position_ids, *, grad_token_table=None, grad_position_table=None,
              vocab_size, max_seq_len, dropout=0.0, seed=1337, step=0, padding_row=-1,
-             accumulate=True, mask_bits=None):
-    """Accumulates (+=) the gradients of forward() into the given float32 tables; None skips one.
+             accumulate=True, mask_bits=None, dtype=None):
+    """Accumulates (+=) the gradients of forward() into the given tables; None skips one.
+
+    grad_out and each gradient: float32, float16, or uint16 holding bfloat16 bits with
+    ``dtype="bfloat16"``. The sums are float32 whatever the dtypes (a sum in bfloat16 stops
+    growing near 256 when each token adds 1), rounded once into a half gradient.
 
     Each gradient row is summed over the batch in one order (its tokens by position id, then flat
     index): the same bits on any thread count. Zeroing is up to the caller (``np.zeros`` or ``_C.zero_grad``), or pass
@@ -99,20 +117,21 @@ def backward(grad_out, input_ids, position_ids, *, grad_token_table=None, grad_p
     """
     _C.backward(grad_token_table, grad_position_table, grad_out, input_ids, position_ids,
                       vocab_size, max_seq_len, float(dropout), seed, step, padding_row,
-                      bool(accumulate), mask_bits)
+                      bool(accumulate), mask_bits, _uint16_is_bf16(dtype))
 
 
 def backward_sparse(grad_out, input_ids, position_ids, *, grad_position_table=None, vocab_size,
                     max_seq_len, dropout=0.0, seed=1337, step=0, padding_row=-1, accumulate=True,
-                    mask_bits=None):
+                    mask_bits=None, dtype=None):
     """The token gradient as (rows, values): the touched rows ascending and their (R, d) sums.
 
     Accumulates the position gradient into grad_position_table unless it is None, or with
-    ``accumulate=False`` writes it fresh, as backward() does. mask_bits: as backward()'s.
+    ``accumulate=False`` writes it fresh, as backward() does. mask_bits, dtype: as backward()'s;
+    the values are float32 sums whatever the dtypes.
     """
     return _C.backward_sparse(grad_position_table, grad_out, input_ids, position_ids, vocab_size,
                               max_seq_len, float(dropout), seed, step, padding_row, bool(accumulate),
-                              mask_bits)
+                              mask_bits, _uint16_is_bf16(dtype))
 
 
 def inspect(path, *, name=None, offset=None) -> dict:

@@ -13,7 +13,8 @@ FakeTensors), the forward with its autograd formula:
         input_ids, position_ids, mask, vocab_size, position_rows, dropout, seed, step,
         position_padding_row, padding_idx, need_positions)
 
-Shapes: tables (V, d) and (P, d) float32; ids (B, T) int64; out (B, T, d); mask (W,) int64, the
+Shapes: tables (V, d) and (P, d), float32, bfloat16 or float16 (one dtype); ids (B, T) int64;
+out (B, T, d) and the gradients in the tables' dtype; mask (W,) int64, the
 dropout mask as bits, W = ceil(B*T*d / 64) when ``keep_mask`` and dropout > 0, else 0; step a
 0-dim int64 tensor (the module's ``dropout_step`` buffer), so that a compiled graph reads it
 instead of specialising on its value, and ``step_used`` a copy of it for the backward; seed an
@@ -38,6 +39,7 @@ by default ``/tmp/torchinductor_$USER``) or set ``TORCHINDUCTOR_FORCE_DISABLE_CA
 AOTAutograd cache keys a graph by the operators it calls, not by their Python formulas.
 """
 
+import math
 from typing import Optional
 
 import torch
@@ -66,6 +68,20 @@ def _seed_arg(seed: int) -> int:
 
 def _mask_words(batch, seq_len, embed_dim):
     return (batch * seq_len * embed_dim + 63) // 64
+
+
+def empty(shape, dtype) -> Tensor:
+    """An uninitialised tensor for an output or a fresh gradient, from posembed's pool of reused
+    storage (see posembed.torch.empty_cache): a fresh torch.empty of a table's size page-faults
+    in on every step. A half dtype takes float32 storage of half the columns, viewed as it
+    (from torch where the width is odd)."""
+    *lead, width = shape
+    rows = math.prod(lead)
+    if dtype == torch.float32:
+        return _C.empty_float32(rows, width).view(*shape)
+    if width % 2 == 0:
+        return _C.empty_float32(rows, width // 2).view(dtype).view(*shape)
+    return torch.empty(shape, dtype=dtype)
 
 
 def _bits(mask: Tensor):
@@ -105,7 +121,7 @@ if ENABLED:
         tokens, positions = token_table.detach(), position_table.detach()
         b, t = input_ids.shape
         d = tokens.shape[1]
-        out = _C.empty_float32(b * t, d).view(b, t, d)  # (B, T, d), storage from the pool
+        out = empty((b, t, d), tokens.dtype)  # (B, T, d) in the tables' dtype
         if keep_mask and dropout > 0:
             # int64 words from the pool too, as _Embedding's (fresh memory page-faults in).
             mask = _C.empty_float32(1, 2 * _mask_words(b, t, d)).view(torch.int64).view(-1)
@@ -135,16 +151,16 @@ if ENABLED:
                                  ) -> tuple[Tensor, Tensor]:
         """(grad_tokens (V, d), grad_positions (P, d)), written fresh; (0, d) where not needed."""
         d = grad_out.shape[-1]
-        # Fresh gradients from storage torch has freed (see posembed.torch.empty_cache).
-        grad_tokens = _C.empty_float32(vocab_size, d) if need_tokens else None
-        grad_positions = _C.empty_float32(position_rows, d) if need_positions else None
+        # Fresh gradients in grad_out's dtype, the tables' (autograd gives the output's).
+        grad_tokens = empty((vocab_size, d), grad_out.dtype) if need_tokens else None
+        grad_positions = empty((position_rows, d), grad_out.dtype) if need_positions else None
         _C.set_num_threads(torch.get_num_threads())
         _C.backward(grad_tokens, grad_positions, grad_out.contiguous(), input_ids.contiguous(),
                     position_ids.contiguous(), vocab_size, position_rows, dropout, seed % 2**64,
                     int(step), position_padding_row, accumulate=False, mask_bits=_bits(mask))
         if grad_tokens is not None and padding_idx is not None:
             grad_tokens[padding_idx].zero_()
-        none = torch.empty(0, d)
+        none = torch.empty(0, d, dtype=grad_out.dtype)
         return (none if grad_tokens is None else grad_tokens,
                 none.clone() if grad_positions is None else grad_positions)
 
@@ -164,15 +180,16 @@ if ENABLED:
         """(rows (R,) int64, values (R, d), grad_positions (P, d) or (0, d)): the token
         gradient's touched rows, ascending, without padding_idx; the position gradient fresh."""
         d = grad_out.shape[-1]
-        grad_positions = (_C.empty_float32(position_rows, d) if need_positions
-                          else torch.empty(0, d))
+        grad_positions = (empty((position_rows, d), grad_out.dtype) if need_positions
+                          else torch.empty(0, d, dtype=grad_out.dtype))
         _C.set_num_threads(torch.get_num_threads())
         rows, values = _C.backward_sparse(grad_positions if need_positions else None,
                                           grad_out.contiguous(), input_ids.contiguous(),
                                           position_ids.contiguous(), vocab_size, position_rows,
                                           dropout, seed % 2**64, int(step), position_padding_row,
                                           accumulate=False, mask_bits=_bits(mask))
-        rows, values = torch.from_numpy(rows), torch.from_numpy(values)
+        # float32 sums, rounded once to the tables' dtype.
+        rows, values = torch.from_numpy(rows), torch.from_numpy(values).to(grad_out.dtype)
         if padding_idx is not None:
             keep = rows != padding_idx
             rows, values = rows[keep], values[keep]

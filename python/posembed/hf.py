@@ -44,7 +44,7 @@ from torch import nn
 
 from . import positions
 from .errors import InvalidInputError
-from .torch import embedding, mask_seed_for_rank, seed_from_torch
+from .torch import check_table, embedding, mask_seed_for_rank, seed_from_torch
 
 __all__ = ["patch", "unpatch", "is_patched"]
 
@@ -323,14 +323,6 @@ def _supported() -> str:
     return "; ".join(f"{f.name} ({f.cls}, inside {f.models})" for f in _FAMILIES)
 
 
-def _check_table(owner, name, weight):
-    if weight.device.type != "cpu" or weight.dtype != torch.float32 or not weight.is_contiguous():
-        raise InvalidInputError(f"{type(owner).__name__}.{name} is {weight.dtype} on {weight.device}"
-                         f"{'' if weight.is_contiguous() else ', not contiguous'}; posembed's "
-                         "kernels read contiguous float32 CPU tables: patch the model on the "
-                         "CPU in float32 (model.float().cpu())")
-
-
 def _check(family, module):
     if family.name == "OPT":
         if module.project_in is not None:
@@ -348,7 +340,7 @@ def _check(family, module):
         if not isinstance(table, nn.Embedding):
             raise InvalidInputError(f"{type(module).__name__}.{attr} is a {type(table).__name__}, not "
                              "an nn.Embedding")
-        _check_table(module, attr + ".weight", table.weight)
+        check_table(table.weight, f"{type(module).__name__}.{attr}.weight")
 
 
 def is_patched(model: nn.Module) -> bool:
@@ -381,7 +373,7 @@ def patch(model: nn.Module, *, seed: int | None = None, step: int = 0,
 
     Patching a patched model is an error (``unpatch`` it first); a model without a supported
     module, an OPT decoder with ``project_in`` (OPT-350m), or tables that are not contiguous
-    float32 on the CPU are refused with ``InvalidInputError`` (a ``ValueError``), and the model is left as it was.
+    float32, bfloat16 or float16 on the CPU are refused with ``InvalidInputError`` (a ``ValueError``), and the model is left as it was.
     """
     if not isinstance(model, nn.Module):
         raise InvalidInputError(f"posembed.hf.patch takes a torch.nn.Module, not {type(model).__name__}")

@@ -50,22 +50,29 @@ _SPARSE_KWARGS = ({"check_invariants": False}
                   if hasattr(torch.sparse, "check_sparse_tensor_invariants") else {})
 
 
-def _float_table(t: torch.Tensor, name: str) -> torch.Tensor:
-    """The tensor itself, detached, if the kernels can use its memory; else a clear error."""
+# The tables' dtypes the kernels take: float arithmetic inside, one rounding per element of a
+# half output or gradient, sums always in float32.
+TABLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def check_table(t: torch.Tensor, name: str) -> torch.Tensor:
+    """The tensor itself, detached, if the kernels can use its memory (a contiguous CPU table of
+    float32, bfloat16 or float16); else a clear error. posembed.hf checks models with it too."""
     if t.device.type != "cpu":
-        raise InvalidInputError(f"{name} is on {t.device}; posembed's kernels run on the CPU")
-    if t.dtype != torch.float32:
-        raise InvalidInputError(f"{name} has dtype {t.dtype}; posembed's kernels need torch.float32: "
-                         "convert the module with .float()")
+        raise InvalidInputError(f"{name} is {t.dtype} on {t.device}; posembed's kernels run on the "
+                                "CPU: move the module or model with .cpu()")
+    if t.dtype not in TABLE_DTYPES:
+        raise InvalidInputError(f"{name} is {t.dtype}; posembed's kernels read float32, bfloat16 "
+                                "or float16 tables: convert with .float() or .to(torch.bfloat16)")
     if not t.is_contiguous():
-        raise InvalidInputError(f"{name} of shape {tuple(t.shape)} is not contiguous; call .contiguous() "
-                         "on it (or on the parameter's data) first")
+        raise InvalidInputError(f"{name} of shape {tuple(t.shape)} is not contiguous; call "
+                                ".contiguous() on it (or on the parameter's data) first")
     return t.detach()
 
 
-def _sparse_grad(rows: np.ndarray, values: np.ndarray, size, padding_idx) -> torch.Tensor:
+def _sparse_grad(rows: np.ndarray, values: np.ndarray, size, padding_idx, dtype) -> torch.Tensor:
     rows_t = torch.from_numpy(rows)
-    values_t = torch.from_numpy(values)
+    values_t = torch.from_numpy(values).to(dtype)  # float32 sums, rounded once to a half table
     if padding_idx is not None:
         keep = rows_t != padding_idx
         rows_t, values_t = rows_t[keep], values_t[keep]
@@ -81,11 +88,11 @@ class _Embedding(torch.autograd.Function):
     @staticmethod
     def forward(ctx, token_table, position_table, input_ids, position_ids, p, seed, step,
                 position_padding_row, sparse, padding_idx):
-        tokens = _float_table(token_table, "token_table")
-        pos_table = _float_table(position_table, "position_table")
+        tokens = check_table(token_table, "token_table")
+        pos_table = check_table(position_table, "position_table")
         b, t = input_ids.shape
         d = tokens.shape[1]
-        out = _C.empty_float32(b * t, d).view(b, t, d)
+        out = _ops.empty((b, t, d), tokens.dtype)  # in the tables' dtype, as nn.Embedding
         mask = None
         if p > 0 and any(ctx.needs_input_grad[:2]):
             # int64 words from the pool of reused storage, as the output (a fresh
@@ -97,14 +104,15 @@ class _Embedding(torch.autograd.Function):
         ctx.save_for_backward(input_ids, position_ids)
         ctx.mask = mask
         ctx.config = (tokens.shape, pos_table.shape, p, seed, step, position_padding_row, sparse,
-                      padding_idx)
+                      padding_idx, tokens.dtype)
         return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_out):
         input_ids, position_ids = ctx.saved_tensors
-        token_shape, position_shape, p, seed, step, position_padding_row, sparse, padding_idx = ctx.config
+        (token_shape, position_shape, p, seed, step, position_padding_row, sparse, padding_idx,
+         dtype) = ctx.config
         need_tokens, need_positions = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_tokens = grad_positions = None  # autograd calls this only when one is needed
         grad_out = grad_out.contiguous()
@@ -112,7 +120,7 @@ class _Embedding(torch.autograd.Function):
         if need_positions:
             # From the pool too: a long context's position gradient (8192 x 1024 is 32 MB)
             # from torch.empty would page-fault in on every step.
-            grad_positions = _C.empty_float32(*position_shape)
+            grad_positions = _ops.empty(position_shape, dtype)  # the parameter's dtype
         vocab_size, max_seq_len = token_shape[0], position_shape[0]
         if need_tokens and sparse:
             # The position gradient written fresh, as the dense path's below.
@@ -120,12 +128,12 @@ class _Embedding(torch.autograd.Function):
                                               vocab_size, max_seq_len, p, seed, step,
                                               position_padding_row, accumulate=False,
                                               mask_bits=ctx.mask)
-            grad_tokens = _sparse_grad(rows, values, token_shape, padding_idx)
+            grad_tokens = _sparse_grad(rows, values, token_shape, padding_idx, dtype)
         else:
             if need_tokens:
                 # A fresh gradient, as PyTorch's own embedding backward makes, from storage
                 # that torch has freed before (see empty_cache).
-                grad_tokens = _C.empty_float32(*token_shape)
+                grad_tokens = _ops.empty(token_shape, dtype)
             # Written, not accumulated: fresh gradients need no zeroing pass first.
             _C.backward(grad_tokens, grad_positions, grad_out, input_ids, position_ids,
                               vocab_size, max_seq_len, p, seed, step, position_padding_row,
@@ -150,8 +158,8 @@ def embedding(input_ids, position_ids, token_table, position_table, *, dropout=0
         raise InvalidInputError(f"position_ids has shape {pos_lead + (pos.shape[1],)} but input_ids "
                                 f"has shape {lead + (ids.shape[1],)}; they must match")
     if _ops.ENABLED:  # torch >= 2.4: custom operators, which torch.compile and export trace
-        _float_table(token_table, "token_table")
-        _float_table(position_table, "position_table")
+        check_table(token_table, "token_table")
+        check_table(position_table, "position_table")
         out = _ops.embedding(token_table, position_table, ids, pos, dropout, seed, step,
                              position_padding_row, sparse, padding_idx)
     else:
@@ -253,6 +261,10 @@ class LearnedPositionEmbedding(nn.Module):
     - ``device``: ``"cpu"`` or ``"meta"`` (also from ``with torch.device("meta"):`` on torch 2):
       meta tables hold no memory and are not drawn; ``to_empty(device="cpu")`` and
       ``reset_parameters()`` make them real, as for ``nn.Embedding``.
+    - ``dtype``: ``torch.float32`` (the default), ``torch.bfloat16`` or ``torch.float16``: the
+      tables' dtype (drawn in float32, rounded once), and so the output's and the gradients'
+      (``.to(torch.bfloat16)`` and ``.half()`` convert a module later). The arithmetic inside
+      is float32 with one rounding per element, and every gradient is summed in float32.
 
     The tables live in two ``nn.Embedding`` children, ``token_embedding`` and
     ``position_embedding`` (parameters ``token_embedding.weight``, ``position_embedding.weight``),
@@ -279,8 +291,9 @@ class LearnedPositionEmbedding(nn.Module):
         if target.type not in ("cpu", "meta"):
             raise InvalidInputError(f"device {target}: posembed's kernels run on the CPU (or build "
                                     "the module on 'meta' and materialise it on the CPU)")
-        if dtype is not None and dtype != torch.float32:
-            raise InvalidInputError(f"dtype {dtype}: posembed's tables are torch.float32")
+        if dtype is not None and dtype not in TABLE_DTYPES:
+            raise InvalidInputError(f"dtype {dtype}: posembed's tables are torch.float32, "
+                                    "torch.bfloat16 or torch.float16")
         if position_scheme not in _SCHEMES:
             raise InvalidInputError(f"position_scheme {position_scheme!r} is not one of {_SCHEMES}")
         if padding_idx is not None and not 0 <= padding_idx < vocab_size:
@@ -320,6 +333,9 @@ class LearnedPositionEmbedding(nn.Module):
         self.register_load_state_dict_post_hook(_seed_from_buffer)
         if target.type != "meta":
             self.reset_parameters()
+        if dtype is not None and dtype != torch.float32:
+            # Drawn in float32 (as the C++ layer draws them), then rounded once to nearest even.
+            self.to(dtype)
 
     @property
     def token_table(self) -> nn.Parameter:
@@ -368,8 +384,14 @@ class LearnedPositionEmbedding(nn.Module):
     def reset_parameters(self) -> None:
         """Draws both tables from the seed, as posembed's C++ layer does."""
         with torch.no_grad():
-            _C.init_table(self.token_table.detach(), self.token_init, self.seed, "token")
-            _C.init_table(self.position_table.detach(), self.position_init, self.seed, "position")
+            for table, init, which in ((self.token_table, self.token_init, "token"),
+                                       (self.position_table, self.position_init, "position")):
+                if table.dtype == torch.float32:
+                    _C.init_table(table.detach(), init, self.seed, which)
+                else:  # drawn in float32, then rounded once to the table's dtype
+                    drawn = torch.empty(table.shape, dtype=torch.float32)
+                    _C.init_table(drawn, init, self.seed, which)
+                    table.copy_(drawn)
             if self.padding_idx is not None:
                 self.token_table[self.padding_idx].zero_()
                 if self.position_scheme == "fairseq":
@@ -502,7 +524,7 @@ class LearnedPositionEmbedding(nn.Module):
                      dropout=model_dropout if dropout is None else dropout, seed=seed,
                      position_scheme=scheme, padding_idx=padding_idx, sparse=sparse)
         for name, source in (("token_table", token.weight), ("position_table", position.weight)):
-            _float_table(source, f"{type(model).__name__}'s {name}")
+            check_table(source, f"{type(model).__name__}'s {name}")
             if share:
                 setattr(module, name, source)
             else:

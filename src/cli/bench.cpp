@@ -134,7 +134,7 @@ Json kernel_row(const KernelSeries& row, const Probe& probe, bool quiet) {
     k["torch_over_ours"] = best_torch / med;
   }
   if (!quiet) {
-    std::printf("%-16s %9.3f %9.3f %6.2f %8.1f %6.1f %5.0f%%%s\n", row.name.c_str(), med,
+    std::printf("%-18s %9.3f %9.3f %6.2f %8.1f %6.1f %5.0f%%%s\n", row.name.c_str(), med,
                 row.min_ms(), row.spread(), row.bytes / 1e6, gbps, 100 * gbps / probe.gbps(),
                 torch_text.c_str());
   }
@@ -199,7 +199,7 @@ void run_bench(const BenchOptions& o) {
                   shape.shape.name.c_str(), static_cast<long long>(s.batch),
                   static_cast<long long>(s.seq_len), static_cast<long long>(s.embed_dim),
                   static_cast<long long>(s.vocab_size), shape.distinct_tokens);
-      std::printf("%-16s %9s %9s %6s %8s %6s %6s", "kernel", "median ms", "min ms", "spread",
+      std::printf("%-18s %9s %9s %6s %8s %6s %6s", "kernel", "median ms", "min ms", "spread",
                   "min MB", "GB/s", "%probe");
       for (std::size_t c = 0; c < r.torch.size(); ++c) std::printf("  torch%zu ms    ratio", c + 1);
       std::printf("\n");

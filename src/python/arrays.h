@@ -13,14 +13,12 @@
 #include <string>
 #include <type_traits>
 
+#include "posembed/core/embedding.h"
 #include "posembed/core/error.h"
 
 namespace posembed::python {
 
 namespace nb = nanobind;
-
-using In = nb::ndarray<nb::ro>;  // any dtype, device and layout: checked below
-using Out = nb::ndarray<>;
 
 using In = nb::ndarray<nb::ro>;  // any dtype, device and layout: checked below
 using Out = nb::ndarray<>;
@@ -57,22 +55,14 @@ std::string shape_text(const Array& a) {
   return s + (a.ndim() == 1 ? ",)" : ")");
 }
 
-// The array's elements as a span after checking that they are what a kernel
-// may read (or write) as a flat, row-major block of T on the CPU.
-template <class T, class Array>
-std::span<T> view(const Array& a, const std::string& name, std::size_t ndim) {
-  using Scalar = std::remove_const_t<T>;
+// Checks that the array is what a kernel may read (or write) as a flat,
+// row-major block on the CPU, whatever its dtype.
+template <class Array>
+void check_layout(const Array& a, const std::string& name, std::size_t ndim) {
   if (a.device_type() != nb::device::cpu::value) {
     throw Error(name + " is on a device of DLPack type " + std::to_string(a.device_type()) +
                 " (2 = CUDA), not the CPU; posembed's kernels run on the CPU: move it with "
                 ".cpu()");
-  }
-  if (a.dtype() != nb::dtype<Scalar>()) {
-    const std::string want = dtype_name(nb::dtype<Scalar>());
-    throw Error(name + " has dtype " + dtype_name(a.dtype()) + " but posembed needs " + want +
-                (std::is_floating_point_v<Scalar>
-                     ? "; convert it with .float() (torch) or .astype(numpy.float32)"
-                     : "; convert it with .long() (torch) or .astype(numpy.int64)"));
   }
   if (a.ndim() != ndim) {
     throw Error(name + " has shape " + shape_text(a) + " (" + std::to_string(a.ndim()) +
@@ -88,7 +78,58 @@ std::span<T> view(const Array& a, const std::string& name, std::size_t ndim) {
     }
     expected *= static_cast<std::int64_t>(a.shape(i));
   }
+}
+
+// The array's elements as a span after checking that they are what a kernel
+// may read (or write) as a flat, row-major block of T on the CPU.
+template <class T, class Array>
+std::span<T> view(const Array& a, const std::string& name, std::size_t ndim) {
+  using Scalar = std::remove_const_t<T>;
+  if (a.dtype() != nb::dtype<Scalar>()) {
+    const std::string want = dtype_name(nb::dtype<Scalar>());
+    throw Error(name + " has dtype " + dtype_name(a.dtype()) + " but posembed needs " + want +
+                (std::is_floating_point_v<Scalar>
+                     ? "; convert it with .float() (torch) or .astype(numpy.float32)"
+                     : "; convert it with .long() (torch) or .astype(numpy.int64)"));
+  }
+  check_layout(a, name, ndim);
   return {static_cast<T*>(a.data()), a.size()};
+}
+
+// A table, output, gradient or grad_out of float32, bfloat16 or float16, as
+// the dtype-aware kernels take it: torch.bfloat16 arrives as DLPack's
+// bfloat16; NumPy has none, so there bf16 is uint16 holding its bits, read as
+// bf16 only when the caller says so (uint16_is_bf16: Python's dtype="bfloat16").
+template <bool kConst, class Array>
+BasicTensorSpan<kConst> tensor_view(const Array& a, const std::string& name, std::size_t ndim,
+                                    bool uint16_is_bf16) {
+  const nb::dlpack::dtype t = a.dtype();
+  const auto as = [&]<class T>(T) {
+    using Element = std::conditional_t<kConst, const T, T>;
+    return std::span<Element>(static_cast<Element*>(a.data()), a.size());
+  };
+  if (t == nb::dtype<float>()) {
+    check_layout(a, name, ndim);
+    return as(0.0f);
+  }
+  const bool bf16_bits = uint16_is_bf16 && t == nb::dtype<std::uint16_t>();
+  const bool bf16_type = t.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat) && t.bits == 16;
+  const bool f16 = t.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float) && t.bits == 16;
+  if ((!bf16_bits && !bf16_type && !f16) || t.lanes != 1) {
+    throw Error(name + " has dtype " + dtype_name(t) +
+                " but posembed's kernels take float32, bfloat16 or float16" +
+                (t == nb::dtype<std::uint16_t>()
+                     ? " (uint16 holding bfloat16 bits: pass dtype=\"bfloat16\")"
+                     : "; convert it with .float() (torch) or .astype(numpy.float32)"));
+  }
+  check_layout(a, name, ndim);
+  if (f16) return as(fp16{});
+  return as(bf16{});
+}
+
+template <bool kConst>
+std::span<const std::byte> bytes_of(const BasicTensorSpan<kConst>& t) {
+  return {static_cast<const std::byte*>(t.data), t.size * dtype_bytes(t.dtype)};
 }
 
 template <class T>

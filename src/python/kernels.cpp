@@ -48,9 +48,10 @@ Batch batch_inputs(const In& input_ids, const In& position_ids, std::int64_t voc
 
 void forward(Out out, In input_ids, In position_ids, In token_table, In position_table,
              double dropout, std::uint64_t seed, std::uint64_t step, std::int64_t padding_row,
-             std::optional<Out> mask_bits) {
-  const auto tokens = view<const float>(token_table, "token_table", 2);
-  const auto positions = view<const float>(position_table, "position_table", 2);
+             std::optional<Out> mask_bits, bool uint16_is_bf16) {
+  const auto token_span = tensor_view<true>(token_table, "token_table", 2, uint16_is_bf16);
+  const auto position_span = tensor_view<true>(position_table, "position_table", 2, uint16_is_bf16);
+  const auto tokens = bytes_of(token_span), positions = bytes_of(position_span);
   const std::int64_t d = dim(token_table, 1);
   require_shape(
       "position_table", shape_text(position_table), dim(position_table, 0), dim(position_table, 1),
@@ -58,7 +59,8 @@ void forward(Out out, In input_ids, In position_ids, In token_table, In position
       ": both tables have embed_dim columns (the token table has " + std::to_string(d) + ")");
   const Batch b = batch_inputs(input_ids, position_ids, dim(token_table, 0), dim(position_table, 0),
                                d, padding_row);
-  const auto o = view<float>(out, "out", 3);
+  const auto out_span = tensor_view<false>(out, "out", 3, uint16_is_bf16);
+  const auto o = bytes_of(out_span);
   if (dim(out, 0) != b.shape.batch || dim(out, 1) != b.shape.seq_len || dim(out, 2) != d) {
     throw Error("out has shape " + shape_text(out) +
                 " but must be (batch, seq_len, embed_dim) = (" + std::to_string(b.shape.batch) +
@@ -75,55 +77,56 @@ void forward(Out out, In input_ids, In position_ids, In token_table, In position
   require_disjoint(mask, "mask_bits", b.input_ids, "input_ids");
   require_disjoint(mask, "mask_bits", b.position_ids, "position_ids");
   nb::gil_scoped_release release;
-  embedding_forward(o, b.input_ids, b.position_ids, tokens, positions, b.shape,
+  embedding_forward(out_span, b.input_ids, b.position_ids, token_span, position_span, b.shape,
                     {dropout, seed, step}, mask);
 }
 
 // The gradient tables and grad_out of both backward variants, checked.
 struct BackwardArgs {
   Batch batch;
-  std::span<float> grad_position;
-  std::span<const float> grad_out;
+  TensorSpan grad_position;
+  ConstTensorSpan grad_out;
 };
 
 BackwardArgs backward_args(const std::optional<Out>& grad_position_table, const In& grad_out,
                            const In& input_ids, const In& position_ids, std::int64_t vocab_size,
-                           std::int64_t max_seq_len, std::int64_t padding_row) {
+                           std::int64_t max_seq_len, std::int64_t padding_row, bool uint16_is_bf16) {
   BackwardArgs a;
-  a.grad_out = view<const float>(grad_out, "grad_out", 3);
+  a.grad_out = tensor_view<true>(grad_out, "grad_out", 3, uint16_is_bf16);
   const std::int64_t d = dim(grad_out, 2);
   a.batch = batch_inputs(input_ids, position_ids, vocab_size, max_seq_len, d, padding_row);
   if (dim(grad_out, 0) != a.batch.shape.batch || dim(grad_out, 1) != a.batch.shape.seq_len) {
     throw Error("grad_out has shape " + shape_text(grad_out) + " but input_ids has shape " +
                 shape_text(input_ids) + "; grad_out must be (batch, seq_len, embed_dim)");
   }
-  a.grad_position = view_optional<float>(grad_position_table, "grad_position_table", 2);
   if (grad_position_table) {
+    a.grad_position = tensor_view<false>(*grad_position_table, "grad_position_table", 2, uint16_is_bf16);
     require_shape("grad_position_table", shape_text(*grad_position_table),
                   dim(*grad_position_table, 0), dim(*grad_position_table, 1), max_seq_len, d,
                   ", the position table's shape");
   }
-  require_disjoint(a.grad_position, "grad_position_table", a.grad_out, "grad_out");
+  require_disjoint(bytes_of(a.grad_position), "grad_position_table", bytes_of(a.grad_out), "grad_out");
   return a;
 }
 
 void backward(std::optional<Out> grad_token_table, std::optional<Out> grad_position_table,
               In grad_out, In input_ids, In position_ids, std::int64_t vocab_size,
               std::int64_t max_seq_len, double dropout, std::uint64_t seed, std::uint64_t step,
-              std::int64_t padding_row, bool accumulate, std::optional<In> mask_bits) {
+              std::int64_t padding_row, bool accumulate, std::optional<In> mask_bits, bool uint16_is_bf16) {
   const BackwardArgs a = backward_args(grad_position_table, grad_out, input_ids, position_ids,
-                                       vocab_size, max_seq_len, padding_row);
-  const auto grad_token = view_optional<float>(grad_token_table, "grad_token_table", 2);
+                                       vocab_size, max_seq_len, padding_row, uint16_is_bf16);
+  TensorSpan grad_token;
   if (grad_token_table) {
+    grad_token = tensor_view<false>(*grad_token_table, "grad_token_table", 2, uint16_is_bf16);
     require_shape("grad_token_table", shape_text(*grad_token_table), dim(*grad_token_table, 0),
                   dim(*grad_token_table, 1), vocab_size, a.batch.shape.embed_dim,
                   ", the token table's shape");
   }
-  require_disjoint(grad_token, "grad_token_table", a.grad_out, "grad_out");
-  require_disjoint(grad_token, "grad_token_table", a.grad_position, "grad_position_table");
+  require_disjoint(bytes_of(grad_token), "grad_token_table", bytes_of(a.grad_out), "grad_out");
+  require_disjoint(bytes_of(grad_token), "grad_token_table", bytes_of(a.grad_position), "grad_position_table");
   const auto mask = mask_view<const std::uint64_t>(mask_bits);
-  require_disjoint(grad_token, "grad_token_table", mask, "mask_bits");
-  require_disjoint(a.grad_position, "grad_position_table", mask, "mask_bits");
+  require_disjoint(bytes_of(grad_token), "grad_token_table", mask, "mask_bits");
+  require_disjoint(bytes_of(a.grad_position), "grad_position_table", mask, "mask_bits");
   nb::gil_scoped_release release;
   embedding_backward(grad_token, a.grad_position, a.grad_out, a.batch.input_ids,
                      a.batch.position_ids, a.batch.shape, {dropout, seed, step},
@@ -138,11 +141,12 @@ using ValuesArray = nb::ndarray<nb::numpy, float, nb::ndim<2>>;
 std::tuple<RowsArray, ValuesArray> backward_sparse(
     std::optional<Out> grad_position_table, In grad_out, In input_ids, In position_ids,
     std::int64_t vocab_size, std::int64_t max_seq_len, double dropout, std::uint64_t seed,
-    std::uint64_t step, std::int64_t padding_row, bool accumulate, std::optional<In> mask_bits) {
+    std::uint64_t step, std::int64_t padding_row, bool accumulate, std::optional<In> mask_bits,
+    bool uint16_is_bf16) {
   const BackwardArgs a = backward_args(grad_position_table, grad_out, input_ids, position_ids,
-                                       vocab_size, max_seq_len, padding_row);
+                                       vocab_size, max_seq_len, padding_row, uint16_is_bf16);
   const auto mask = mask_view<const std::uint64_t>(mask_bits);
-  require_disjoint(a.grad_position, "grad_position_table", mask, "mask_bits");
+  require_disjoint(bytes_of(a.grad_position), "grad_position_table", mask, "mask_bits");
   // A pooled gradient keeps its storage from earlier steps: the kernel then
   // allocates nothing (zero_grad forgets the rows and keeps the buffers).
   auto grad = Pool<SparseRowGrad>::instance().take([](const SparseRowGrad&) { return true; });
@@ -215,23 +219,27 @@ std::vector<std::tuple<std::string, std::string, std::string>> config_fields() {
 void bind_kernels(nb::module_& m) {
   m.def("forward", &forward, "out"_a, "input_ids"_a, "position_ids"_a, "token_table"_a,
         "position_table"_a, "dropout"_a, "seed"_a, "step"_a, "padding_row"_a = -1,
-        "mask_bits"_a.none() = nb::none(),
+        "mask_bits"_a.none() = nb::none(), "uint16_is_bf16"_a = false,
         "out (B, T, d) = dropout(token_table[input_ids] + position_table[position_ids]); the "
         "mask is Philox(seed, step, flat index). mask_bits: None, or ceil(B*T*d / 64) int64 "
         "words that a forward with dropout > 0 fills with its mask, bit i % 64 of word i // 64 set "
-        "where element i is kept, for the backwards");
+        "where element i is kept, for the backwards. Tables float32, bfloat16 or float16 (both one "
+        "dtype; uint16 arrays hold bfloat16 bits when uint16_is_bf16), out theirs or float32: "
+        "float arithmetic, one rounding per element");
   m.def("backward", &backward, "grad_token_table"_a.none(), "grad_position_table"_a.none(),
         "grad_out"_a, "input_ids"_a, "position_ids"_a, "vocab_size"_a, "max_seq_len"_a, "dropout"_a,
         "seed"_a, "step"_a, "padding_row"_a = -1, "accumulate"_a = true,
-        "mask_bits"_a.none() = nb::none(),
+        "mask_bits"_a.none() = nb::none(), "uint16_is_bf16"_a = false,
         "accumulates (+=) the gradients of forward, or with accumulate=False writes them "
         "(what the arrays held is ignored; the same bits as zeros + accumulate); None skips "
         "a table. mask_bits: the forward's, read instead of drawing the mask again (the same "
-        "bits), or None");
+        "bits), or None. grad_out and each gradient float32, bfloat16 or float16: sums in "
+        "float32, rounded once into a half gradient");
   m.def("backward_sparse", &backward_sparse, "grad_position_table"_a.none(), "grad_out"_a,
         "input_ids"_a, "position_ids"_a, "vocab_size"_a, "max_seq_len"_a, "dropout"_a, "seed"_a,
         "step"_a, "padding_row"_a = -1, "accumulate"_a = true, "mask_bits"_a.none() = nb::none(),
-        "returns the token gradient as (rows, values), rows ascending; accumulates the "
+        "uint16_is_bf16"_a = false,
+        "returns the token gradient as (rows, values float32), rows ascending; accumulates the "
         "position gradient unless None, or with accumulate=False writes it (as "
         "backward). mask_bits: as backward_dense's");
   m.def("zero_grad", &zero_grad_array, "grad"_a, "fills a float32 array with zeros");

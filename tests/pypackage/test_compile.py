@@ -47,9 +47,9 @@ def positions(b=B, t=T):
     return torch.arange(t).expand(b, t).contiguous()
 
 
-def tables(seed=1, rows=P):
+def tables(seed=1, rows=P, dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)
-    return torch.randn(V, D, generator=g), torch.randn(rows, D, generator=g)
+    return torch.randn(V, D, generator=g).to(dtype), torch.randn(rows, D, generator=g).to(dtype)
 
 
 def unpack_bits(words, n):
@@ -72,8 +72,9 @@ def no_graph_breaks():
 
 @pytest.mark.parametrize("dropout", [0.0, 0.25])
 @pytest.mark.parametrize("keep_mask", [False, True])
-def test_opcheck_forward(dropout, keep_mask):
-    tok, pos = (t.requires_grad_() for t in tables())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_opcheck_forward(dropout, keep_mask, dtype):
+    tok, pos = (t.requires_grad_() for t in tables(dtype=dtype))
     args = (tok, pos, make_ids(), positions(), dropout, 7, torch.tensor(3), -1, keep_mask, False,
             None)
     torch.library.opcheck(OPS.embedding_forward.default, args)
@@ -90,8 +91,9 @@ def forward_mask(dropout=0.25, seed=7, step=3):
 
 
 @pytest.mark.parametrize("need", [(True, True), (True, False), (False, True)])
-def test_opcheck_backward_dense(need):
-    g = torch.randn(B, T, D, generator=torch.Generator().manual_seed(2))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_opcheck_backward_dense(need, dtype):
+    g = torch.randn(B, T, D, generator=torch.Generator().manual_seed(2)).to(dtype)
     for mask, padding_idx in ((forward_mask(), None), (torch.empty(0, dtype=torch.int64), 2)):
         torch.library.opcheck(OPS.embedding_backward_dense.default,
                               (g, make_ids(), positions(), mask, V, P, 0.25, 7, torch.tensor(3), -1,
@@ -99,8 +101,9 @@ def test_opcheck_backward_dense(need):
 
 
 @pytest.mark.parametrize("need_positions", [True, False])
-def test_opcheck_backward_sparse(need_positions):
-    g = torch.randn(B, T, D, generator=torch.Generator().manual_seed(2))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_opcheck_backward_sparse(need_positions, dtype):
+    g = torch.randn(B, T, D, generator=torch.Generator().manual_seed(2)).to(dtype)
     for mask, padding_idx in ((forward_mask(), None), (torch.empty(0, dtype=torch.int64), 2)):
         torch.library.opcheck(OPS.embedding_backward_sparse.default,
                               (g, make_ids(), positions(), mask, V, P, 0.25, 7, torch.tensor(3), -1,
@@ -366,3 +369,20 @@ def test_export_in_training_keeps_the_step_mutation():
     first, second = run(x), run(x)
     assert torch.equal(first, replay(x)) and torch.equal(second, replay(x))
     assert not torch.equal(first, second)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_compiled_half_layer_is_eagers_bits(dtype):
+    import copy
+    m = LearnedPositionEmbedding(V, P, D, dropout=0.25, seed=3, dtype=dtype)
+    eager = copy.deepcopy(m)
+    compiled = torch.compile(m, fullgraph=True)
+    x = make_ids()
+    g = torch.randn(B, T, D, generator=torch.Generator().manual_seed(5)).to(dtype)
+    ours, theirs = compiled(x), eager(x)
+    assert ours.dtype == dtype and torch.equal(ours, theirs)
+    ours.backward(g)
+    theirs.backward(g)
+    for a, b in ((m.token_table, eager.token_table), (m.position_table, eager.position_table)):
+        assert a.grad.dtype == dtype and torch.equal(a.grad, b.grad)
+    assert no_graph_breaks()

@@ -410,10 +410,11 @@ def test_refusals_name_the_model_and_what_is_supported():
     with pytest.raises(ValueError, match="OPTDecoder.*16 -> 32, project_in, as OPT-350m"):
         posembed.hf.patch(opt350)
     assert not posembed.hf.is_patched(opt350)
-    half = GPT2LMHeadModel(gpt2_config()).to(torch.bfloat16)
-    with pytest.raises(ValueError, match="GPT2Model.wte.weight is torch.bfloat16.*float32"):
-        posembed.hf.patch(half)
-    assert not posembed.hf.is_patched(half)
+    wide = GPT2LMHeadModel(gpt2_config()).to(torch.float64)
+    with pytest.raises(ValueError, match="GPT2Model.wte.weight is torch.float64.*float32, "
+                                         "bfloat16 or float16"):
+        posembed.hf.patch(wide)
+    assert not posembed.hf.is_patched(wide)
 
 
 def test_a_hooked_embedding_takes_hfs_path(calls):
@@ -455,3 +456,17 @@ def test_trainer_steps_follow_the_stock_model(tmp_path, calls):
     # Trainer logs losses rounded to 4 decimals; the runs differ by far less (see the 30-step
     # test), so the logged values agree to that rounding unit.
     assert len(ours) == 3 and all(abs(a - b) <= 1e-4 for a, b in zip(ours, theirs)), (ours, theirs)
+
+
+def test_a_bf16_model_patched_gives_the_stock_logits(calls):
+    # HF adds the two bf16 gathers in one rounding, as the fused kernel does: equal logits.
+    # (bf16: torch 1.13 has no float16 LayerNorm on the CPU.)
+    dtype = torch.bfloat16
+    stock, patched = stock_and_patched(GPT2LMHeadModel(gpt2_config()).to(dtype))
+    x = torch.randint(0, 100, (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours = patched(x).logits
+    ran(calls, 1, 0)
+    with torch.no_grad():
+        theirs = stock(x).logits
+    assert ours.dtype == dtype and torch.equal(ours, theirs)

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <string>
@@ -309,8 +310,8 @@ void merge_rows(SparseRowGrad& grad, std::span<const std::int64_t> batch_rows) {
   }
 }
 
-void validate_backward(std::size_t grad_token_size, std::span<float> grad_position_table,
-                       std::span<const float> grad_out, std::span<const std::int64_t> input_ids,
+void validate_backward(std::size_t grad_token_size, std::size_t grad_position_size,
+                       std::size_t grad_out_size, std::span<const std::int64_t> input_ids,
                        std::span<const std::int64_t> position_ids, const EmbeddingShape& shape,
                        const DropoutSpec& dropout, std::span<const std::uint64_t> mask_bits) {
   // Clamped so that a negative field reaches the clear error of validate_embedding_inputs.
@@ -319,7 +320,7 @@ void validate_backward(std::size_t grad_token_size, std::span<float> grad_positi
   const std::uint64_t vocab_values = values(count(shape.vocab_size), d, "vocab_size x embed_dim");
   const std::uint64_t position_values = values(count(shape.max_seq_len), d, "max_seq_len x embed_dim");
   validate_embedding_inputs(input_ids, position_ids, vocab_values, position_values, shape, dropout);
-  check_size("grad_out", grad_out.size(), values(token_count(shape), shape.embed_dim, "B x T x d"),
+  check_size("grad_out", grad_out_size, values(token_count(shape), shape.embed_dim, "B x T x d"),
              [&] { return shape_text(shape, true); });
   // The backward's plan numbers tokens in 32 bits (simd::BackwardPlan).
   if (token_count(shape) >= std::numeric_limits<std::uint32_t>::max()) {
@@ -331,8 +332,8 @@ void validate_backward(std::size_t grad_token_size, std::span<float> grad_positi
   if (grad_token_size != 0) {
     check_size("grad_token_table", grad_token_size, vocab_values, "(vocab_size, embed_dim)");
   }
-  if (!grad_position_table.empty()) {
-    check_size("grad_position_table", grad_position_table.size(), position_values,
+  if (grad_position_size != 0) {
+    check_size("grad_position_table", grad_position_size, position_values,
                "(max_seq_len, embed_dim)");
   }
   check_mask_bits(mask_bits, shape);
@@ -472,7 +473,7 @@ void embedding_backward(std::span<float> grad_token_table, std::span<float> grad
                         std::span<const std::int64_t> position_ids, const EmbeddingShape& shape,
                         const DropoutSpec& dropout, GradMode mode,
                         std::span<const std::uint64_t> mask_bits) {
-  validate_backward(grad_token_table.size(), grad_position_table, grad_out, input_ids,
+  validate_backward(grad_token_table.size(), grad_position_table.size(), grad_out.size(), input_ids,
                     position_ids, shape, dropout, mask_bits);
   simd::GradTable token{grad_token_table.empty() ? nullptr : grad_token_table.data(), input_ids.data()};
   simd::GradTable position{grad_position_table.empty() ? nullptr : grad_position_table.data(),
@@ -493,7 +494,7 @@ void embedding_backward(SparseRowGrad& grad, std::span<float> grad_position_tabl
                         std::span<const std::int64_t> position_ids, const EmbeddingShape& shape,
                         const DropoutSpec& dropout, GradMode position_mode,
                         std::span<const std::uint64_t> mask_bits) {
-  validate_backward(0, grad_position_table, grad_out, input_ids, position_ids, shape,
+  validate_backward(0, grad_position_table.size(), grad_out.size(), input_ids, position_ids, shape,
                     dropout, mask_bits);
   const std::int64_t d = shape.embed_dim;
   if (!grad.rows.empty() && grad.embed_dim != d) {
@@ -552,6 +553,183 @@ void embedding_backward(SparseRowGrad& grad, std::span<float> grad_position_tabl
   }
   backward_rows(token, position, static_cast<std::int64_t>(grad.rows.size()), grad_out, position_ids, shape,
                 dropout, mask_bits, token_mode, position_mode);
+}
+
+namespace {
+
+std::string dtype_text(Dtype dtype) { return std::string(dtype_name(dtype)); }
+
+// The float elements of grad_out: itself, or widened (exactly) into scratch
+// kept with the calling thread.
+std::span<const float> widened(ConstTensorSpan grad_out) {
+  if (grad_out.dtype == Dtype::f32) return {static_cast<const float*>(grad_out.data), grad_out.size};
+  thread_local std::vector<float> scratch;
+  scratch.resize(grad_out.size);
+  // Named here, on the calling thread: inside the parallel region the name
+  // would be each worker's own thread_local.
+  float* out = scratch.data();
+  const auto n = static_cast<std::int64_t>(grad_out.size);
+  const auto* in = static_cast<const std::uint8_t*>(grad_out.data);
+  parallel_for((n + kGrainElements - 1) / kGrainElements, [&](std::int64_t b) {
+    const std::int64_t j0 = b * kGrainElements, j1 = std::min(n, j0 + kGrainElements);
+    simd::widen(out + j0, in + static_cast<std::size_t>(j0) * dtype_bytes(grad_out.dtype), grad_out.dtype,
+                static_cast<std::size_t>(j1 - j0));
+  });
+  return scratch;
+}
+
+// Where the float backward sums a dense half gradient: float scratch kept
+// with the calling thread, zeros where the backward accumulates (so its sums
+// are this call's alone); a float gradient is its own. Empty: frozen.
+std::span<float> float_sums(TensorSpan grad, GradMode mode) {
+  if (grad.dtype == Dtype::f32 || grad.empty()) return {static_cast<float*>(grad.data), grad.size};
+  thread_local std::vector<float> scratch;
+  scratch.resize(grad.size);
+  if (mode == GradMode::accumulate) zero_grad(scratch);
+  return scratch;
+}
+
+// Rounds the float sums of a half gradient into it, once per element: row
+// rows[k] (ascending) from value_row(k); accumulate: added to what the row
+// holds, in float; else written, and the rows not listed set to zeros, as a
+// fresh float gradient's: past the cache from kStreamBytes on, viewed as
+// floats where a row is a whole number of them (zero_untouched_rows, one
+// fence per block, not a memset that reads each line first), else memset.
+// grad: (table_rows, d)
+template <class ValueRow>
+void narrow_rows(TensorSpan grad, std::span<const std::int64_t> rows, std::int64_t table_rows, std::int64_t d,
+                 GradMode mode, ValueRow&& value_row) {
+  auto* out = static_cast<std::uint8_t*>(grad.data);
+  const std::size_t row_bytes = static_cast<std::size_t>(d) * dtype_bytes(grad.dtype);
+  if (mode == GradMode::write) {
+    thread_local std::vector<std::uint64_t> touched;
+    mark_touched_rows(touched, rows, table_rows);
+    if (row_bytes % sizeof(float) == 0 && reinterpret_cast<std::uintptr_t>(out) % alignof(float) == 0) {
+      const auto floats = static_cast<std::int64_t>(row_bytes / sizeof(float));
+      zero_untouched_rows(reinterpret_cast<float*>(out), touched, table_rows, floats,
+                          static_cast<std::size_t>(table_rows) * row_bytes >= kStreamBytes);
+    } else {
+      const std::uint64_t* bits = touched.data();  // on this thread (see widened)
+      const std::int64_t per_block = std::max<std::int64_t>(1, kGrainElements / d);
+      parallel_for((table_rows + per_block - 1) / per_block, [&](std::int64_t b) {
+        for (std::int64_t r = b * per_block; r < std::min(table_rows, (b + 1) * per_block); ++r) {
+          if ((bits[static_cast<std::size_t>(r) >> 6] >> (r & 63) & 1) == 0) {
+            std::memset(out + static_cast<std::size_t>(r) * row_bytes, 0, row_bytes);  // bf16/fp16 zeros
+          }
+        }
+      });
+    }
+  }
+  const bool accumulate = mode == GradMode::accumulate;
+  const auto count = static_cast<std::int64_t>(rows.size());
+  const std::int64_t per_block = std::max<std::int64_t>(1, kGrainElements / d);
+  parallel_for((count + per_block - 1) / per_block, [&](std::int64_t b) {
+    for (std::int64_t k = b * per_block; k < std::min(count, (b + 1) * per_block); ++k) {
+      const auto at = static_cast<std::size_t>(k);
+      simd::narrow(out + static_cast<std::size_t>(rows[at]) * row_bytes, grad.dtype, value_row(at, rows[at]),
+                   static_cast<std::size_t>(d), accumulate);
+    }
+  });
+}
+
+// The position gradient's float sums (float_sums) into a half gradient: the
+// rows its tokens touch, except the padding row, which gets nothing.
+void narrow_position_sums(TensorSpan grad, std::span<const float> sums, std::span<const std::int64_t> position_ids,
+                          const EmbeddingShape& shape, GradMode mode) {
+  if (grad.empty() || grad.dtype == Dtype::f32) return;
+  thread_local std::vector<std::uint64_t> touched;
+  thread_local std::vector<std::int64_t> rows;
+  mark_touched_rows(touched, position_ids, shape.max_seq_len, shape.position_padding_row);
+  rows.clear();
+  for (std::int64_t r = 0; r < shape.max_seq_len; ++r) {
+    if (touched[static_cast<std::size_t>(r) >> 6] >> (r & 63) & 1) rows.push_back(r);
+  }
+  const auto d = static_cast<std::size_t>(shape.embed_dim);
+  narrow_rows(grad, rows, shape.max_seq_len, shape.embed_dim, mode,
+              [&](std::size_t, std::int64_t r) { return sums.data() + static_cast<std::size_t>(r) * d; });
+}
+
+void check_table_dtypes(Dtype output, Dtype token_table, Dtype position_table) {
+  if (token_table != position_table) {
+    throw Error("token_table is " + dtype_text(token_table) + " but position_table is " +
+                dtype_text(position_table) + "; convert both tables to one dtype");
+  }
+  if (output != token_table && output != Dtype::f32) {
+    throw Error("out is " + dtype_text(output) + " but the tables are " + dtype_text(token_table) +
+                "; the output is the tables' dtype or float32");
+  }
+}
+
+}  // namespace
+
+void embedding_forward(TensorSpan out, std::span<const std::int64_t> input_ids,
+                       std::span<const std::int64_t> position_ids, ConstTensorSpan token_table,
+                       ConstTensorSpan position_table, const EmbeddingShape& shape, const DropoutSpec& dropout,
+                       std::span<std::uint64_t> mask_bits) {
+  check_table_dtypes(out.dtype, token_table.dtype, position_table.dtype);
+  if (token_table.dtype == Dtype::f32) {
+    return embedding_forward(std::span<float>(static_cast<float*>(out.data), out.size), input_ids, position_ids,
+                             {static_cast<const float*>(token_table.data), token_table.size},
+                             {static_cast<const float*>(position_table.data), position_table.size}, shape,
+                             dropout, mask_bits);
+  }
+  validate_embedding_inputs(input_ids, position_ids, token_table.size, position_table.size, shape, dropout);
+  const std::int64_t d = shape.embed_dim;
+  check_size("out", out.size, values(token_count(shape), shape.embed_dim, "B x T x d"),
+             [&] { return shape_text(shape, true); });
+  check_mask_bits(mask_bits, shape);
+  // Blocks of rows as the float forward's: each starts on a mask word, so no
+  // word of mask_bits is written by two threads.
+  const auto n = static_cast<std::int64_t>(token_count(shape));
+  const std::int64_t word_rows = 64 / std::gcd<std::int64_t>(d, 64);
+  const std::int64_t rows = (std::max<std::int64_t>(1, kGrainElements / d) + word_rows - 1) / word_rows * word_rows;
+  const simd::KeepRule mask = dropout_mask(dropout);
+  std::uint64_t* keep = mask.active && !mask_bits.empty() ? mask_bits.data() : nullptr;
+  parallel_for((n + rows - 1) / rows, [&](std::int64_t block) {
+    simd::forward_rows_half(out.data, out.dtype, token_table.data, position_table.data, token_table.dtype,
+                            input_ids.data(), position_ids.data(), static_cast<std::size_t>(d),
+                            static_cast<std::size_t>(block * rows),
+                            static_cast<std::size_t>(std::min(n, (block + 1) * rows)), mask, keep);
+  });
+}
+
+void embedding_backward(TensorSpan grad_token_table, TensorSpan grad_position_table, ConstTensorSpan grad_out,
+                        std::span<const std::int64_t> input_ids, std::span<const std::int64_t> position_ids,
+                        const EmbeddingShape& shape, const DropoutSpec& dropout, GradMode mode,
+                        std::span<const std::uint64_t> mask_bits) {
+  validate_backward(grad_token_table.size, grad_position_table.size, grad_out.size, input_ids, position_ids, shape,
+                    dropout, mask_bits);
+  const std::span<const float> grad = widened(grad_out);
+  const std::span<float> position_sums = float_sums(grad_position_table, mode);
+  if (grad_token_table.empty() || grad_token_table.dtype == Dtype::f32) {
+    embedding_backward(std::span<float>(static_cast<float*>(grad_token_table.data), grad_token_table.size),
+                       position_sums, grad, input_ids, position_ids, shape, dropout, mode, mask_bits);
+  } else {
+    // A half token gradient: the float sums of the rows the batch touches
+    // (the row-sparse backward: the same sums, in the same order, as the
+    // dense one), rounded into their rows; the other rows are written zeros
+    // or left as they are. No float table of vocab_size rows.
+    thread_local SparseRowGrad sums;
+    zero_grad(sums);
+    embedding_backward(sums, position_sums, grad, input_ids, position_ids, shape, dropout, mode, mask_bits);
+    const auto d = static_cast<std::size_t>(shape.embed_dim);
+    const float* values = sums.values.data();  // on this thread (see widened)
+    narrow_rows(grad_token_table, sums.rows, shape.vocab_size, shape.embed_dim, mode,
+                [&](std::size_t k, std::int64_t) { return values + k * d; });
+  }
+  narrow_position_sums(grad_position_table, position_sums, position_ids, shape, mode);
+}
+
+void embedding_backward(SparseRowGrad& grad_token_table, TensorSpan grad_position_table, ConstTensorSpan grad_out,
+                        std::span<const std::int64_t> input_ids, std::span<const std::int64_t> position_ids,
+                        const EmbeddingShape& shape, const DropoutSpec& dropout, GradMode position_mode,
+                        std::span<const std::uint64_t> mask_bits) {
+  validate_backward(0, grad_position_table.size, grad_out.size, input_ids, position_ids, shape, dropout, mask_bits);
+  const std::span<const float> grad = widened(grad_out);
+  const std::span<float> position_sums = float_sums(grad_position_table, position_mode);
+  embedding_backward(grad_token_table, position_sums, grad, input_ids, position_ids, shape, dropout, position_mode,
+                     mask_bits);
+  narrow_position_sums(grad_position_table, position_sums, position_ids, shape, position_mode);
 }
 
 void validate_sparse_grad(const SparseRowGrad& grad, std::int64_t table_rows) {

@@ -8,7 +8,10 @@
 
 #include <cstdint>
 #include <span>
+#include <type_traits>
 #include <vector>
+
+#include "posembed/core/half.h"
 
 namespace posembed {
 
@@ -102,6 +105,55 @@ void embedding_backward(SparseRowGrad& grad_token_table, std::span<float> grad_p
                         std::span<const float> grad_out, std::span<const std::int64_t> input_ids,
                         std::span<const std::int64_t> position_ids, const EmbeddingShape& shape,
                         const DropoutSpec& dropout, GradMode position_mode = GradMode::accumulate,
+                        std::span<const std::uint64_t> mask_bits = {});
+
+// Tables, outputs and gradients in bf16 or fp16 (core/half.h): the entry
+// points above for spans of float, bf16 or fp16 elements, a TensorSpan made
+// from any std::span of them. The arithmetic is the float layer's: each
+// element is widened exactly, added and scaled by the dropout mask in float,
+// and rounded once (to nearest even) to its destination's dtype; the mask is
+// the float layer's at the same seed and step. NaN and inf pass through.
+template <bool kConst>
+struct BasicTensorSpan {
+  using Pointer = std::conditional_t<kConst, const void*, void*>;
+  Pointer data = nullptr;
+  std::size_t size = 0;  // elements
+  Dtype dtype = Dtype::f32;
+
+  BasicTensorSpan() = default;
+  template <class T>
+    requires(kConst || !std::is_const_v<T>)
+  BasicTensorSpan(std::span<T> s)  // NOLINT: implicit, as std::span's own conversions
+      : data(s.data()), size(s.size()), dtype(dtype_of<std::remove_const_t<T>>()) {}
+  bool empty() const { return size == 0; }
+};
+using TensorSpan = BasicTensorSpan<false>;
+using ConstTensorSpan = BasicTensorSpan<true>;
+
+// out: the tables' dtype, or f32; token_table and position_table: one dtype.
+// Float tables with a float output run the float forward above.
+void embedding_forward(TensorSpan out, std::span<const std::int64_t> input_ids,
+                       std::span<const std::int64_t> position_ids, ConstTensorSpan token_table,
+                       ConstTensorSpan position_table, const EmbeddingShape& shape,
+                       const DropoutSpec& dropout, std::span<std::uint64_t> mask_bits = {});
+
+// grad_out and each gradient table in any of the three dtypes, the tables
+// each their own. The sums are always float (the float backward's, over
+// grad_out widened exactly): a bf16 gradient is the float gradient rounded
+// once, not a sum in bf16, which stops growing near 256 when each token adds
+// 1. GradMode::accumulate into a half table: round(old + this call's sum).
+// Same bits for any thread count.
+void embedding_backward(TensorSpan grad_token_table, TensorSpan grad_position_table, ConstTensorSpan grad_out,
+                        std::span<const std::int64_t> input_ids, std::span<const std::int64_t> position_ids,
+                        const EmbeddingShape& shape, const DropoutSpec& dropout,
+                        GradMode mode = GradMode::accumulate, std::span<const std::uint64_t> mask_bits = {});
+
+// Row-sparse: the token gradient's values stay float (they are sums the
+// optimizer reads); grad_out and the dense position gradient in any dtype.
+void embedding_backward(SparseRowGrad& grad_token_table, TensorSpan grad_position_table, ConstTensorSpan grad_out,
+                        std::span<const std::int64_t> input_ids, std::span<const std::int64_t> position_ids,
+                        const EmbeddingShape& shape, const DropoutSpec& dropout,
+                        GradMode position_mode = GradMode::accumulate,
                         std::span<const std::uint64_t> mask_bits = {});
 
 // Throws posembed::Error unless grad is a well-formed row-sparse gradient of a

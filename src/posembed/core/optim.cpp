@@ -6,6 +6,7 @@
 
 #include "posembed/core/error.h"
 #include "posembed/core/parallel_for.h"
+#include "posembed/core/philox.h"
 #include "posembed/core/simd.h"
 
 namespace posembed {
@@ -69,10 +70,11 @@ struct AdamWUpdate {
   // The vectorised loop (simd/adamw.cpp) applies, element by element and in this order:
   //   p *= decay; m = beta1 * m + one_minus_beta1 * g; v = beta2 * v + one_minus_beta2 * g * g;
   //   p -= step_size * m / (sqrt(v) / sqrt_correction2 + eps);
+  simd::AdamWCoefficients coefficients() const {
+    return {decay, beta1, one_minus_beta1, beta2, one_minus_beta2, step_size, sqrt_correction2, eps};
+  }
   void operator()(float* p, const float* g, float* m, float* v, std::size_t n) const {
-    simd::adamw(p, g, m, v, n,
-                {decay, beta1, one_minus_beta1, beta2, one_minus_beta2, step_size,
-                 sqrt_correction2, eps});
+    simd::adamw(p, g, m, v, n, coefficients());
   }
 };
 
@@ -108,6 +110,54 @@ void adamw_step(std::span<float> param, const SparseRowGrad& grad, std::span<flo
     const std::size_t at = static_cast<std::size_t>(grad.rows[k]) * d;
     update(param.data() + at, grad.values.data() + k * d, m.data() + at, v.data() + at, d);
   }, std::max<std::int64_t>(1, kGrainElements / static_cast<std::int64_t>(d)));
+}
+
+namespace {
+
+// A half table's update in chunks of kChunk (a multiple of 4, as the draws of
+// stochastic rounding need): master null without a master copy.
+void adamw_half_step(TensorSpan param, float* master, ConstTensorSpan grad, std::span<float> m, std::span<float> v,
+                     std::int64_t step, const AdamWConfig& config, std::uint64_t seed) {
+  validate(config, step);
+  if (param.dtype == Dtype::f32) {
+    throw Error("this AdamW step is for bf16 and fp16 tables; a float32 table takes adamw_step(param, grad, m, v, "
+                "step, config)");
+  }
+  check_equal("gradient", grad.size, param.size);
+  check_equal("AdamW first moment", m.size(), param.size);
+  check_equal("AdamW second moment", v.size(), param.size);
+  const simd::AdamWCoefficients c = AdamWUpdate(config, step).coefficients();
+  const simd::RoundingDraws draws{philox_key(seed), static_cast<std::uint64_t>(step)};
+  const std::size_t n = param.size;
+  auto* table = static_cast<std::uint8_t*>(param.data);
+  const auto* g = static_cast<const std::uint8_t*>(grad.data);
+  parallel_for(static_cast<std::int64_t>((n + kChunk - 1) / kChunk), [&](std::int64_t chunk) {
+    const std::size_t k = static_cast<std::size_t>(chunk) * kChunk;
+    simd::adamw_half(table + k * dtype_bytes(param.dtype), param.dtype, master ? master + k : nullptr,
+                     g + k * dtype_bytes(grad.dtype), grad.dtype, m.data() + k, v.data() + k,
+                     std::min(kChunk, n - k), c, k, draws);
+  }, kGrainElements / kChunk);
+}
+
+}  // namespace
+
+void adamw_step(TensorSpan param, std::span<float> master, ConstTensorSpan grad, std::span<float> m,
+                std::span<float> v, std::int64_t step, const AdamWConfig& config) {
+  check_equal("master weights", master.size(), param.size);
+  adamw_half_step(param, master.data(), grad, m, v, step, config, 0);
+}
+
+void adamw_step(TensorSpan param, ConstTensorSpan grad, std::span<float> m, std::span<float> v,
+                std::int64_t step, const AdamWConfig& config, StochasticRounding rounding) {
+  if (param.dtype != Dtype::bf16) {
+    throw Error("stochastic rounding without master weights is for bfloat16 tables; this one is " +
+                std::string(dtype_name(param.dtype)) + ": keep float master weights (adamw_step with master)");
+  }
+  if (step > static_cast<std::int64_t>(kMaxRandomStep)) {
+    throw Error("optimizer step " + std::to_string(step) + " exceeds the 48-bit limit of the rounding draws " +
+                std::to_string(kMaxRandomStep));
+  }
+  adamw_half_step(param, nullptr, grad, m, v, step, config, rounding.seed);
 }
 
 void sgd_step(std::span<float> param, std::span<const float> grad,

@@ -35,6 +35,26 @@ void adamw_step(std::span<float> param, std::span<const float> grad, std::span<f
 void adamw_step(std::span<float> param, const SparseRowGrad& grad, std::span<float> m,
                 std::span<float> v, std::int64_t step, const AdamWConfig& config);
 
+// AdamW over a bf16 or fp16 table with float master weights and moments (as
+// llm.c and mixed-precision training keep them): master is updated exactly as
+// adamw_step updates a float table (the same bits), and param is written in
+// the same pass as master rounded once to nearest even. grad: float, bf16 or
+// fp16, widened exactly. param, master, grad, m, v: same size.
+void adamw_step(TensorSpan param, std::span<float> master, ConstTensorSpan grad, std::span<float> m,
+                std::span<float> v, std::int64_t step, const AdamWConfig& config);
+
+// Without a master copy (half the weights' memory): the update reads param
+// widened and writes it back with stochastic rounding, so that updates
+// smaller than a bf16 step still move the weights on average. The draws are
+// Philox's, keyed by (seed, step, element index): the same bits for any
+// thread count. Give each table its own seed. bf16 only: fp16's range needs
+// loss scaling and a master copy.
+struct StochasticRounding {
+  std::uint64_t seed = 0;
+};
+void adamw_step(TensorSpan param, ConstTensorSpan grad, std::span<float> m, std::span<float> v,
+                std::int64_t step, const AdamWConfig& config, StochasticRounding rounding);
+
 // momentum_buffer may be empty when momentum == 0. first_step: the buffer starts
 // as the gradient itself, as in PyTorch.
 void sgd_step(std::span<float> param, std::span<const float> grad,

@@ -42,6 +42,7 @@ enum class RandomStream : std::uint32_t {
   model_dropout = 5,   // trainer: residual and attention dropout
   data_sampling = 6,   // trainer: batch sampling
   dropout_low = 7,     // the low 24 bits of the layer's dropout draws (dropout_draw)
+  rounding = 8,        // optimizer: stochastic rounding of a bf16 table without master weights
 };
 
 // Counter layout, documented because it fixes every random bit posembed makes:

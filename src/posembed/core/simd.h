@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "posembed/core/half.h"
 #include "posembed/core/philox.h"
 
 namespace posembed::simd {
@@ -91,6 +92,31 @@ void forward_rows(float* out, const float* token_table, const std::int64_t* inpu
                   const float* position_table, const std::int64_t* position_ids, std::size_t d,
                   std::size_t r0, std::size_t r1, const KeepRule& mask, const ForwardPlan& plan);
 
+// simd/forward_half.cpp: the fused forward over bf16 or fp16 tables.
+
+// forward_rows over tables of `table` dtype (bf16 or f16) into an output of
+// `output` dtype (the tables' or f32): each element widened to float, added
+// and scaled in float as forward_rows does, then rounded once (RNE) to the
+// output's dtype. keep: null (the words are drawn as the walk reaches them),
+// or the batch's keep words, of which the call writes those of its rows (as
+// ForwardPlan::keep) and reads them in place.
+// out: (n, d), token_table: (V, d), position_table: (max_seq_len, d), ids: (n)
+void forward_rows_half(void* out, Dtype output, const void* token_table, const void* position_table, Dtype table,
+                       const std::int64_t* input_ids, const std::int64_t* position_ids, std::size_t d,
+                       std::size_t r0, std::size_t r1, const KeepRule& mask, std::uint64_t* keep);
+
+// simd/backward_half.cpp: what a backward with bf16 or fp16 gradients adds
+// around the float backward: its sums stay float (a sum in bf16 stops growing
+// near 256 when each token adds 1), so grad_out is widened first and the
+// gradients rounded once at the end.
+
+// out[j] = float(in[j]), j < n, exactly. out: (n), in: (n) elements of `dtype`
+void widen(float* out, const void* in, Dtype dtype, std::size_t n);
+
+// out[j] = round(in[j]) (accumulate: round(float(out[j]) + in[j])), j < n, one
+// RNE rounding to `dtype` per element. out: (n) elements of `dtype`, in: (n)
+void narrow(void* out, Dtype dtype, const float* in, std::size_t n, bool accumulate);
+
 // simd/backward.cpp: the backward into both tables, and fresh gradients' zeros.
 
 // One gradient table of backward_rows. The masked grad_out row of token r is
@@ -145,5 +171,25 @@ struct AdamWCoefficients {
 // param, grad, m, v: (n)
 void adamw(float* param, const float* grad, float* m, float* v, std::size_t n,
            const AdamWCoefficients& c);
+
+// simd/adamw_half.cpp: the update of a bf16 or fp16 table.
+
+// The draws of stochastic rounding: element i (flat, of the whole table) adds
+// the low 16 bits of philox_bits(seed, step, RandomStream::rounding, i) below
+// its bf16 bits and truncates.
+struct RoundingDraws {
+  PhiloxKey key{};
+  std::uint64_t step = 0;
+};
+
+// adamw's update, element by element in the same order, over a table of
+// `dtype` (bf16 or f16) with grad of grad_dtype (widened exactly). master
+// (float, the weights the update reads and writes) non-null: param = master
+// rounded to nearest even, in the same pass. master null: the update reads
+// param widened, and writes it back stochastically rounded by `draws` (bf16
+// only), first being the flat index of param[0], a multiple of 4.
+// param, master, grad, m, v: (n)
+void adamw_half(void* param, Dtype dtype, float* master, const void* grad, Dtype grad_dtype, float* m, float* v,
+                std::size_t n, const AdamWCoefficients& c, std::uint64_t first, const RoundingDraws& draws);
 
 }  // namespace posembed::simd

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "posembed/core/error.h"
+#include "posembed/core/half.h"
 #include "posembed/core/layer.h"
 #include "posembed/core/optim.h"
 #include "posembed/core/parallel.h"
@@ -171,6 +172,101 @@ void validate_adamw(const Workload& w, const AdamWConfig& c) {
     check(std::abs(p[i] - rp) <= 20 * eps * (c.lr + std::abs(rp)),
           "AdamW element " + std::to_string(i));
   }
+}
+
+// The bf16 layer's arrays (issue 40): the float workload's tables rounded once,
+// and the output, grad_out and fresh gradients in bf16. Held in float storage
+// advised as huge pages (assign_zeros_huge), as the float arrays are, so that
+// both pay the same for a scattered row, and viewed as bf16.
+struct HalfWorkload {
+  std::vector<float> storage[6];
+  std::span<bf16> token_table, position_table, out, grad_out, grad_tok, grad_pos;
+
+  explicit HalfWorkload(const Workload& w) {
+    const auto view = [&](std::size_t k, std::size_t n) {
+      assign_zeros_huge(storage[k], (n + 1) / 2);
+      return std::span<bf16>(reinterpret_cast<bf16*>(storage[k].data()), n);
+    };
+    token_table = view(0, w.token_table.size());
+    position_table = view(1, w.position_table.size());
+    out = view(2, w.out.size());
+    grad_out = view(3, w.grad_out.size());
+    grad_tok = view(4, w.grad_tok.size());
+    grad_pos = view(5, w.grad_pos.size());
+    const auto round = [](std::span<bf16> to, const std::vector<float>& from) {
+      std::transform(from.begin(), from.end(), to.begin(), to_bf16);
+    };
+    round(token_table, w.token_table);
+    round(position_table, w.position_table);
+    round(grad_out, w.grad_out);
+  }
+};
+
+// bf16 tables against the float layer: the forward equal to the float forward
+// of the widened tables rounded once; the fresh gradients equal to the float
+// gradients of the widened grad_out rounded once.
+void validate_half(Workload& w, HalfWorkload& h, const DropoutSpec& dropout) {
+  const auto widen_all = [](std::span<const bf16> from) {
+    std::vector<float> to(from.size());
+    std::transform(from.begin(), from.end(), to.begin(), [](bf16 x) { return to_float(x); });
+    return to;
+  };
+  const auto equal_rounded = [](std::span<const bf16> got, const std::vector<float>& want) {
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      if (got[i].bits != to_bf16(want[i]).bits) return false;
+    }
+    return true;
+  };
+  const std::vector<float> tok = widen_all(h.token_table), pos = widen_all(h.position_table),
+                           grad = widen_all(h.grad_out);
+  std::vector<float> out(w.out.size()), gt(w.grad_tok.size()), gp(w.grad_pos.size());
+  embedding_forward(out, w.tokens, w.positions, tok, pos, w.s, dropout);
+  embedding_forward(std::span(h.out), w.tokens, w.positions, std::span<const bf16>(h.token_table),
+                    std::span<const bf16>(h.position_table), w.s, dropout, w.mask_bits);
+  check(equal_rounded(h.out, out), "bf16 forward differs from the float forward rounded once");
+  embedding_backward(gt, gp, grad, w.tokens, w.positions, w.s, dropout, GradMode::write);
+  embedding_backward(std::span(h.grad_tok), std::span(h.grad_pos), std::span<const bf16>(h.grad_out), w.tokens,
+                     w.positions, w.s, dropout, GradMode::write, w.mask_bits);
+  check(equal_rounded(h.grad_tok, gt) && equal_rounded(h.grad_pos, gp),
+        "bf16 gradients differ from the float gradients rounded once");
+}
+
+// The bf16 layer's kernels (forward_eval_bf16, forward_train_bf16,
+// fwd_bwd_dense_bf16), each against PyTorch's bf16 tables as its peer.
+std::vector<KernelResult> time_half_kernels(Workload& w, int reps, bool validate,
+                                            const std::function<void()>& before_each) {
+  HalfWorkload h(w);
+  const DropoutSpec eval{}, train{0.1, 1234, 1};
+  if (validate) validate_half(w, h, train);
+  const double half = 2, id = sizeof(std::int64_t);
+  const double n = static_cast<double>(w.n), d = static_cast<double>(w.d);
+  const double V = static_cast<double>(w.s.vocab_size), P = static_cast<double>(w.s.max_seq_len);
+  const double Ut = static_cast<double>(w.distinct_tokens), Up = static_cast<double>(w.distinct_positions);
+  const double fwd_bytes = n * d * half + (Ut + Up) * d * half + 2 * n * id;
+  const double bwd_write_bytes = n * d * half + (V + P) * d * half + 2 * n * id;
+  const double mask_bytes = n * d / 8;
+  const auto forward = [&](const DropoutSpec& dropout) {
+    embedding_forward(std::span(h.out), w.tokens, w.positions, std::span<const bf16>(h.token_table),
+                      std::span<const bf16>(h.position_table), w.s, dropout, w.mask_bits);
+  };
+  std::vector<KernelResult> results;
+  results.push_back({"forward_eval_bf16", "forward, eval, bf16 tables",
+                     time_it(reps, [&] { forward(eval); }, before_each), fwd_bytes, "forward_eval_bf16"});
+  results.push_back({"forward_train_bf16", "forward, training, dropout 0.1, bf16 tables",
+                     time_it(reps, [&] { forward(train); }, before_each), fwd_bytes + mask_bytes,
+                     "forward_train_bf16"});
+  results.push_back({"fwd_bwd_dense_bf16", "train fwd + bwd writing fresh dense bf16 grads",
+                     time_it(
+                         reps,
+                         [&] {
+                           forward(train);
+                           embedding_backward(std::span(h.grad_tok), std::span(h.grad_pos),
+                                              std::span<const bf16>(h.grad_out), w.tokens, w.positions, w.s,
+                                              train, GradMode::write, w.mask_bits);
+                         },
+                         before_each),
+                     fwd_bytes + bwd_write_bytes + 2 * mask_bytes, "fwd_bwd_dense_bf16"});
+  return results;
 }
 
 // before_each: runs untimed before every run of every kernel (--cold), or empty.
@@ -357,7 +453,9 @@ SuiteReport run_kernel_suite(const SuiteOptions& o) {
       }
       Workload w(s);
       sr.distinct_tokens = w.distinct_tokens;
-      const std::vector<KernelResult> results = time_kernels(w, reps, round == 0, before_each);
+      std::vector<KernelResult> results = time_kernels(w, reps, round == 0, before_each);
+      const std::vector<KernelResult> half = time_half_kernels(w, reps, round == 0, before_each);
+      results.insert(results.end(), half.begin(), half.end());
       if (round == 0) {
         for (const KernelResult& r : results) {
           sr.kernels.push_back({r.name,
@@ -426,6 +524,13 @@ std::vector<Ratio> summary_ratios(const ShapeReport& shape, const Probe& probe) 
       {"AdamW, ceiling: PyTorch / the update probe's time",
        torch("adamw") / at_probe_ms("adamw", probe.update_gbps)},
       {"AdamW, fraction of the update probe", gbps("adamw") / probe.update_gbps},
+      // bf16 tables: against our float layer, and against PyTorch's bf16 tables.
+      {"bf16 eval forward, ours bf16 / ours float32", ours("forward_eval_bf16") / ours("forward_eval")},
+      {"bf16 training forward, ours bf16 / ours float32", ours("forward_train_bf16") / ours("forward_train")},
+      {"bf16 fwd+bwd dense, ours bf16 / ours float32", ours("fwd_bwd_dense_bf16") / ours("fwd_bwd_dense")},
+      {"bf16 eval forward, PyTorch bf16 / ours", torch("forward_eval_bf16") / ours("forward_eval_bf16")},
+      {"bf16 training forward, PyTorch bf16 / ours", torch("forward_train_bf16") / ours("forward_train_bf16")},
+      {"bf16 fwd+bwd dense, PyTorch bf16 / ours", torch("fwd_bwd_dense_bf16") / ours("fwd_bwd_dense_bf16")},
   };
   std::vector<Ratio> out;
   for (const Ratio& r : all) {

@@ -1,0 +1,119 @@
+// The fused forward over bf16 or fp16 tables (simd.h: forward_rows_half),
+// compiled once per x86 target by foreach_target.h and chosen at run time by
+// HWY_DYNAMIC_DISPATCH. A file of its own beside forward.cpp: the float walk
+// keeps its tuned layout (stitched rows, draws run ahead of the loads), and
+// this one walks row by row, a row being half the bytes.
+#include <cstddef>
+#include <cstdint>
+
+#include "posembed/core/half.h"
+#include "posembed/core/simd.h"
+#include "posembed/core/simd/dispatch.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "posembed/core/simd/forward_half.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+// After foreach_target.h, which includes this file once per target:
+#include <hwy/highway.h>
+
+#include "posembed/core/simd/half-inl.h"
+#include "posembed/core/simd/keep-inl.h"
+#include "posembed/core/simd/vectors-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace posembed::simd {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Rows [r0, r1): out row r = round((token row + position row) * mask), the
+// sum and the scale in float, one rounding to O.
+template <class T, class O, bool kMasked>
+void ForwardRowsOf(O* HWY_RESTRICT out, const T* HWY_RESTRICT token_table, const T* HWY_RESTRICT position_table,
+                   const std::int64_t* HWY_RESTRICT input_ids, const std::int64_t* HWY_RESTRICT position_ids,
+                   std::size_t d, std::size_t r0, std::size_t r1, const KeepRule& mask, KeepCursor& cursor) {
+  const hn::ScalableTag<float> df;
+  const std::size_t lanes = hn::Lanes(df);
+  const auto row = [&](const T* table, std::int64_t id) { return table + static_cast<std::size_t>(id) * d; };
+  for (std::size_t r = r0; r < r1; ++r) {
+    if (r + 2 < r1) {
+      PrefetchRow(reinterpret_cast<const float*>(row(token_table, input_ids[r + 2])), d * sizeof(T) / sizeof(float));
+    }
+    const T* HWY_RESTRICT a = row(token_table, input_ids[r]);
+    const T* HWY_RESTRICT b = row(position_table, position_ids[r]);
+    O* HWY_RESTRICT o = out + r * d;
+    // Vectors from the row's start (null `aligned`): with 16-bit elements a
+    // float vector's worth is half a vector of bytes, so no alignment of the
+    // stores to whole vectors is to be had.
+    ForEachVector<kMasked>(d, nullptr, r * d, r1 * d, mask, &cursor, lanes,
+                           [&](std::size_t j, std::size_t count, std::uint32_t bits) {
+                             auto v = hn::Add(LoadWide(df, a + j, count), LoadWide(df, b + j, count));
+                             if constexpr (kMasked) v = ApplyKeep(df, v, bits, mask.scale);
+                             StoreNarrow(df, v, o + j, count);
+                           });
+  }
+}
+
+template <class T, class O>
+void ForwardRowsTyped(void* out, const void* token_table, const void* position_table,
+                      const std::int64_t* input_ids, const std::int64_t* position_ids, std::size_t d,
+                      std::size_t r0, std::size_t r1, const KeepRule& mask, std::uint64_t* keep) {
+  KeepCursor cursor;
+  if (mask.active && keep) {
+    // Drawn first, in one batch, into the caller's words, and read in place.
+    const std::size_t w0 = r0 * d / 64, w1 = (r1 * d + 63) / 64;
+    DropoutKeepWords(keep + w0, w0, w1 - w0, mask);
+    GiveKeep(cursor, keep, w0, w1);
+  }
+  const auto rows = [&]<bool kMasked> {
+    ForwardRowsOf<T, O, kMasked>(static_cast<O*>(out), static_cast<const T*>(token_table),
+                                 static_cast<const T*>(position_table), input_ids, position_ids, d, r0, r1,
+                                 mask, cursor);
+  };
+  if (mask.active) {
+    rows.template operator()<true>();
+  } else {
+    rows.template operator()<false>();
+  }
+}
+
+// forward_rows_half (simd.h): the caller checked that table is bf16 or f16,
+// and output the same or f32.
+void ForwardRowsHalf(void* out, Dtype output, const void* token_table, const void* position_table, Dtype table,
+                     const std::int64_t* input_ids, const std::int64_t* position_ids, std::size_t d,
+                     std::size_t r0, std::size_t r1, const KeepRule& mask, std::uint64_t* keep) {
+  const auto typed = [&]<class T>(T) {
+    if (output == Dtype::f32) {
+      ForwardRowsTyped<T, float>(out, token_table, position_table, input_ids, position_ids, d, r0, r1, mask, keep);
+    } else {
+      ForwardRowsTyped<T, T>(out, token_table, position_table, input_ids, position_ids, d, r0, r1, mask, keep);
+    }
+  };
+  if (table == Dtype::bf16) {
+    typed(bf16{});
+  } else {
+    typed(fp16{});
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace posembed::simd
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace posembed::simd {
+
+HWY_EXPORT(ForwardRowsHalf);
+
+namespace {
+[[maybe_unused]] const bool kCapped = cap_instruction_set();  // dispatch.h
+}  // namespace
+
+void forward_rows_half(void* out, Dtype output, const void* token_table, const void* position_table, Dtype table,
+                       const std::int64_t* input_ids, const std::int64_t* position_ids, std::size_t d,
+                       std::size_t r0, std::size_t r1, const KeepRule& mask, std::uint64_t* keep) {
+  HWY_DYNAMIC_DISPATCH(ForwardRowsHalf)
+  (out, output, token_table, position_table, table, input_ids, position_ids, d, r0, r1, mask, keep);
+}
+
+}  // namespace posembed::simd
+#endif  // HWY_ONCE

@@ -1,0 +1,149 @@
+// Per-target conversions between float vectors and bf16 / fp16 elements in
+// memory, bit for bit those of core/half.h on every target. Include after
+// hwy/foreach_target.h and hwy/highway.h.
+//
+// Why not Highway's: Debian 12's Highway (1.0.3) demotes float to bf16 by
+// dropping the low half (truncation, not RNE), and on targets without F16C
+// its fp16 demotion truncates too. avx512_bf16's vcvtneps2bf16 rounds to
+// nearest even but flushes subnormal inputs to zero, so it would give other
+// bits than AVX2 and plain AVX-512 for them; bf16 is rounded with integer ops
+// on every target instead (a handful per vector, hidden under the loads of a
+// memory-bound walk). fp16 uses F16C (vcvtps2ph / vcvtph2ps, which round to
+// nearest even and keep subnormals, as core/half.h) where the target has it:
+// every x86 target from AVX2 on; below that, integer ops.
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "posembed/core/half.h"
+
+// Per-target include guard: foreach_target.h includes this once per target.
+#if defined(POSEMBED_CORE_SIMD_HALF_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef POSEMBED_CORE_SIMD_HALF_INL_H_
+#undef POSEMBED_CORE_SIMD_HALF_INL_H_
+#else
+#define POSEMBED_CORE_SIMD_HALF_INL_H_
+#endif
+
+#include <hwy/highway.h>
+
+#include "posembed/core/simd/vectors-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace posembed::simd {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+constexpr bool kHasF16C = true;
+#else
+constexpr bool kHasF16C = false;
+#endif
+
+// Float lanes from 16-bit bf16 bits (u32 lanes holding them in the low half).
+template <class DF, class DU = hn::RebindToUnsigned<DF>>
+HWY_INLINE hn::Vec<DF> WidenBf16(DF df, hn::Vec<DU> h) {
+  return hn::BitCast(df, hn::ShiftLeft<16>(h));
+}
+
+template <class DF, class DU = hn::RebindToUnsigned<DF>>
+HWY_INLINE hn::Vec<DU> NarrowBf16(DF df, hn::Vec<DF> v) {
+  const DU du;
+  const hn::RebindToSigned<DF> di;
+  const auto x = hn::BitCast(du, v);
+  const auto rounded = hn::ShiftRight<16>(
+      hn::Add(hn::Add(x, hn::Set(du, 0x7FFFu)), hn::And(hn::ShiftRight<16>(x), hn::Set(du, 1u))));
+  const auto magnitude = hn::BitCast(di, hn::And(x, hn::Set(du, 0x7FFFFFFFu)));
+  const auto is_nan = hn::RebindMask(du, hn::Gt(magnitude, hn::Set(di, 0x7F800000)));
+  (void)df;
+  return hn::IfThenElse(is_nan, hn::Or(hn::ShiftRight<16>(x), hn::Set(du, 0x40u)), rounded);
+}
+
+// to_float(fp16) in integer ops (targets without F16C).
+template <class DF, class DU = hn::RebindToUnsigned<DF>>
+HWY_INLINE hn::Vec<DF> WidenF16Integer(DF df, hn::Vec<DU> h) {
+  const DU du;
+  const auto sign = hn::ShiftLeft<16>(hn::And(h, hn::Set(du, 0x8000u)));
+  const auto exponent = hn::And(hn::ShiftRight<10>(h), hn::Set(du, 0x1Fu));
+  const auto mantissa = hn::And(h, hn::Set(du, 0x3FFu));
+  const auto normal = hn::Add(hn::ShiftLeft<13>(hn::And(h, hn::Set(du, 0x7FFFu))), hn::Set(du, 112u << 23));
+  const auto quiet = hn::IfThenElseZero(hn::Ne(mantissa, hn::Zero(du)), hn::Set(du, 0x400000u));
+  const auto special = hn::Or(hn::Or(hn::Set(du, 0x7F800000u), hn::ShiftLeft<13>(mantissa)), quiet);
+  const hn::RebindToSigned<DF> di;
+  const auto subnormal = hn::BitCast(
+      du, hn::Mul(hn::ConvertTo(df, hn::BitCast(di, mantissa)), hn::Set(df, 0x1p-24f)));
+  auto bits = hn::IfThenElse(hn::Eq(exponent, hn::Zero(du)), subnormal, normal);
+  bits = hn::IfThenElse(hn::Eq(exponent, hn::Set(du, 0x1Fu)), special, bits);
+  return hn::BitCast(df, hn::Or(bits, sign));
+}
+
+// to_fp16(float) in integer ops (targets without F16C). A result below the
+// normal range is the magnitude plus 0.5 in float arithmetic: 0.5's ulp is
+// 2^-24, fp16's subnormal step, so the add rounds to it (nearest even) and
+// the count of steps is in the low bits.
+template <class DF, class DU = hn::RebindToUnsigned<DF>>
+HWY_INLINE hn::Vec<DU> NarrowF16Integer(DF df, hn::Vec<DF> v) {
+  const DU du;
+  const hn::RebindToSigned<DF> di;
+  const auto x = hn::BitCast(du, v);
+  const auto magnitude = hn::And(x, hn::Set(du, 0x7FFFFFFFu));
+  const auto sign = hn::And(hn::ShiftRight<16>(x), hn::Set(du, 0x8000u));
+  const auto nan = hn::Or(hn::Set(du, 0x7E00u), hn::And(hn::ShiftRight<13>(magnitude), hn::Set(du, 0x3FFu)));
+  // Normal: rebias the exponent (127 -> 15) and round off 13 bits; past the
+  // largest finite, inf (the sum reaches 0x7C00 at 65520 and grows beyond).
+  const auto rebiased = hn::Sub(magnitude, hn::Set(du, 112u << 23));
+  const auto normal = hn::Min(
+      hn::ShiftRight<13>(hn::Add(hn::Add(rebiased, hn::Set(du, 0xFFFu)), hn::And(hn::ShiftRight<13>(rebiased), hn::Set(du, 1u)))),
+      hn::Set(du, 0x7C00u));
+  const auto subnormal = hn::Sub(hn::BitCast(du, hn::Add(hn::BitCast(df, magnitude), hn::Set(df, 0.5f))),
+                                 hn::Set(du, 0x3F000000u));
+  const auto m = hn::BitCast(di, magnitude);
+  auto bits = hn::IfThenElse(hn::RebindMask(du, hn::Lt(m, hn::Set(di, 0x38800000))), subnormal, normal);
+  bits = hn::IfThenElse(hn::RebindMask(du, hn::Gt(m, hn::Set(di, 0x7F800000))), nan, bits);
+  return hn::Or(bits, sign);
+}
+
+// count (<= Lanes(df)) elements of T at p as floats; the lanes past count are
+// those of zeros.
+template <class T, class DF>
+HWY_INLINE hn::Vec<DF> LoadWide(DF df, const T* HWY_RESTRICT p, std::size_t count) {
+  if constexpr (std::is_same_v<T, float>) {
+    return LoadPart(df, p, count);
+  } else {
+    const hn::Rebind<std::uint16_t, DF> d16;
+    const hn::RebindToUnsigned<DF> du;
+    const auto h16 = LoadPart(d16, reinterpret_cast<const std::uint16_t*>(p), count);
+    if constexpr (std::is_same_v<T, bf16>) {
+      return WidenBf16(df, hn::PromoteTo(du, h16));
+    } else if constexpr (kHasF16C) {
+      return hn::PromoteTo(df, hn::BitCast(hn::Rebind<hwy::float16_t, DF>(), h16));
+    } else {
+      return WidenF16Integer(df, hn::PromoteTo(du, h16));
+    }
+  }
+}
+
+// The first count (<= Lanes(df)) lanes of v, rounded once to T, to p.
+template <class T, class DF>
+HWY_INLINE void StoreNarrow(DF df, hn::Vec<DF> v, T* HWY_RESTRICT p, std::size_t count) {
+  if constexpr (std::is_same_v<T, float>) {
+    StorePart(v, df, p, count);
+  } else {
+    const hn::Rebind<std::uint16_t, DF> d16;
+    auto* to = reinterpret_cast<std::uint16_t*>(p);
+    if constexpr (std::is_same_v<T, fp16> && kHasF16C) {
+      StorePart(hn::BitCast(d16, hn::DemoteTo(hn::Rebind<hwy::float16_t, DF>(), v)), d16, to, count);
+    } else {
+      const hn::RebindToSigned<DF> di;
+      const auto bits = std::is_same_v<T, bf16> ? NarrowBf16(df, v) : NarrowF16Integer(df, v);
+      // Each lane holds at most 0xFFFF: the saturating demotion keeps it as is.
+      StorePart(hn::DemoteTo(d16, hn::BitCast(di, bits)), d16, to, count);
+    }
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace posembed::simd
+HWY_AFTER_NAMESPACE();
+
+#endif  // per-target include guard
