@@ -23,7 +23,8 @@ struct Checkpoint {
   GptConfig model;
   TrainConfig train;
   std::int64_t step = 0;  // optimizer steps done
-  std::string data;
+  std::string data;        // absolute, so a run resumes or evaluates from any folder
+  std::string data_given;  // as typed, for display; empty: data
   bool freeze_positions = false;
   std::string origin;  // where the weights came from (--init-from, resize); empty: initialised
 };
@@ -44,11 +45,19 @@ void save_checkpoint(const std::filesystem::path& path, const Gpt& model, const 
                      std::span<const float> m, std::span<const float> v);
 // Loads the parameters of a model made from the checkpoint's settings and, when
 // m and v are not empty (num_params each), every parameter's moments into them.
-// Validates every tensor before copying any.
+// Validates every tensor before copying any: a NaN or infinity in one is an
+// error naming it (a diverged run's weights) unless allow_non_finite.
 void load_checkpoint(const std::filesystem::path& path, Gpt& model, std::span<float> m,
-                     std::span<float> v);
+                     std::span<float> v, bool allow_non_finite = false);
 // The same into a model made here from the file's settings, its moments loaded
 // when with_optimizer; the settings into *info when info is not null.
-Gpt load_checkpoint(const std::filesystem::path& path, Checkpoint* info, bool with_optimizer);
+Gpt load_checkpoint(const std::filesystem::path& path, Checkpoint* info, bool with_optimizer,
+                    bool allow_non_finite = false);
+
+// Throws posembed::Error when `f32` (tensor `name` of `source`, little-endian
+// F32 bytes, aligned or not) holds a NaN or an infinity, naming the count, the
+// first index and the flag that allows it.
+void require_finite(const std::string& source, const std::string& name,
+                    std::span<const std::byte> f32);
 
 }  // namespace posembed::model
