@@ -107,8 +107,20 @@ void save_checkpoint(const std::filesystem::path& path, const Gpt& model, const 
 }
 
 Checkpoint read_checkpoint_info(const std::filesystem::path& path) {
-  const io::SafetensorsFile file = io::SafetensorsFile::open(path);
-  return checkpoint_from_metadata(file.metadata(), file.source());
+  return read_checkpoint_info(io::SafetensorsFile::open(path));
+}
+
+Checkpoint read_checkpoint_info(const io::SafetensorsFile& file) {
+  Checkpoint info = checkpoint_from_metadata(file.metadata(), file.source());
+  std::uint64_t bytes = 0;  // validate() bounds the shapes: no overflow
+  for (const ParamTensor& t : gpt_layout(info.model)) bytes += sizeof(float) * t.numel;
+  if (bytes > file.file_bytes()) {
+    throw Error(file.source() + ": the metadata describes a model whose parameters take " +
+                std::to_string(bytes) + " bytes as F32, but the file holds only " +
+                std::to_string(file.file_bytes()) +
+                " bytes: the metadata does not match the tensors (a damaged checkpoint?)");
+  }
+  return info;
 }
 
 void require_finite(const std::string& source, const std::string& name,
@@ -175,8 +187,13 @@ void load_checkpoint(const std::filesystem::path& path, Gpt& model, std::span<fl
 
 Gpt load_checkpoint(const std::filesystem::path& path, Checkpoint* info_out, bool with_optimizer,
                     bool allow_non_finite) {
-  const io::SafetensorsFile file = io::SafetensorsFile::open(path);
-  const Checkpoint info = checkpoint_from_metadata(file.metadata(), file.source());
+  return load_checkpoint(io::SafetensorsFile::open(path), info_out, with_optimizer,
+                         allow_non_finite);
+}
+
+Gpt load_checkpoint(const io::SafetensorsFile& file, Checkpoint* info_out, bool with_optimizer,
+                    bool allow_non_finite) {
+  const Checkpoint info = read_checkpoint_info(file);
   Gpt model = make_gpt(info.model);
   model.freeze_positions = info.freeze_positions;
   load_tensors(file, model, with_optimizer ? model.m : std::span<float>(),

@@ -14,6 +14,10 @@
 #include "posembed/model/gpt.h"
 #include "posembed/model/train_config.h"
 
+namespace posembed::io {
+class SafetensorsFile;
+}
+
 namespace posembed::model {
 
 // The metadata's "format": what marks a file as a trainer checkpoint.
@@ -34,8 +38,11 @@ struct Checkpoint {
 std::map<std::string, std::string> checkpoint_metadata(const Checkpoint& info);
 Checkpoint checkpoint_from_metadata(const std::map<std::string, std::string>& meta,
                                     const std::string& source);
-// The settings alone: no tensor is read.
+// The settings alone: no tensor is read. The model they describe must fit in
+// the file (its parameters are F32 tensors there): metadata that claims more is
+// refused before anyone allocates that model.
 Checkpoint read_checkpoint_info(const std::filesystem::path& path);
+Checkpoint read_checkpoint_info(const io::SafetensorsFile& file);
 
 // Writes the model's parameters, `info` (its model settings taken from the
 // model) and the moments m and v: those of every parameter (num_params each),
@@ -52,6 +59,9 @@ void load_checkpoint(const std::filesystem::path& path, Gpt& model, std::span<fl
 // The same into a model made here from the file's settings, its moments loaded
 // when with_optimizer; the settings into *info when info is not null.
 Gpt load_checkpoint(const std::filesystem::path& path, Checkpoint* info, bool with_optimizer,
+                    bool allow_non_finite = false);
+// The same from an open file (the path the fuzz target takes, tests/fuzz).
+Gpt load_checkpoint(const io::SafetensorsFile& file, Checkpoint* info, bool with_optimizer,
                     bool allow_non_finite = false);
 
 // Throws posembed::Error when `f32` (tensor `name` of `source`, little-endian

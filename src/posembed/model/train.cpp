@@ -192,7 +192,7 @@ TrainResult train(const TrainOptions& options, Strategy& ranks, const TrainRepor
     if (bytes >= sz(T + 1)) continue;
     throw Error("the text at " + info.data + " has " + std::to_string(corpus.total_bytes) +
                 " bytes, of which its " + split + " split holds " + std::to_string(bytes) +
-                " (chunks of 4 KiB, --val-fraction " + std::to_string(tc.val_fraction) +
+                " (chunks of 4 KiB, --val-fraction " + field_to_string(tc.val_fraction) +
                 " of them to validation): too few for a window of " + std::to_string(T + 1) +
                 " bytes; use more text (at least 1 / val_fraction chunks), a different "
                 "--val-fraction or a smaller --seq-len");
