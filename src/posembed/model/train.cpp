@@ -282,22 +282,20 @@ TrainResult train(const TrainOptions& options, Strategy& ranks, const TrainRepor
                   .val_loss = val});
     info.step = step;
     // A diverged run stops before a checkpoint could hold its weights. Every
-    // rank sees the same loss, norm and parameters, so all of them stop here.
-    const bool weights_due = step % tc.checkpoint_every == 0 || step == tc.steps;
-    if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm) ||
-        (weights_due && !all_finite(model.params))) {
-      throw Error("step " + std::to_string(step) + ": training diverged (loss " +
-                  std::to_string(s.loss) + ", gradient norm " + std::to_string(s.grad_norm) +
-                  (std::isfinite(s.loss) && std::isfinite(s.grad_norm) ? ", non-finite weights"
-                                                                       : "") +
-                  "); " + saved_text(last_saved) +
-                  "; try a lower --lr or a smaller --position-init");
-    }
+    // rank sees the same loss, norm and parameters, so all of them stop at once.
+    const auto diverged = [&](const char* what) {
+      return Error("step " + std::to_string(step) + ": training diverged (loss " +
+                   std::to_string(s.loss) + ", gradient norm " + std::to_string(s.grad_norm) +
+                   what + "); " + saved_text(last_saved) +
+                   "; try a lower --lr or a smaller --position-init");
+    };
+    if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm)) throw diverged("");
     // Every rank stops at the same step: a signal may reach them at different times.
     const int stop = ranks.agree((signals.stop_requested() ? kStopSignal : 0) |
                                  (step == options.stop_after ? kStopAfter : 0));
     if (stop || step % tc.checkpoint_every == 0 || step == tc.steps) {
       if (log) log->flush();
+      if (!all_finite(model.params)) throw diverged(", non-finite weights");
       save_run(files.checkpoint, model, ranks, info);
       last_saved.emplace(files.checkpoint, step);
       tell(CheckpointWritten{.step = step,
