@@ -94,7 +94,8 @@ void run_eval(const EvalOptions& o) {
                 " bytes and its next byte; use more text or a smaller --seq-len");
   }
 
-  model::InitFrom loaded = model::init_from(o.checkpoint, source.config, std::nullopt, o.allow_non_finite);
+  model::InitFrom loaded =
+      model::init_from(o.checkpoint, source.config, std::nullopt, o.allow_non_finite);
   model::Gpt gpt =
       resize ? model::resize_positions(loaded.model, T, *resize) : std::move(loaded.model);
   const model::PositionLoss loss = model::position_loss(gpt, text, starts, T, o.batch);
@@ -223,8 +224,7 @@ void add_eval_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--plot", o->plot, "write the loss-versus-position plot to this PNG file");
   cmd->add_flag("--json", o->json, "print JSON (every position, the buckets) instead of text");
-  cmd->add_flag("--allow-non-finite", o->allow_non_finite,
-                "load weights that hold NaN or infinity (a diverged run's), which is otherwise an error");
+  add_allow_non_finite_flag(*cmd, o->allow_non_finite);
   cmd->add_option("--threads", o->threads, "threads (0 = all cores; results are identical)")
       ->capture_default_str();
   cmd->callback([o] { run_eval(*o); });

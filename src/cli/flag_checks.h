@@ -85,6 +85,15 @@ inline void require_threads(std::int64_t threads) {
   }
 }
 
+// --allow-non-finite, for the commands that load a trainer's weights; `which`
+// says which of its inputs it applies to (empty: the one checkpoint).
+inline void add_allow_non_finite_flag(CLI::App& cmd, bool& target, const std::string& which = "") {
+  cmd.add_flag("--allow-non-finite", target,
+               which +
+                   "load weights that hold NaN or infinity (a diverged run's), which is "
+                   "otherwise an error");
+}
+
 inline CLI::Option* add_optional_flag(CLI::App& cmd, const std::string& name,
                                       std::optional<std::int64_t>& target,
                                       const std::string& help) {

@@ -36,7 +36,7 @@ int main(int argc, char** argv) {
   posembed::cli::add_analyze_command(app);
   posembed::cli::add_experiment_command(app);
   posembed::cli::add_help_command(app);  // last: it lists the commands above
-  posembed::cli::exact_numbers(app);      // after every command's options exist
+  posembed::cli::exact_numbers(app);     // after every command's options exist
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

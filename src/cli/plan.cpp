@@ -51,7 +51,8 @@ void run_plan(const PlanOptions& o) {
   override_field(o.heads, shape.heads);
   if (custom) shape.name += " (custom)";
 
-  if (o.micro_batch) require_at_least("--micro-batch", *o.micro_batch, 1, "sequences per micro-batch");
+  if (o.micro_batch)
+    require_at_least("--micro-batch", *o.micro_batch, 1, "sequences per micro-batch");
   const tools::Plan plan =
       tools::make_plan(shape, o.seq_len, o.batch, o.ranks, o.micro_batch.value_or(0));
   std::vector<tools::SweepRow> sweep;

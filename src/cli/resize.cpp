@@ -105,8 +105,7 @@ void add_resize_command(CLI::App& app) {
   cmd->add_option_function<std::uint64_t>(
       "--seed", [o](std::uint64_t s) { o->seed = s, o->seed_given = true; },
       "seed for --method init (default: the layer's seed, else 1337)");
-  cmd->add_flag("--allow-non-finite", o->allow_non_finite,
-                "posembed trainer checkpoints: " "load weights that hold NaN or infinity (a diverged run's), which is otherwise an error");
+  add_allow_non_finite_flag(*cmd, o->allow_non_finite, "posembed trainer checkpoints: ");
   cmd->callback([o] { run_resize(*o); });
 }
 

@@ -101,8 +101,8 @@ class TrainPrinter {
     std::printf(
         "data: %s, %llu bytes (train %zu, validation %zu), unigram entropy %.4f nats/byte\n",
         (e.run.data_given.empty() ? e.run.data : e.run.data_given).c_str(),
-        static_cast<unsigned long long>(e.text_bytes), e.train_bytes,
-        e.val_bytes, e.unigram_entropy);
+        static_cast<unsigned long long>(e.text_bytes), e.train_bytes, e.val_bytes,
+        e.unigram_entropy);
     if (!e.run.origin.empty()) std::printf("weights from: %s\n", e.run.origin.c_str());
     for (const std::string& note : e.notes) std::printf("  note: %s\n", note.c_str());
     std::printf(
@@ -229,8 +229,7 @@ void add_train_command(CLI::App& app) {
                   "threads per rank (0 = all cores, shared among the ranks on one machine; "
                   "results are identical)")
       ->capture_default_str();
-  cmd->add_flag("--allow-non-finite", options->allow_non_finite,
-                "--resume and --init-from: " "load weights that hold NaN or infinity (a diverged run's), which is otherwise an error");
+  add_allow_non_finite_flag(*cmd, options->allow_non_finite, "--resume and --init-from: ");
   cmd->callback([options, extend, shard_optimizer, cmd] {
     require_threads(options->threads);
     if (options->stop_after != -1) {
@@ -242,7 +241,8 @@ void add_train_command(CLI::App& app) {
     std::string ignored;
     if (!options->resume.empty()) {
       const auto note = [&](const char* name, auto&, const char*) {
-        if (cmd->count(flag_name(name)) > 0) ignored += (ignored.empty() ? "" : ", ") + flag_name(name);
+        if (cmd->count(flag_name(name)) > 0)
+          ignored += (ignored.empty() ? "" : ", ") + flag_name(name);
       };
       visit_fields(options->model, note);
       visit_fields(options->train, note);
@@ -310,8 +310,7 @@ void add_sample_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--seed", o->settings.seed, "seed of the sampling draws")->capture_default_str();
   cmd->add_option("--threads", o->threads, "threads")->capture_default_str();
-  cmd->add_flag("--allow-non-finite", o->allow_non_finite,
-                "load weights that hold NaN or infinity (a diverged run's), which is otherwise an error");
+  add_allow_non_finite_flag(*cmd, o->allow_non_finite);
   cmd->callback([o] { run_sample(*o); });
 }
 

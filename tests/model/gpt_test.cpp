@@ -268,11 +268,10 @@ TEST(Gpt, CheckpointWithNonFiniteValuesIsRefused) {
     bool moment;            // an AdamW v, not a weight
     float bad;
   };
-  const Case cases[] = {
-      {"h.0.attn.c_proj.weight", "h.0.attn.c_proj.weight", false,
-       std::numeric_limits<float>::quiet_NaN()},
-      {"optimizer.exp_avg_sq.wpe.weight", "wpe.weight", true,
-       std::numeric_limits<float>::infinity()}};
+  const Case cases[] = {{"h.0.attn.c_proj.weight", "h.0.attn.c_proj.weight", false,
+                         std::numeric_limits<float>::quiet_NaN()},
+                        {"optimizer.exp_avg_sq.wpe.weight", "wpe.weight", true,
+                         std::numeric_limits<float>::infinity()}};
   const auto same_bits = [](std::span<const float> a, std::span<const float> b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size_bytes()) == 0;
   };

@@ -72,10 +72,11 @@ std::vector<std::byte> resize_rows(std::span<const std::byte> table, DType dtype
   const bool in_float = r.method == ResizeMethod::interpolate || r.method == ResizeMethod::init;
   const std::uint64_t work_bytes = in_float ? new_len * d * (sizeof(float) + esize) : 0;
   check_fits_in_memory(out_bytes + work_bytes,
-                       "a table of " + std::to_string(offset + new_len) + " x " + std::to_string(d) +
-                           " needs " + std::to_string(out_bytes + work_bytes) + " bytes to make",
+                       "a table of " + std::to_string(offset + new_len) + " x " +
+                           std::to_string(d) + " needs " + std::to_string(out_bytes + work_bytes) +
+                           " bytes to make",
                        "give a smaller --max-seq-len");
-  std::vector<std::byte> out(out_bytes);  // (offset + N, d) in dtype
+  std::vector<std::byte> out(out_bytes);                      // (offset + N, d) in dtype
   std::memcpy(out.data(), table.data(), offset * row_bytes);  // offset rows stay as they are
   const std::byte* old_rows = table.data() + offset * row_bytes;  // (M, d)
   std::byte* new_rows = out.data() + offset * row_bytes;          // (N, d)

@@ -27,7 +27,7 @@ struct Checkpoint {
   GptConfig model;
   TrainConfig train;
   std::int64_t step = 0;  // optimizer steps done
-  std::string data;  // absolute, so a run resumes or evaluates from any folder
+  std::string data;       // absolute, so a run resumes or evaluates from any folder
   bool freeze_positions = false;
   std::string origin;      // where the weights came from (--init-from, resize); empty: initialised
   std::string data_given;  // --data as typed, for display; empty: data

@@ -54,8 +54,9 @@ std::vector<std::uint8_t> read_text(const std::filesystem::path& path) {
   }
   std::uintmax_t total = 0;
   for (const auto& f : files) total += fs::file_size(f);
-  check_fits_in_memory(total, "the text at " + path.string() + " holds " + std::to_string(total) +
-                                  " bytes, which are read into memory,",
+  check_fits_in_memory(total,
+                       "the text at " + path.string() + " holds " + std::to_string(total) +
+                           " bytes, which are read into memory,",
                        "use less text (--data)");
   std::vector<std::uint8_t> text;
   text.reserve(total);

@@ -80,8 +80,7 @@ bool all_finite(std::span<const float> values) {
 }
 
 // Where a stopped run's last checkpoint is, for its error message.
-std::string saved_text(
-    const std::optional<std::pair<std::filesystem::path, std::int64_t>>& saved) {
+std::string saved_text(const std::optional<std::pair<std::filesystem::path, std::int64_t>>& saved) {
   if (!saved) return "no checkpoint was written (the run stopped before its first)";
   return "the last checkpoint, " + saved->first.string() + " at step " +
          std::to_string(saved->second) + ", is intact";
@@ -187,8 +186,8 @@ TrainResult train(const TrainOptions& options, Strategy& ranks, const TrainRepor
   if (leader) text = read_text(info.data);
   ranks.share(text);
   const Corpus corpus = split_corpus(std::move(text), tc.val_fraction);
-  for (const auto& [split, bytes] : {std::pair{"train", corpus.train.size()},
-                                     std::pair{"validation", corpus.val.size()}}) {
+  for (const auto& [split, bytes] :
+       {std::pair{"train", corpus.train.size()}, std::pair{"validation", corpus.val.size()}}) {
     if (bytes >= sz(T + 1)) continue;
     throw Error("the text at " + info.data + " has " + std::to_string(corpus.total_bytes) +
                 " bytes, of which its " + split + " split holds " + std::to_string(bytes) +
@@ -207,8 +206,8 @@ TrainResult train(const TrainOptions& options, Strategy& ranks, const TrainRepor
       steps_left > UINT64_MAX / sizeof(double) ? UINT64_MAX : sizeof(double) * steps_left;
   check_fits_in_memory(loss_bytes,
                        "steps " + std::to_string(tc.steps) + " keeps a loss for each of the " +
-                           std::to_string(steps_left) + " steps left: " +
-                           std::to_string(loss_bytes) + " bytes,",
+                           std::to_string(steps_left) +
+                           " steps left: " + std::to_string(loss_bytes) + " bytes,",
                        "use fewer --steps");
   // The periodic validation estimates take B * eval_batches of the split's
   // windows, the final one all of them; the final train loss at most 512 (an

@@ -4,9 +4,10 @@
 // schedule's learning rate (model/train_config.h), estimates the validation
 // loss now and then, logs every step to log.csv, writes checkpoints
 // (model/checkpoint.h) and stops with one on Ctrl-C or --stop-after. Resumed
-// runs continue bit for bit. A non-finite loss, gradient norm or weight ends
-// the run with an error and no checkpoint written past the last finite one. The ranks of a data-parallel job share the work
+// runs continue bit for bit. The ranks of a data-parallel job share the work
 // through a Strategy (model/strategy.h); one process is the trivial one.
+// A non-finite loss, gradient norm or weight ends the run with an error, and
+// no checkpoint holds such weights.
 //
 // The loop prints nothing: it reports what happens through a callback, and the
 // program (src/cli/train.cpp) prints.
