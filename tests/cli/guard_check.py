@@ -189,6 +189,9 @@ def case_6():
     for args in (["eval", lying], ["sample", lying], ["train", "--resume", lying, "--out",
                                                       os.path.join(WORK, "never")]):
         expect(1, "the metadata describes a model whose parameters take", *args)
+    with_metadata(ckpt, lying, **{"train.step": "-5"})
+    expect(1, "metadata train.step is -5, but a run's steps done are >= 0", "train", "--resume",
+           lying, "--out", os.path.join(WORK, "never"))
     expect(1, "training data /dev/zero is neither a regular file nor a directory", "train",
            "--data", "/dev/zero", "--out", os.path.join(WORK, "never"), *TINY)
     # A sparse file holding a 2^28 x 16 table: 16 GiB on paper, nothing on disk.

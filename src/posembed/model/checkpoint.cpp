@@ -76,6 +76,10 @@ Checkpoint checkpoint_from_metadata(const std::map<std::string, std::string>& fi
   get_fields(meta, "model.", info.model, src);
   get_fields(meta, "train.", info.train, src);
   field_from_string("train.step", meta_get(meta, "train.step", src), info.step);
+  if (info.step < 0) {
+    throw Error(src + ": metadata train.step is " + std::to_string(info.step) +
+                ", but a run's steps done are >= 0 (a damaged checkpoint?)");
+  }
   info.data = meta_get(meta, "train.data", src);
   if (const auto it = meta.find("train.data_given"); it != meta.end()) info.data_given = it->second;
   info.freeze_positions = meta_get(meta, "train.freeze_positions", src) == "1";
