@@ -57,10 +57,11 @@ the same text as `posembed COMMAND --help`.
 |---|---|
 | 0 | done |
 | 1 | error: bad input data, a file that cannot be read or written, an impossible request; the message says what is wrong and what to do |
-| 2 | usage: unknown command or flag, a missing or malformed argument |
+| 2 | usage: unknown command or flag, a missing, malformed or out-of-range argument |
 | 130 | interrupted: Ctrl-C in `train`, after saving a checkpoint |
 
-Under `mpirun`, Ctrl-C ends `train` with Open MPI's status 1 after the checkpoint is saved
+Under `mpirun`, an error ends every rank with status 1 as in one process, and Ctrl-C ends
+`train` with Open MPI's status 1 after the checkpoint is saved
 ([data parallel](training.md#data-parallel-over-mpi-mpirun--np-n-posembed-train)).
 The tests in `tests/cli` check each status with its message.
 EOF

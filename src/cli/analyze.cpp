@@ -10,6 +10,7 @@
 #include "cli/commands.h"
 #include "cli/table_flags.h"
 #include "posembed/core/error.h"
+#include "posembed/core/layer.h"
 #include "posembed/io/names.h"
 #include "posembed/io/safetensors.h"
 #include "posembed/tools/analyze.h"
@@ -49,6 +50,14 @@ void run_analyze(const AnalyzeOptions& o) {
     throw Error("offset of " + std::to_string(t.offset_rows) + " rows leaves fewer than 2 of " +
                 std::to_string(rows) + " rows to analyze; lower --offset-rows");
   }
+  // The values in float, then two copies in double (the table and its centred
+  // rows, which the SVD takes): 28 bytes a value, checked before any is made.
+  const auto numel = static_cast<std::uint64_t>(rows) * static_cast<std::uint64_t>(cols);
+  check_fits_in_memory(28 * numel,
+                       "analyzing '" + info.name + "' (" + std::to_string(rows) + " x " +
+                           std::to_string(cols) + ") needs about " + std::to_string(28 * numel) +
+                           " bytes",
+                       "analyze a smaller table (posembed resize --method crop makes one)");
   const std::vector<float> values = file.to_f32(info);  // (rows, cols)
   const std::int64_t used = rows - t.offset_rows;
   const std::span<const float> table =

@@ -229,7 +229,8 @@ void add_bench_command(CLI::App& app) {
                    "repeat everything, the probe too: times are the median round's, the probe the "
                    "best run of all")
       ->capture_default_str();
-  bench->add_option("--shape", options->only, "only this shape: gpt2 or small");
+  bench->add_option("--shape", options->only, "only this shape: gpt2 or small")
+      ->check(CLI::IsMember({"gpt2", "small"}));
   bench->add_flag("--quick", options->quick,
                   "tiny shapes and probe, a few seconds: checks the code paths");
   bench->add_flag("--json", options->json, "print JSON instead of the table");

@@ -102,7 +102,7 @@ void add_demo_command(CLI::App& app) {
   demo->add_option("--text", options->text, "text whose bytes form the batch")->capture_default_str();
   demo->add_option("--threads", options->threads, "threads (0 = all cores)")->capture_default_str();
   demo->callback([options] {
-    require_at_least("--threads", options->threads, 0, "0 = all cores");
+    require_threads(options->threads);
     run_demo(*options);
   });
 }

@@ -35,6 +35,7 @@ struct EvalOptions {
   std::int64_t n_head = 4;  // GPT-2 files only: they do not record it
   int threads = 0;
   bool json = false;
+  bool allow_non_finite = false;
 };
 
 void run_eval(const EvalOptions& o) {
@@ -43,7 +44,7 @@ void run_eval(const EvalOptions& o) {
   require_at_least("--batch", o.batch, 1, "windows per forward pass");
   require_at_least("--bucket", o.bucket, 1, "positions per row of the table");
   require_at_least("--n-head", o.n_head, 1, "attention heads");
-  require_at_least("--threads", o.threads, 0, "0 = all cores");
+  require_threads(o.threads);
   set_num_threads(o.threads);
 
   model::GptConfig fallback;
@@ -93,7 +94,8 @@ void run_eval(const EvalOptions& o) {
                 " bytes and its next byte; use more text or a smaller --seq-len");
   }
 
-  model::InitFrom loaded = model::init_from(o.checkpoint, source.config, std::nullopt);
+  model::InitFrom loaded =
+      model::init_from(o.checkpoint, source.config, std::nullopt, o.allow_non_finite);
   model::Gpt gpt =
       resize ? model::resize_positions(loaded.model, T, *resize) : std::move(loaded.model);
   const model::PositionLoss loss = model::position_loss(gpt, text, starts, T, o.batch);
@@ -222,6 +224,7 @@ void add_eval_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--plot", o->plot, "write the loss-versus-position plot to this PNG file");
   cmd->add_flag("--json", o->json, "print JSON (every position, the buckets) instead of text");
+  add_allow_non_finite_flag(*cmd, o->allow_non_finite);
   cmd->add_option("--threads", o->threads, "threads (0 = all cores; results are identical)")
       ->capture_default_str();
   cmd->callback([o] { run_eval(*o); });

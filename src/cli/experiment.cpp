@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/flag_checks.h"
 #include "posembed/tools/experiment.h"
 
 namespace posembed::cli {
@@ -61,6 +62,7 @@ void add_experiment_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--quiet", o->quiet, "no progress lines");
   cmd->callback([o] {
+    require_threads(o->run.threads);
     if (!o->quiet) {
       o->run.progress = [](const std::string& line) {
         std::printf("%s\n", line.c_str());

@@ -13,6 +13,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
+#include "cli/flag_checks.h"
 
 namespace {
 constexpr int kExitError = 1, kExitUsage = 2;
@@ -35,9 +36,22 @@ int main(int argc, char** argv) {
   posembed::cli::add_analyze_command(app);
   posembed::cli::add_experiment_command(app);
   posembed::cli::add_help_command(app);  // last: it lists the commands above
+  posembed::cli::exact_numbers(app);     // after every command's options exist
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    // A first word that is no command reaches CLI11 as a missing command.
+    std::string names;
+    bool known = false;
+    for (const CLI::App* cmd : app.get_subcommands(nullptr)) {
+      names += " " + cmd->get_name();
+      known = known || (argc > 1 && cmd->get_name() == argv[1]);
+    }
+    if (dynamic_cast<const CLI::RequiredError*>(&e) && argc > 1 && argv[1][0] != '-' && !known) {
+      std::fprintf(stderr, "error: '%s' is not a command; the commands are:%s (posembed --help)\n",
+                   argv[1], names.c_str());
+      return kExitUsage;
+    }
     const int status = app.exit(e);  // prints the help, the version or what was wrong
     // CLI11 numbers each kind of mistake (100-127); here they are all usage
     // errors. Help and version (0) and train's interrupt (130) keep theirs.

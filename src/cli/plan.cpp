@@ -20,7 +20,8 @@ struct PlanOptions {
   // Absent: keep the preset's value.
   std::optional<std::int64_t> max_seq_len, embed_dim, vocab, layers, heads;
   std::int64_t seq_len = 0, batch = 1;
-  std::int64_t ranks = 1, micro_batch = 0;
+  std::int64_t ranks = 1;
+  std::optional<std::int64_t> micro_batch;  // absent: batch / ranks
   std::vector<std::int64_t> sweep = tools::default_sweep_lengths();
   bool no_sweep = false;
   bool json = false;
@@ -50,7 +51,10 @@ void run_plan(const PlanOptions& o) {
   override_field(o.heads, shape.heads);
   if (custom) shape.name += " (custom)";
 
-  const tools::Plan plan = tools::make_plan(shape, o.seq_len, o.batch, o.ranks, o.micro_batch);
+  if (o.micro_batch)
+    require_at_least("--micro-batch", *o.micro_batch, 1, "sequences per micro-batch");
+  const tools::Plan plan =
+      tools::make_plan(shape, o.seq_len, o.batch, o.ranks, o.micro_batch.value_or(0));
   std::vector<tools::SweepRow> sweep;
   if (!o.no_sweep) sweep = tools::sweep_max_seq_len(shape, o.sweep);
   const std::string text = o.json ? tools::plan_json(plan, sweep) : tools::format_plan(plan, sweep);
@@ -80,8 +84,8 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--ranks", o->ranks,
                   "data-parallel ranks (mpirun -np): memory per rank, with and without ZeRO-1")
       ->capture_default_str();
-  cmd->add_option("--micro-batch", o->micro_batch,
-                  "sequences per micro-batch with --ranks (default: batch / ranks)");
+  add_optional_flag(*cmd, "--micro-batch", o->micro_batch,
+                    "sequences per micro-batch with --ranks (default: batch / ranks)");
   cmd->add_option("--sweep", o->sweep, "max_seq_len values of the sweep")
       ->delimiter(',')
       ->capture_default_str();

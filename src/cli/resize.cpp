@@ -23,6 +23,7 @@ struct ResizeCliOptions {
   std::optional<std::int64_t> offset;
   std::uint64_t seed = 0;
   bool seed_given = false;
+  bool allow_non_finite = false;
 };
 
 // posembed's own training checkpoints: the table and its AdamW moments change
@@ -40,7 +41,7 @@ void resize_trainer(const ResizeCliOptions& o, io::ResizeMethod method) {
       .init = o.init.empty() ? c.embedding.position_init : parse_table_init(o.init),
       .seed = o.seed_given ? o.seed : c.embedding.seed};
   const model::CheckpointResize r =
-      model::resize_trainer_checkpoint(o.in, o.out, o.max_seq_len, how);
+      model::resize_trainer_checkpoint(o.in, o.out, o.max_seq_len, how, o.allow_non_finite);
   std::printf("%s: wpe.weight (posembed trainer checkpoint, F32) %s\n", o.in.c_str(),
               model::describe(how, r.old_len, r.new_len).c_str());
   for (const auto& note : r.notes) std::printf("  note: %s\n", note.c_str());
@@ -104,6 +105,7 @@ void add_resize_command(CLI::App& app) {
   cmd->add_option_function<std::uint64_t>(
       "--seed", [o](std::uint64_t s) { o->seed = s, o->seed_given = true; },
       "seed for --method init (default: the layer's seed, else 1337)");
+  add_allow_non_finite_flag(*cmd, o->allow_non_finite, "posembed trainer checkpoints: ");
   cmd->callback([o] { run_resize(*o); });
 }
 

@@ -33,6 +33,7 @@ struct SampleOptions {
   std::int64_t tokens = 400;
   model::SampleSettings settings;
   int threads = 1;
+  bool allow_non_finite = false;
 };
 
 void run_sample(const SampleOptions& o) {
@@ -43,11 +44,11 @@ void run_sample(const SampleOptions& o) {
                 " must be finite and >= 0 (0 = greedy, 1 = the model's distribution)");
   }
   require_at_least("--top-k", s.top_k, 0, "0 = all bytes, k = the k most likely");
-  require_at_least("--threads", o.threads, 0, "0 = all cores");
+  require_threads(o.threads);
   if (o.prompt.empty()) throw Error("--prompt must hold at least one byte");
   set_num_threads(o.threads);
   model::Checkpoint info;
-  const model::Gpt gpt = model::load_checkpoint(o.checkpoint, &info, false);
+  const model::Gpt gpt = model::load_checkpoint(o.checkpoint, &info, false, o.allow_non_finite);
   if (s.top_k > gpt.config.embedding.vocab_size) {
     throw Error("--top-k " + std::to_string(s.top_k) + " exceeds the vocabulary of " +
                 std::to_string(gpt.config.embedding.vocab_size) + " bytes; use 0 for all of them");
@@ -99,8 +100,9 @@ class TrainPrinter {
         m.embedding.dropout);
     std::printf(
         "data: %s, %llu bytes (train %zu, validation %zu), unigram entropy %.4f nats/byte\n",
-        e.run.data.c_str(), static_cast<unsigned long long>(e.text_bytes), e.train_bytes,
-        e.val_bytes, e.unigram_entropy);
+        (e.run.data_given.empty() ? e.run.data : e.run.data_given).c_str(),
+        static_cast<unsigned long long>(e.text_bytes), e.train_bytes, e.val_bytes,
+        e.unigram_entropy);
     if (!e.run.origin.empty()) std::printf("weights from: %s\n", e.run.origin.c_str());
     for (const std::string& note : e.notes) std::printf("  note: %s\n", note.c_str());
     std::printf(
@@ -228,8 +230,27 @@ void add_train_command(CLI::App& app) {
                   "threads per rank (0 = all cores, shared among the ranks on one machine; "
                   "results are identical)")
       ->capture_default_str();
+  add_allow_non_finite_flag(*cmd, options->allow_non_finite, "--resume and --init-from: ");
   cmd->callback([options, extend, shard_optimizer, cmd] {
-    require_at_least("--threads", options->threads, 0, "0 = all cores");
+    require_threads(options->threads);
+    if (options->stop_after != -1) {
+      require_at_least("--stop-after", options->stop_after, 1,
+                       "steps done in all when the run stops; -1 = train to --steps");
+    }
+    // --resume continues the checkpoint's settings: the flags that would change
+    // them are named, not silently dropped.
+    std::string ignored;
+    if (!options->resume.empty()) {
+      const auto note = [&](const char* name, auto&, const char*) {
+        if (cmd->count(flag_name(name)) > 0)
+          ignored += (ignored.empty() ? "" : ", ") + flag_name(name);
+      };
+      visit_fields(options->model, note);
+      visit_fields(options->train, note);
+      for (const char* flag : {"--data", "--freeze-positions"}) {
+        if (cmd->count(flag) > 0) ignored += (ignored.empty() ? "" : ", ") + std::string(flag);
+      }
+    }
     if (!extend->empty()) {
       if (options->init_from.empty()) throw Error("--extend applies to --init-from; give it too");
       options->extend = model::PositionResize{.method = io::parse_resize_method(*extend),
@@ -254,6 +275,9 @@ void add_train_command(CLI::App& app) {
     // Under mpirun every rank runs this; MPI starts here and ends with the session.
     const model::MpiSession mpi;
     const model::World world = model::world();
+    if (!ignored.empty() && world.rank == 0) {
+      std::printf("note: --resume keeps the checkpoint's settings; ignored: %s\n", ignored.c_str());
+    }
     bool interrupted = false;
     try {
       const std::unique_ptr<model::Strategy> ranks = model::strategy_for(world, *shard_optimizer);
@@ -266,7 +290,7 @@ void add_train_command(CLI::App& app) {
       if (world.size > 1) {
         std::fprintf(stderr, "error (rank %d of %d): %s\n", world.rank, world.size, e.what());
         std::fflush(stderr);
-        model::abort_job(world, 2);
+        model::abort_job(world, 1);  // an error, as in one process (docs/cli.md)
       }
       throw;
     }
@@ -287,6 +311,7 @@ void add_sample_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--seed", o->settings.seed, "seed of the sampling draws")->capture_default_str();
   cmd->add_option("--threads", o->threads, "threads")->capture_default_str();
+  add_allow_non_finite_flag(*cmd, o->allow_non_finite);
   cmd->callback([o] { run_sample(*o); });
 }
 

@@ -4,6 +4,7 @@
 // and the errors at the boundary.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <limits>
 
@@ -329,7 +330,7 @@ TEST(Gpt, CheckpointRoundTripsBitwise) {
     model.v[i] = std::abs(noise[model.num_params + i]);
   }
   const auto path = std::filesystem::temp_directory_path() / "posembed_gpt_ckpt_test.safetensors";
-  Checkpoint info{c, TrainConfig{}, 17, "some/data.txt", false, ""};
+  Checkpoint info{c, TrainConfig{}, 17, "some/data.txt", false, "", "data.txt"};
   info.train.lr = 3.5e-4;
   save_checkpoint(path, model, info, model.m, model.v);
   Checkpoint back;
@@ -338,7 +339,51 @@ TEST(Gpt, CheckpointRoundTripsBitwise) {
   EXPECT_EQ(back.train, info.train);
   EXPECT_EQ(back.step, 17);
   EXPECT_EQ(back.data, "some/data.txt");
+  EXPECT_EQ(back.data_given, "data.txt");
   EXPECT_EQ(loaded.memory, model.memory);  // params, grads (zero), m and v
+  std::filesystem::remove(path);
+}
+
+// A NaN or infinity in any tensor, a weight or a moment, is an error naming it
+// and leaves the model it would load into as it was; allowed, it loads as is.
+TEST(Gpt, CheckpointWithNonFiniteValuesIsRefused) {
+  const GptConfig c = tiny_config();
+  const auto path = std::filesystem::temp_directory_path() / "posembed_gpt_nan_test.safetensors";
+  struct Case {
+    const char* file_name;  // the tensor in the file
+    const char* param;      // its parameter
+    bool moment;            // an AdamW v, not a weight
+    float bad;
+  };
+  const Case cases[] = {{"h.0.attn.c_proj.weight", "h.0.attn.c_proj.weight", false,
+                         std::numeric_limits<float>::quiet_NaN()},
+                        {"optimizer.exp_avg_sq.wpe.weight", "wpe.weight", true,
+                         std::numeric_limits<float>::infinity()}};
+  const auto same_bits = [](std::span<const float> a, std::span<const float> b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size_bytes()) == 0;
+  };
+  for (const Case& k : cases) {
+    Gpt model = make_gpt(c);
+    const ParamTensor* t = find_tensor(model, k.param);
+    ASSERT_NE(t, nullptr) << k.param;
+    (k.moment ? model.v : model.params)[t->offset + 3] = k.bad;
+    save_checkpoint(path, model, Checkpoint{c, TrainConfig{}, 1, "x", false, "", ""}, model.m,
+                    model.v);
+    Gpt into = make_gpt(c);
+    const std::vector<float> before = into.memory;
+    try {
+      load_checkpoint(path, into, into.m, into.v);
+      ADD_FAILURE() << k.file_name << ": loaded";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("tensor '") + k.file_name +
+                                           "' holds 1 non-finite values (the first, at index 3"),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_TRUE(same_bits(into.memory, before)) << k.file_name;
+    load_checkpoint(path, into, into.m, into.v, /*allow_non_finite=*/true);
+    EXPECT_TRUE(same_bits(into.memory, model.memory)) << k.file_name;  // the bad value included
+  }
   std::filesystem::remove(path);
 }
 

@@ -20,7 +20,7 @@ int main(int argc, char** argv) {
   const model::testing::TorchCase c = model::testing::make_torch_case();
   const model::Gpt gpt = model::make_gpt(c.model);
   model::save_checkpoint(dir / "torch_init.safetensors", gpt,
-                         {c.model, c.train, 0, "synthetic", false, ""}, {}, {});
+                         {c.model, c.train, 0, "synthetic", false, "", ""}, {}, {});
   const std::vector<std::int64_t> shape{c.train.steps, c.batch, c.seq_len};
   const io::TensorToWrite tensors[] = {
       {"inputs", io::DType::I64, shape, std::as_bytes(std::span(c.inputs))},

@@ -5,6 +5,7 @@
 
 #include "posembed/core/error.h"
 #include "posembed/core/init.h"
+#include "posembed/core/layer.h"
 #include "posembed/io/checkpoint.h"
 
 namespace posembed::io {
@@ -65,7 +66,17 @@ std::vector<std::byte> resize_rows(std::span<const std::byte> table, DType dtype
     throw Error("position table holds " + std::to_string(table.size()) + " bytes, not the " +
                 std::to_string((offset + old_len) * row_bytes) + " its shape needs");
   }
-  std::vector<std::byte> out((offset + new_len) * row_bytes);  // (offset + N, d) in dtype
+  // The new table, and for interpolate and init their float rows and those
+  // converted back: checked before any is made.
+  const std::uint64_t out_bytes = (offset + new_len) * row_bytes;
+  const bool in_float = r.method == ResizeMethod::interpolate || r.method == ResizeMethod::init;
+  const std::uint64_t work_bytes = in_float ? new_len * d * (sizeof(float) + esize) : 0;
+  check_fits_in_memory(out_bytes + work_bytes,
+                       "a table of " + std::to_string(offset + new_len) + " x " +
+                           std::to_string(d) + " needs " + std::to_string(out_bytes + work_bytes) +
+                           " bytes to make",
+                       "give a smaller --max-seq-len");
+  std::vector<std::byte> out(out_bytes);                      // (offset + N, d) in dtype
   std::memcpy(out.data(), table.data(), offset * row_bytes);  // offset rows stay as they are
   const std::byte* old_rows = table.data() + offset * row_bytes;  // (M, d)
   std::byte* new_rows = out.data() + offset * row_bytes;          // (N, d)

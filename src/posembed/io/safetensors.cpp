@@ -319,12 +319,15 @@ SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
   SafetensorsFile file;
   file.source_ = path.string();
   file.storage_ = std::make_unique<Storage>();
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // Non-blocking: opening a FIFO for reading would otherwise wait for a writer
+  // forever, before the check below could refuse it (a regular file ignores it).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw Error("cannot open " + path.string() + ": " + errno_text());
   struct stat st {};
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     ::close(fd);
-    throw Error(path.string() + " is not a regular file");
+    throw Error(path.string() + " is not a regular file (a FIFO, a device or a folder); " +
+                "give a safetensors file");
   }
   const auto size = static_cast<std::size_t>(st.st_size);
   if (size >= 8) {  // smaller files fail in parse() with a clear message; mmap(0) is invalid

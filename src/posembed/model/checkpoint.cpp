@@ -1,6 +1,7 @@
 #include "posembed/model/checkpoint.h"
 
 #include <bit>
+#include <cmath>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -49,6 +50,7 @@ std::map<std::string, std::string> checkpoint_metadata(const Checkpoint& info) {
   put_fields(meta, "train.", info.train);
   meta["train.step"] = field_to_string(info.step);
   meta["train.data"] = info.data;
+  if (!info.data_given.empty()) meta["train.data_given"] = info.data_given;
   meta["train.freeze_positions"] = std::string(info.freeze_positions ? "1" : "0");
   if (!info.origin.empty()) meta["train.origin"] = info.origin;
   return meta;
@@ -76,7 +78,12 @@ Checkpoint checkpoint_from_metadata(const std::map<std::string, std::string>& fi
   get_fields(meta, "model.", info.model, src);
   get_fields(meta, "train.", info.train, src);
   field_from_string("train.step", meta_get(meta, "train.step", src), info.step);
+  if (info.step < 0) {
+    throw Error(src + ": metadata train.step is " + std::to_string(info.step) +
+                ", but a run's steps done are >= 0 (a damaged checkpoint?)");
+  }
   info.data = meta_get(meta, "train.data", src);
+  if (const auto it = meta.find("train.data_given"); it != meta.end()) info.data_given = it->second;
   info.freeze_positions = meta_get(meta, "train.freeze_positions", src) == "1";
   if (const auto it = meta.find("train.origin"); it != meta.end()) info.origin = it->second;
   return info;
@@ -106,13 +113,45 @@ void save_checkpoint(const std::filesystem::path& path, const Gpt& model, const 
 }
 
 Checkpoint read_checkpoint_info(const std::filesystem::path& path) {
-  const io::SafetensorsFile file = io::SafetensorsFile::open(path);
-  return checkpoint_from_metadata(file.metadata(), file.source());
+  return read_checkpoint_info(io::SafetensorsFile::open(path));
+}
+
+Checkpoint read_checkpoint_info(const io::SafetensorsFile& file) {
+  Checkpoint info = checkpoint_from_metadata(file.metadata(), file.source());
+  std::uint64_t bytes = 0;  // validate() bounds the shapes: no overflow
+  for (const ParamTensor& t : gpt_layout(info.model)) bytes += sizeof(float) * t.numel;
+  if (bytes > file.file_bytes()) {
+    throw Error(file.source() + ": the metadata describes a model whose parameters take " +
+                std::to_string(bytes) + " bytes as F32, but the file holds only " +
+                std::to_string(file.file_bytes()) +
+                " bytes: the metadata does not match the tensors (a damaged checkpoint?)");
+  }
+  return info;
+}
+
+void require_finite(const std::string& source, const std::string& name,
+                    std::span<const std::byte> f32) {
+  std::size_t bad = 0, first = 0;
+  float first_value = 0;
+  for (std::size_t i = 0; i < f32.size() / 4; ++i) {
+    float x;
+    std::memcpy(&x, f32.data() + 4 * i, 4);
+    if (!std::isfinite(x) && bad++ == 0) {
+      first = i;
+      first_value = x;
+    }
+  }
+  if (bad == 0) return;
+  throw Error(source + ": tensor '" + name + "' holds " + std::to_string(bad) +
+              " non-finite values (the first, at index " + std::to_string(first) + ", is " +
+              std::to_string(first_value) +
+              "): the run that wrote it diverged; use an earlier checkpoint, or load it anyway "
+              "with --allow-non-finite");
 }
 
 namespace {
 void load_tensors(const io::SafetensorsFile& file, Gpt& model, std::span<float> m,
-                  std::span<float> v) {
+                  std::span<float> v, bool allow_non_finite) {
   if (m.size() != v.size() || (!m.empty() && m.size() != model.num_params)) {
     throw Error("loading the AdamW moments needs room for both for all " +
                 std::to_string(model.num_params) + " parameters, not " + std::to_string(m.size()) +
@@ -141,23 +180,30 @@ void load_tensors(const io::SafetensorsFile& file, Gpt& model, std::span<float> 
       throw Error(file.source() + ": tensor data holds " + std::to_string(ti->data.size()) +
                   " bytes, expected " + std::to_string(dst.size_bytes()));
     }
-    std::memcpy(dst.data(), ti->data.data(), dst.size_bytes());
+    if (!allow_non_finite) require_finite(file.source(), ti->name, ti->data);
   }
+  for (auto& [ti, dst] : plan) std::memcpy(dst.data(), ti->data.data(), dst.size_bytes());
 }
 }  // namespace
 
 void load_checkpoint(const std::filesystem::path& path, Gpt& model, std::span<float> m,
-                     std::span<float> v) {
-  load_tensors(io::SafetensorsFile::open(path), model, m, v);
+                     std::span<float> v, bool allow_non_finite) {
+  load_tensors(io::SafetensorsFile::open(path), model, m, v, allow_non_finite);
 }
 
-Gpt load_checkpoint(const std::filesystem::path& path, Checkpoint* info_out, bool with_optimizer) {
-  const io::SafetensorsFile file = io::SafetensorsFile::open(path);
-  const Checkpoint info = checkpoint_from_metadata(file.metadata(), file.source());
+Gpt load_checkpoint(const std::filesystem::path& path, Checkpoint* info_out, bool with_optimizer,
+                    bool allow_non_finite) {
+  return load_checkpoint(io::SafetensorsFile::open(path), info_out, with_optimizer,
+                         allow_non_finite);
+}
+
+Gpt load_checkpoint(const io::SafetensorsFile& file, Checkpoint* info_out, bool with_optimizer,
+                    bool allow_non_finite) {
+  const Checkpoint info = read_checkpoint_info(file);
   Gpt model = make_gpt(info.model);
   model.freeze_positions = info.freeze_positions;
   load_tensors(file, model, with_optimizer ? model.m : std::span<float>(),
-               with_optimizer ? model.v : std::span<float>());
+               with_optimizer ? model.v : std::span<float>(), allow_non_finite);
   if (info_out) *info_out = info;
   return model;
 }

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "posembed/core/error.h"
+#include "posembed/core/layer.h"
 #include "posembed/core/philox.h"
 #include "posembed/core/sizes.h"
 
@@ -44,10 +45,21 @@ std::vector<std::uint8_t> read_text(const std::filesystem::path& path) {
       files.push_back(entry.path());
     }
     std::sort(files.begin(), files.end());
-  } else {
+  } else if (fs::is_regular_file(path)) {
     files.push_back(path);
+  } else {  // a FIFO would block the read forever, /dev/zero never end
+    throw Error("training data " + path.string() +
+                " is neither a regular file nor a directory (a FIFO or a device?); pass a text "
+                "file or a folder of them with --data");
   }
+  std::uintmax_t total = 0;
+  for (const auto& f : files) total += fs::file_size(f);
+  check_fits_in_memory(total,
+                       "the text at " + path.string() + " holds " + std::to_string(total) +
+                           " bytes, which are read into memory,",
+                       "use less text (--data)");
   std::vector<std::uint8_t> text;
+  text.reserve(total);
   for (const auto& f : files) {
     std::ifstream in(f, std::ios::binary);
     if (!in) throw Error("cannot read " + f.string());

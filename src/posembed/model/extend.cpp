@@ -62,11 +62,12 @@ Gpt resize_positions(const Gpt& model, std::int64_t max_seq_len, const PositionR
 
 CheckpointResize resize_trainer_checkpoint(const std::filesystem::path& in,
                                            const std::filesystem::path& out,
-                                           std::int64_t max_seq_len, const PositionResize& resize) {
+                                           std::int64_t max_seq_len, const PositionResize& resize,
+                                           bool allow_non_finite) {
   CheckpointResize r;
   r.moments = io::SafetensorsFile::open(in).find("optimizer.exp_avg.wpe.weight") != nullptr;
   Checkpoint info;
-  const Gpt model = load_checkpoint(in, &info, r.moments);
+  const Gpt model = load_checkpoint(in, &info, r.moments, allow_non_finite);
   r.old_len = info.model.embedding.max_seq_len;
   r.new_len = max_seq_len;
   const Gpt resized = resize_positions(model, max_seq_len, resize);

@@ -52,6 +52,7 @@ struct CheckpointResize {
 };
 CheckpointResize resize_trainer_checkpoint(const std::filesystem::path& in,
                                            const std::filesystem::path& out,
-                                           std::int64_t max_seq_len, const PositionResize& resize);
+                                           std::int64_t max_seq_len, const PositionResize& resize,
+                                           bool allow_non_finite = false);
 
 }  // namespace posembed::model

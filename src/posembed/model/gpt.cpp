@@ -127,10 +127,8 @@ ParamViews param_views(const Gpt& model, std::span<float> buffer) {
   return views;
 }
 
-Gpt make_gpt(const GptConfig& config, MomentShard shard) {
+std::vector<ParamTensor> gpt_layout(const GptConfig& config) {
   validate(config);
-  Gpt model;
-  model.config = config;
   const std::int64_t C = config.embedding.embed_dim, V = config.embedding.vocab_size;
   // Canonical (Hugging Face) order, then laid out with every decayed 2-D weight
   // first: the optimizer then runs over two contiguous ranges, not 4 + 12 L tensors.
@@ -157,16 +155,29 @@ Gpt make_gpt(const GptConfig& config, MomentShard shard) {
   }
   add("ln_f.weight", {C});
   add("ln_f.bias", {C});
+  std::vector<ParamTensor> tensors;
   std::size_t offset = 0;
   for (const bool decay : {true, false}) {
     for (const auto& [name, shape] : specs) {
       if ((shape.size() == 2) != decay) continue;
       std::size_t n = 1;
       for (auto d : shape) n *= sz(d);
-      model.tensors.push_back({name, shape, offset, n, decay});
+      tensors.push_back({name, shape, offset, n, decay});
       offset += n;
     }
-    if (decay) model.num_decayed = offset;
+  }
+  return tensors;
+}
+
+Gpt make_gpt(const GptConfig& config, MomentShard shard) {
+  Gpt model;
+  model.config = config;
+  model.tensors = gpt_layout(config);
+  const std::int64_t C = config.embedding.embed_dim;
+  std::size_t offset = 0;
+  for (const ParamTensor& t : model.tensors) {
+    offset += t.numel;
+    if (t.decay) model.num_decayed = offset;
   }
   model.num_params = offset;
   model.moments = param_shard(offset, shard.rank, shard.ranks);

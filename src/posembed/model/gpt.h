@@ -125,6 +125,9 @@ struct MomentShard {
 // (GPT-2: weights N(0, 0.02), residual projections N(0, 0.02/sqrt(2 n_layer)),
 // biases 0, LayerNorm gains 1; the tables from the core layer's init).
 Gpt make_gpt(const GptConfig& config, MomentShard shard = {});
+// The parameter tensors make_gpt lays out (validating config), nothing allocated:
+// what a loader checks a file against before making the model.
+std::vector<ParamTensor> gpt_layout(const GptConfig& config);
 const ParamTensor* find_tensor(const Gpt& model, std::string_view name);
 // Views by tensor of `buffer`, num_params floats laid out as model.params (how
 // model.p and model.g are made).

@@ -75,7 +75,7 @@ InitSource inspect_init_source(const std::filesystem::path& path, const GptConfi
 }
 
 InitFrom init_from(const std::filesystem::path& path, const GptConfig& config,
-                   const std::optional<PositionResize>& resize) {
+                   const std::optional<PositionResize>& resize, bool allow_non_finite) {
   const io::SafetensorsFile file = io::SafetensorsFile::open(path);
   const InitSource source = inspect(file, config);
   const std::string& src = file.source();
@@ -125,6 +125,7 @@ InitFrom init_from(const std::filesystem::path& path, const GptConfig& config,
   }
   for (const auto& [ti, t] : plan) {
     const std::vector<float> values = file.to_f32(*ti);
+    if (!allow_non_finite) require_finite(src, ti->name, std::as_bytes(std::span(values)));
     std::copy(values.begin(), values.end(),
               model.params.begin() + static_cast<std::ptrdiff_t>(t->offset));
   }

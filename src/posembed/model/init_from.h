@@ -50,8 +50,9 @@ struct InitFrom {
 // A model of `config` holding the weights of `path`. config's embed_dim,
 // n_layer and n_head must equal the source's (errors name both values and the
 // fix); when config.max_seq_len differs from the source's, `resize` says how to
-// make the table (required then). Validates every tensor before copying any.
+// make the table (required then). Validates every tensor before copying any;
+// a NaN or infinity is an error naming the tensor unless allow_non_finite.
 InitFrom init_from(const std::filesystem::path& path, const GptConfig& config,
-                   const std::optional<PositionResize>& resize);
+                   const std::optional<PositionResize>& resize, bool allow_non_finite = false);
 
 }  // namespace posembed::model

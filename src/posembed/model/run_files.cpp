@@ -1,7 +1,14 @@
 #include "posembed/model/run_files.h"
 
+#include <fcntl.h>     // open
+#include <sys/file.h>  // flock
+#include <unistd.h>    // getpid, ftruncate, pread, write
+
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
+#include <iterator>
 #include <string>
 
 #include "posembed/core/error.h"
@@ -56,14 +63,72 @@ void truncate_log(const std::filesystem::path& log_path, std::int64_t step) {
 
 }  // namespace
 
+std::filesystem::path run_dir(const std::filesystem::path& out_dir,
+                              const std::filesystem::path& resume) {
+  return !out_dir.empty()           ? out_dir
+         : resume.empty()           ? std::filesystem::path("out")
+         : resume.has_parent_path() ? resume.parent_path()
+                                    : std::filesystem::path(".");
+}
+
+RunLock::RunLock(const std::filesystem::path& dir) : dir_(dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  created_dir_ = fs::create_directories(dir, ec);
+  if (ec) throw Error("cannot create the run folder " + dir.string() + ": " + ec.message());
+  const fs::path lock_path = dir / ".lock";
+  fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd_ < 0) throw Error("cannot open " + lock_path.string() + ": " + std::strerror(errno));
+  if (flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int why = errno;
+    char pid[32] = {};
+    const ssize_t n = pread(fd_, pid, sizeof pid - 1, 0);
+    ::close(fd_);
+    fd_ = -1;
+    if (why != EWOULDBLOCK) {
+      throw Error("cannot lock " + lock_path.string() + ": " + std::strerror(why));
+    }
+    const std::string holder = n > 0 ? std::string(pid, static_cast<std::size_t>(n)) : "";
+    throw Error(dir.string() + " is in use by another run (pid " +
+                (holder.empty() ? std::string("unknown") : holder.substr(0, holder.find('\n'))) +
+                "); wait for it to end, or write this run elsewhere with --out DIR");
+  }
+  // Ours now: note the pid for whoever is refused, and drop a dead run's temporaries.
+  const std::string me = std::to_string(getpid()) + "\n";
+  if (ftruncate(fd_, 0) != 0 ||
+      pwrite(fd_, me.data(), me.size(), 0) != static_cast<ssize_t>(me.size())) {
+    const std::string why = std::strerror(errno);
+    ::close(fd_);
+    throw Error("cannot write " + lock_path.string() + ": " + why);
+  }
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.starts_with(".ckpt.safetensors.tmp-") || name == "log.csv.tmp") {
+      fs::remove(entry.path(), ec);
+    }
+  }
+}
+
+RunLock::~RunLock() {
+  if (fd_ < 0) return;
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  // A folder this run made and left empty (it failed before writing) goes again.
+  if (created_dir_) {
+    const auto entries = std::distance(fs::directory_iterator(dir_, ec), fs::directory_iterator());
+    if (!ec && entries == 1) {
+      fs::remove(dir_ / ".lock", ec);
+      fs::remove(dir_, ec);
+    }
+  }
+  ::close(fd_);  // releases the lock
+}
+
 RunFiles plan_run_files(const std::filesystem::path& out_dir, const std::filesystem::path& resume,
                         const std::filesystem::path& init_from, bool overwrite) {
   namespace fs = std::filesystem;
   RunFiles f;
-  f.dir = !out_dir.empty()           ? out_dir
-          : resume.empty()           ? fs::path("out")
-          : resume.has_parent_path() ? resume.parent_path()
-                                     : fs::path(".");
+  f.dir = run_dir(out_dir, resume);
   f.checkpoint = f.dir / "ckpt.safetensors";
   f.log = f.dir / "log.csv";
   if (!init_from.empty() && same_file(init_from, f.checkpoint)) {
@@ -77,6 +142,11 @@ RunFiles plan_run_files(const std::filesystem::path& out_dir, const std::filesys
   std::string held;
   for (const fs::path& p : {f.checkpoint, f.log}) {
     if (fs::exists(p, ec)) held += (held.empty() ? "" : " and ") + p.filename().string();
+  }
+  if (held == "log.csv") {  // the run there ended (its lock is free) before its first checkpoint
+    throw Error(f.dir.string() + " holds the log.csv of a run that ended before its first " +
+                "checkpoint, so there is nothing to resume; start afresh there with --overwrite, " +
+                "or write this run elsewhere with --out DIR");
   }
   if (!held.empty()) {
     throw Error(f.dir.string() + " already holds another run's " + held +

@@ -7,7 +7,8 @@
 // file, or an earlier checkpoint of the same run: the same settings, data and
 // origin); anything else (a new run, a resume of another run) refuses a folder
 // that already holds a ckpt.safetensors or log.csv, unless overwrite is set, and
-// never writes over the checkpoint it starts from.
+// never writes over the checkpoint it starts from. A run holds its folder's
+// lock (RunLock) while it uses it, so two runs never share one.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +22,30 @@ namespace posembed::model {
 struct RunFiles {
   std::filesystem::path dir, checkpoint, log;  // dir/ckpt.safetensors, dir/log.csv
   bool continues = false;  // resuming this folder's own run: truncate and append to its log
+};
+
+// The folder a run writes to: out_dir (--out) when given, else the resumed
+// checkpoint's folder, else "out".
+std::filesystem::path run_dir(const std::filesystem::path& out_dir,
+                              const std::filesystem::path& resume);
+
+// An advisory lock (flock) on DIR/.lock, held while a run uses the folder. The
+// kernel releases it when the process ends, however it ends, so a crash never
+// leaves a stale lock. Creates the folder when missing (and removes it again on
+// release if the run left nothing in it); throws posembed::Error naming the pid
+// of a run that holds it. Once locked, the temporary files a killed run left
+// (a checkpoint or log being written) are deleted: no live run writes them.
+class RunLock {
+ public:
+  explicit RunLock(const std::filesystem::path& dir);
+  ~RunLock();
+  RunLock(const RunLock&) = delete;
+  RunLock& operator=(const RunLock&) = delete;
+
+ private:
+  std::filesystem::path dir_;
+  int fd_ = -1;
+  bool created_dir_ = false;
 };
 
 // out_dir: --out (empty: not given); resume / init_from: the checkpoint a run

@@ -5,11 +5,13 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <map>
 #include <utility>
 
 #include "posembed/core/error.h"
+#include "posembed/core/layer.h"
 #include "posembed/core/parallel.h"
 #include "posembed/core/sizes.h"
 #include "posembed/model/corpus.h"
@@ -73,6 +75,17 @@ class StopSignalGuard {
 // Why a run stops at a step, as flags every rank ORs together.
 constexpr int kStopSignal = 1, kStopAfter = 2;
 
+bool all_finite(std::span<const float> values) {
+  return std::all_of(values.begin(), values.end(), [](float x) { return std::isfinite(x); });
+}
+
+// Where a stopped run's last checkpoint is, for its error message.
+std::string saved_text(const std::optional<std::pair<std::filesystem::path, std::int64_t>>& saved) {
+  if (!saved) return "no checkpoint was written (the run stopped before its first)";
+  return "the last checkpoint, " + saved->first.string() + " at step " +
+         std::to_string(saved->second) + ", is intact";
+}
+
 // Rank 0's settings on every rank, as the checkpoint's metadata holds them.
 void share_settings(Strategy& ranks, Checkpoint& info) {
   std::vector<std::uint8_t> bytes;  // key \0 value \0 ...: neither holds a NUL
@@ -108,9 +121,10 @@ void save_run(const std::filesystem::path& path, Gpt& model, Strategy& ranks,
 }
 
 // A checkpoint into every rank's model: rank 0 reads it, the others get their part.
-void load_run(const std::filesystem::path& path, Gpt& model, Strategy& ranks) {
+void load_run(const std::filesystem::path& path, Gpt& model, Strategy& ranks,
+              bool allow_non_finite) {
   const Strategy::Moments all = ranks.checkpoint_moments(model);
-  if (ranks.writes()) load_checkpoint(path, model, all.m, all.v);
+  if (ranks.writes()) load_checkpoint(path, model, all.m, all.v, allow_non_finite);
   ranks.share(model, all);
 }
 
@@ -130,21 +144,24 @@ TrainResult train(const TrainOptions& options, Strategy& ranks, const TrainRepor
   if (!options.resume.empty() && !options.init_from.empty()) {
     throw Error("--resume continues a run and --init-from starts a new one: give one of them");
   }
-  RunFiles files;  // the leader's
+  std::optional<RunLock> lock;  // the leader's, held until the run returns
+  RunFiles files;               // the leader's
   Checkpoint info;
   std::optional<InitFrom> init;  // the leader's
   if (leader) {
+    lock.emplace(run_dir(options.out_dir, options.resume));
     files = plan_run_files(options.out_dir, options.resume, options.init_from, options.overwrite);
     if (!options.resume.empty()) {
       info = read_checkpoint_info(options.resume);
     } else {
       info.model = options.model;
       info.train = options.train;
-      info.data = options.data;
+      info.data = std::filesystem::absolute(options.data).lexically_normal().string();
+      if (info.data != options.data) info.data_given = options.data;
       info.freeze_positions = options.freeze_positions;
       validate(info.train, info.model);
       if (!options.init_from.empty()) {
-        init = init_from(options.init_from, info.model, options.extend);
+        init = init_from(options.init_from, info.model, options.extend, options.allow_non_finite);
         info.origin = init->origin;
       }
     }
@@ -157,7 +174,7 @@ TrainResult train(const TrainOptions& options, Strategy& ranks, const TrainRepor
   model.freeze_positions = info.freeze_positions;
   StepBuffers buffers = make_step_buffers(model, tc, T, ranks);
   ranks.prepare(model, buffers.micro_batches);
-  if (!options.resume.empty()) load_run(options.resume, model, ranks);
+  if (!options.resume.empty()) load_run(options.resume, model, ranks, options.allow_non_finite);
   if (!options.init_from.empty()) {  // fresh optimizer state: only the weights come along
     if (init) {
       std::copy(init->model.params.begin(), init->model.params.end(), model.params.begin());
@@ -169,15 +186,29 @@ TrainResult train(const TrainOptions& options, Strategy& ranks, const TrainRepor
   if (leader) text = read_text(info.data);
   ranks.share(text);
   const Corpus corpus = split_corpus(std::move(text), tc.val_fraction);
-  if (corpus.train.size() < sz(T + 1) || corpus.val.size() < sz(T + 1)) {
+  for (const auto& [split, bytes] :
+       {std::pair{"train", corpus.train.size()}, std::pair{"validation", corpus.val.size()}}) {
+    if (bytes >= sz(T + 1)) continue;
     throw Error("the text at " + info.data + " has " + std::to_string(corpus.total_bytes) +
-                " bytes: too short for windows of " + std::to_string(T + 1) +
-                " bytes in both splits; use more text or a smaller --seq-len");
+                " bytes, of which its " + split + " split holds " + std::to_string(bytes) +
+                " (chunks of 4 KiB, --val-fraction " + field_to_string(tc.val_fraction) +
+                " of them to validation): too few for a window of " + std::to_string(T + 1) +
+                " bytes; use more text (at least 1 / val_fraction chunks), a different "
+                "--val-fraction or a smaller --seq-len");
   }
   if (info.step >= tc.steps) {
     throw Error("the checkpoint has done " + std::to_string(info.step) + " of its " +
                 std::to_string(tc.steps) + " steps; nothing left to train");
   }
+  // (saturated: 2^63 steps of 8 bytes would wrap)
+  const auto steps_left = static_cast<std::uint64_t>(tc.steps - info.step);
+  const std::uint64_t loss_bytes =
+      steps_left > UINT64_MAX / sizeof(double) ? UINT64_MAX : sizeof(double) * steps_left;
+  check_fits_in_memory(loss_bytes,
+                       "steps " + std::to_string(tc.steps) + " keeps a loss for each of the " +
+                           std::to_string(steps_left) +
+                           " steps left: " + std::to_string(loss_bytes) + " bytes,",
+                       "use fewer --steps");
   // The periodic validation estimates take B * eval_batches of the split's
   // windows, the final one all of them; the final train loss at most 512 (an
   // estimate, comparable with the validation loss).
@@ -220,6 +251,9 @@ TrainResult train(const TrainOptions& options, Strategy& ranks, const TrainRepor
   };
   double tokens = 0;
   std::int64_t step = info.step;
+  // The last checkpoint this run wrote or started from (empty: none).
+  std::optional<std::pair<std::filesystem::path, std::int64_t>> last_saved;
+  if (!options.resume.empty()) last_saved.emplace(options.resume, info.step);
   while (step < tc.steps) {
     const auto windows = [&](std::span<std::int64_t> in, std::span<std::int64_t> tg,
                              std::int64_t first_row) {
@@ -246,12 +280,23 @@ TrainResult train(const TrainOptions& options, Strategy& ranks, const TrainRepor
                   .seconds = secs,
                   .val_loss = val});
     info.step = step;
+    // A diverged run stops before a checkpoint could hold its weights. Every
+    // rank sees the same loss, norm and parameters, so all of them stop at once.
+    const auto diverged = [&](const char* what) {
+      return Error("step " + std::to_string(step) + ": training diverged (loss " +
+                   std::to_string(s.loss) + ", gradient norm " + std::to_string(s.grad_norm) +
+                   what + "); " + saved_text(last_saved) +
+                   "; try a lower --lr or a smaller --position-init");
+    };
+    if (!std::isfinite(s.loss) || !std::isfinite(s.grad_norm)) throw diverged("");
     // Every rank stops at the same step: a signal may reach them at different times.
     const int stop = ranks.agree((signals.stop_requested() ? kStopSignal : 0) |
                                  (step == options.stop_after ? kStopAfter : 0));
     if (stop || step % tc.checkpoint_every == 0 || step == tc.steps) {
       if (log) log->flush();
+      if (!all_finite(model.params)) throw diverged(", non-finite weights");
       save_run(files.checkpoint, model, ranks, info);
+      last_saved.emplace(files.checkpoint, step);
       tell(CheckpointWritten{.step = step,
                              .path = files.checkpoint,
                              .stop = (stop & kStopSignal) ? StopReason::signal

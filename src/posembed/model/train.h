@@ -6,6 +6,8 @@
 // (model/checkpoint.h) and stops with one on Ctrl-C or --stop-after. Resumed
 // runs continue bit for bit. The ranks of a data-parallel job share the work
 // through a Strategy (model/strategy.h); one process is the trivial one.
+// A non-finite loss, gradient norm or weight ends the run with an error, and
+// no checkpoint holds such weights.
 //
 // The loop prints nothing: it reports what happens through a callback, and the
 // program (src/cli/train.cpp) prints.
@@ -37,6 +39,7 @@ struct TrainOptions {
   std::optional<PositionResize> extend;  // how init_from's table changes length
   bool overwrite = false;                // replace another run's files in the folder
   bool freeze_positions = false;         // position table gets no gradient (and no update)
+  bool allow_non_finite = false;         // load NaN or infinite weights (resume, init_from)
   int threads = 0;
   std::int64_t stop_after = -1;  // stop (saving a checkpoint) when this many steps are done
 };

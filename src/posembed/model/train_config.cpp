@@ -2,8 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <limits>
 #include <numbers>
 #include <string>
+#include <utility>
 
 #include "posembed/core/error.h"
 
@@ -53,6 +56,19 @@ void validate(const TrainConfig& t, const GptConfig& m) {
   if (!(t.weight_decay >= 0) || !std::isfinite(t.weight_decay)) {
     throw Error("weight_decay = " + std::to_string(t.weight_decay) +
                 " must be finite and >= 0 (0 disables it)");
+  }
+  // AdamW computes in float: a setting that float turns into 0, a subnormal or
+  // infinity is not the one asked for (eps 1e-50 would divide by zero).
+  const std::pair<const char*, double> as_float[] = {
+      {"lr", t.lr}, {"eps", t.eps}, {"weight_decay", t.weight_decay}};
+  for (const auto& [name, v] : as_float) {
+    if (v != 0 &&
+        !(v >= std::numeric_limits<float>::min() && v <= std::numeric_limits<float>::max())) {
+      char text[64];
+      std::snprintf(text, sizeof text, "%g", v);
+      throw Error(std::string(name) + " = " + text +
+                  " lies outside float's normal range [1.2e-38, 3.4e38], in which AdamW computes");
+    }
   }
 }
 
