@@ -32,7 +32,7 @@ namespace {
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #endif
 void round_n(std::uint16_t* out, const float* in, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) out[i] = bf16_round(in[i]);
+  for (std::size_t i = 0; i < n; ++i) out[i] = to_bf16(in[i]).bits;
 }
 
 }  // namespace

@@ -1,8 +1,7 @@
 // bf16 copies for the trainer's mixed-precision matrix products (TrainConfig's
 // precision bf16): fp32 rounded to bfloat16 (fp32's sign, 8-bit exponent and top
 // 7 mantissa bits), held as raw 16-bit patterns, the type oneDNN's bf16 matmul
-// reads. The model layer's own helper: the core layer's dtype kernels have
-// theirs.
+// reads. The rounding is core/half.h's; this adds the trainer's bulk loop.
 #pragma once
 
 #include <algorithm>
@@ -14,6 +13,7 @@
 #include <string_view>
 
 #include "posembed/core/config.h"
+#include "posembed/core/half.h"
 
 namespace posembed::model {
 
@@ -28,22 +28,8 @@ void field_from_string(std::string_view name, std::string_view text, Precision& 
 using posembed::field_from_string;
 using posembed::field_to_string;
 
-// x rounded to the nearest bf16, ties to even; inf stays inf, values past
-// bf16's largest finite round to inf as IEEE rounding does, and NaN stays a
-// NaN (quiet, sign kept) instead of rounding its payload into inf.
-inline std::uint16_t bf16_round(float x) {
-  const std::uint32_t u = std::bit_cast<std::uint32_t>(x);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x0040u);
-  // Adding 0x7fff plus the kept part's lowest bit carries into bit 16 exactly
-  // when the dropped half is above one half, or one half with an odd kept part.
-  return static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
-
-inline float bf16_to_float(std::uint16_t b) {
-  return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16);
-}
-
-// out[i] = bf16_round(in[i]); out.size() == in.size().
+// out[i] = to_bf16(in[i]).bits (core/half.h: nearest, ties to even, NaN kept);
+// out.size() == in.size().
 void round_to_bf16(std::span<std::uint16_t> out, std::span<const float> in);
 
 namespace reference {
