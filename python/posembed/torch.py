@@ -30,11 +30,14 @@ __all__ = ["LearnedPositionEmbedding", "embedding", "empty_cache", "mask_seed_fo
 def empty_cache() -> None:
     """Frees the storage that posembed keeps for reuse.
 
-    Outputs, fresh dense token gradients, the module's tables and sparse gradients come from
-    small pools (at most four free items each) of storage that torch has freed, for instance
-    after ``zero_grad(set_to_none=True)``, as PyTorch's CUDA caching allocator does: a step
-    then does not page-fault a whole new table into memory. The blocks are advised as huge
-    pages (Linux), so that a table's scattered rows cost no page walk each.
+    Outputs, masks, fresh dense gradients and the module's tables come from a cache of
+    storage that torch has freed, for instance after ``zero_grad(set_to_none=True)``, as
+    PyTorch's CUDA caching allocator does: a request takes back a freed block of its size, so
+    a step does not page-fault a whole new table into memory. The cache keeps up to a quarter
+    of physical memory (``posembed._C.set_cache_limit(bytes)``; ``posembed._C.cache_stats()``
+    counts its hits and misses), the longest-waiting blocks going first. Blocks of 1 MiB or
+    more are advised as huge pages (Linux), so that a table's scattered rows cost no page walk
+    each. Sparse gradients' buffers wait in a pool of their own (four at most).
     """
     _C.empty_cache()
 
