@@ -290,19 +290,23 @@ def run_shape(name, dims, args, compile_too):
     # Fewer runs where one array is 256 MiB or more, to keep a sweep's time bounded.
     reps = max(2, args.reps // 2) if max(v, b * t) * d >= 1 << 26 else args.reps
     times = {case: {who: [] for who in fns} for case, fns in cases.items()}
-    faults = {case: {who: [] for who in fns} for case, fns in cases.items()}
+    faults = {case: {who: 0 for who in fns} for case, fns in cases.items()}
     for _ in range(args.rounds):
         for case, fns in cases.items():
-            for who, fn in fns.items():
+            for fn in fns.values():
                 fn()  # warm-up: a new shape's first step takes its storage fresh
-                before = minor_faults()
-                times[case][who].extend(timed(fn, reps, warmup=0))
-                faults[case][who].append((minor_faults() - before) / reps)
+            # Each run of each in turn, so that a change in the machine's load reaches all.
+            for _ in range(reps):
+                for who, fn in fns.items():
+                    before = minor_faults()
+                    times[case][who].extend(timed(fn, 1, warmup=0))
+                    faults[case][who] += minor_faults() - before
+    runs = args.rounds * reps
     return {"shape": {"vocab_size": v, "seq_len": t, "embed_dim": d, "batch": b, "dropout": P},
             "reps": reps,
             "median_ms": {c: {w: statistics.median(x) for w, x in ws.items()}
                           for c, ws in times.items()},
-            "minor_faults_per_step": {c: {w: statistics.median(x) for w, x in ws.items()}
+            "minor_faults_per_step": {c: {w: x / runs for w, x in ws.items()}
                                       for c, ws in faults.items()},
             "min_bytes": traffic}
 
@@ -310,7 +314,8 @@ def run_shape(name, dims, args, compile_too):
 def print_shape(name, r, probe):
     s = r["shape"]
     print(f"\nshape {name}: V {s['vocab_size']}, T {s['seq_len']}, d {s['embed_dim']}, "
-          f"B {s['batch']}, dropout {P}; median ms of {r['reps']} runs a round; faults: minor "
+          f"B {s['batch']}, dropout {P}; median ms of {r['reps']} runs a round, each case's "
+          "columns in turn; faults: minor "
           "page faults per posembed module step")
     print(f"{'':28} {'torch':>9} {'compiled':>9} {'posembed':>9} {'kernels':>9} {'MB':>8} "
           f"{'%probe':>6} {'best torch/posembed':>20} {'posembed/kernels':>17} {'faults':>7}")
