@@ -1,9 +1,9 @@
 // `posembed bench`: times the core kernels at the GPT-2 small shape and a small
-// one (or at the named shapes of the sweep, or any V,T,d,B), beside a streaming-bandwidth probe of this machine measured in the same
-// run, and (with --torch) beside PyTorch running the same kernels at the same
-// shapes and thread count. Every kernel's result is checked before it is timed.
-// Reports the median of N timed runs after warm-up, and the minimum. The
-// harness is tools/bench (kernel_suite.h); this file parses the flags and prints.
+// one (or at the named shapes of the sweep, or any V,T,d,B), beside a
+// streaming-bandwidth probe of this machine measured in the same run, and (with --torch) beside
+// PyTorch running the same kernels at the same shapes and thread count. Every kernel's result is
+// checked before it is timed. Reports the median of N timed runs after warm-up, and the minimum.
+// The harness is tools/bench (kernel_suite.h); this file parses the flags and prints.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -231,17 +231,10 @@ void add_bench_command(CLI::App& app) {
                    "repeat everything, the probe too: times are the median round's, the probe the "
                    "best run of all")
       ->capture_default_str();
-  bench
-      ->add_option("--shape", options->shapes,
-                   "shapes to run, each a name, V,T,d,B (vocab_size, seq_len, embed_dim, batch) "
-                   "or all (every named one): " +
-                       [] {
-                         std::string names;
-                         for (const tools::bench::BenchShape& s : tools::bench::named_shapes())
-                           names += (names.empty() ? "" : ", ") + s.name;
-                         return names;
-                       }() +
-                       "; default gpt2 and small");
+  bench->add_option("--shape", options->shapes,
+                    "shapes to run, each a name, V,T,d,B (vocab_size, seq_len, embed_dim, batch) "
+                    "or all (every named one): " +
+                        tools::bench::shape_names() + "; default gpt2 and small");
   bench->add_flag("--quick", options->quick,
                   "tiny shapes and probe, a few seconds: checks the code paths");
   bench->add_flag("--json", options->json, "print JSON instead of the table");

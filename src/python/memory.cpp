@@ -77,8 +77,8 @@ Block::Block(std::size_t capacity) : capacity_(capacity), data_(nullptr) {
   void* raw = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (raw == MAP_FAILED) throw std::bad_alloc();
   char* begin = static_cast<char*>(raw);
-  char* aligned = begin + (kHugePage - reinterpret_cast<std::uintptr_t>(begin) % kHugePage) %
-                              kHugePage;
+  char* aligned =
+      begin + (kHugePage - reinterpret_cast<std::uintptr_t>(begin) % kHugePage) % kHugePage;
   if (aligned > begin) munmap(begin, static_cast<std::size_t>(aligned - begin));
   char* end = aligned + capacity;
   if (end < begin + mapped) munmap(end, static_cast<std::size_t>(begin + mapped - end));
@@ -95,7 +95,9 @@ Block::~Block() {
   }
 }
 
-BlockCache::BlockCache() { stats_.limit_bytes = physical_memory() / 4; }
+BlockCache::BlockCache() {
+  stats_.limit_bytes = physical_memory() / 4;
+}
 
 BlockCache& BlockCache::instance() {
   static auto* cache = new BlockCache;  // never destroyed: torch may free tensors at exit

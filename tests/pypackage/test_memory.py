@@ -87,6 +87,15 @@ def test_past_the_limit_the_longest_waiting_blocks_go():
     assert _C.cache_stats()["cached_bytes"] == 0
 
 
+def test_big_blocks_are_whole_huge_pages():
+    # 1 MiB or more: a mapping of its own, 2 MiB-aligned and a whole number of 2 MiB pages,
+    # so that every page of it can be a huge page.
+    t = _C.empty_float32(3 * MiB // 4096, 1024)  # 3 MiB
+    assert t.data_ptr() % (2 * MiB) == 0
+    del t
+    assert _C.cache_stats()["cached_bytes"] == 4 * MiB
+
+
 def test_small_requests_share_power_of_two_classes():
     a = _C.empty_float32(1, 100)  # 400 bytes: the 512-byte class
     address = a.data_ptr()

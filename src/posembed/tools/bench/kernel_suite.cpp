@@ -300,24 +300,27 @@ const std::vector<BenchShape>& named_shapes() {
   return shapes;
 }
 
-namespace {
-
 std::string shape_names() {
   std::string names;
   for (const BenchShape& s : named_shapes()) names += (names.empty() ? "" : ", ") + s.name;
   return names;
 }
 
+namespace {
+
 // One field of V,T,d,B: a whole number from 1 to `limit`.
 std::int64_t shape_field(const std::string& text, const std::string& field, const char* what,
                          std::int64_t limit) {
-  const bool digits = !field.empty() && field.size() <= 18 &&
-                      std::all_of(field.begin(), field.end(), [](char c) { return c >= '0' && c <= '9'; });
+  const bool digits =
+      !field.empty() && field.size() <= 18 &&
+      std::all_of(field.begin(), field.end(), [](char c) { return c >= '0' && c <= '9'; });
   const std::int64_t value = digits ? std::stoll(field) : 0;
   if (!digits || value < 1 || value > limit) {
-    throw Error("--shape " + text + ": " + what + " '" + field + "' must be a whole number from 1 to " +
-                std::to_string(limit) + "; give V,T,d,B (vocab_size, seq_len, embed_dim, batch), "
-                "e.g. 50257,1024,768,8, or a name: " + shape_names());
+    throw Error("--shape " + text + ": " + what + " '" + field +
+                "' must be a whole number from 1 to " + std::to_string(limit) +
+                "; give V,T,d,B (vocab_size, seq_len, embed_dim, batch), "
+                "e.g. 50257,1024,768,8, or a name: " +
+                shape_names());
   }
   return value;
 }
@@ -352,7 +355,8 @@ BenchShape parse_bench_shape(const std::string& text) {
   const auto within = [&](std::int64_t rows, std::int64_t row_floats, const char* what) {
     if (rows > kMaxFloats / row_floats) {
       throw Error("--shape " + text + ": " + what + " holds " + std::to_string(rows) + " x " +
-                  std::to_string(row_floats) + " floats, more than the 2^34 (64 GiB) a bench "
+                  std::to_string(row_floats) +
+                  " floats, more than the 2^34 (64 GiB) a bench "
                   "allows; choose a smaller shape");
     }
   };
@@ -426,12 +430,11 @@ SuiteReport run_kernel_suite(const SuiteOptions& o) {
       const EmbeddingShape& s = sr.shape.dims;
       // Small shapes get more runs (their times are short and noisy); huge ones
       // (an array of 256 MiB or more) a third, to keep a sweep's time bounded.
-      const std::int64_t floats =
-          std::max(s.batch * s.seq_len, s.vocab_size) * s.embed_dim;
-      const int reps = o.quick                  ? 2
-                       : floats >= (1 << 26)    ? std::max(3, o.reps / 3)
-                       : floats >= (1 << 20)    ? o.reps
-                                                : 3 * o.reps;
+      const std::int64_t floats = std::max(s.batch * s.seq_len, s.vocab_size) * s.embed_dim;
+      const int reps = o.quick               ? 2
+                       : floats >= (1 << 26) ? std::max(3, o.reps / 3)
+                       : floats >= (1 << 20) ? o.reps
+                                             : 3 * o.reps;
       // PyTorch first, then ours, shape by shape: both see the same machine load.
       std::vector<TorchRun> torch(columns);
       for (std::size_t c = 0; c < columns; ++c) {

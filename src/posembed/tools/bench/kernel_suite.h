@@ -25,6 +25,7 @@ struct BenchShape {
 // The named shapes of the sweep, gpt2 (B 8, T 1024, d 768, V 50257) first and
 // small (B 32, T 128, d 128, V 256) second.
 const std::vector<BenchShape>& named_shapes();
+std::string shape_names();  // "gpt2, small, ...", for help and errors
 
 // A named shape, or "V,T,d,B" (max_seq_len T): throws posembed::Error naming
 // the value, the limit and the fix for anything else.
