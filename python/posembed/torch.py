@@ -436,6 +436,25 @@ class LearnedPositionEmbedding(nn.Module):
         scheme = positions.opt if self.position_scheme == "opt" else positions.from_attention_mask
         return scheme(attention_mask, past_length)
 
+    def _reuses_positions(self, attention_mask, cu_seqlens, eos_token_id) -> bool:
+        """Whether forward's positions are past_length + t from the ids' shape alone, in eager
+        mode (a compiled graph traces positions.contiguous instead)."""
+        return (self.position_scheme == "default" and attention_mask is None
+                and cu_seqlens is None and eos_token_id is None
+                and not (_ops.ENABLED and torch.compiler.is_compiling()))
+
+    def _contiguous_positions(self, input_ids, past_length) -> torch.Tensor:
+        """positions.contiguous's ids for this shape, made once and reused while the shape and
+        past_length repeat: making them is a (B, T) int64 write per step, work that grows with
+        B and T outside the kernels. Never handed to the caller (position_ids() makes its own),
+        never written: autograd may save one tensor for several steps."""
+        key = (tuple(np.shape(input_ids)), int(past_length))
+        cached = self.__dict__.get("_positions_cache")
+        if cached is None or cached[0] != key:
+            cached = (key, self.position_ids(input_ids, past_length=past_length))
+            self.__dict__["_positions_cache"] = cached
+        return cached[1]
+
     @_not_compiled
     def forward(self, input_ids, position_ids=None, *, attention_mask=None, past_length: int = 0,
                 cu_seqlens=None, eos_token_id=None) -> torch.Tensor:
@@ -457,7 +476,10 @@ class LearnedPositionEmbedding(nn.Module):
         the limit and the fixes; other bad input ``InvalidInputError`` (a ``ValueError`` and a
         ``RuntimeError``). Nothing is written and the step does not advance when one is raised.
         """
-        if position_ids is None:
+        if position_ids is None and self._reuses_positions(attention_mask, cu_seqlens,
+                                                           eos_token_id):
+            position_ids = self._contiguous_positions(input_ids, past_length)
+        elif position_ids is None:
             position_ids = self.position_ids(input_ids, attention_mask=attention_mask,
                                               past_length=past_length, cu_seqlens=cu_seqlens,
                                               eos_token_id=eos_token_id)

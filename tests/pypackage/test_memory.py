@@ -134,3 +134,21 @@ def test_module_steps_reuse_storage_and_take_no_page_faults(sparse):
     # 1,024. Python's and torch's small allocations may fault a page now and then; a few per
     # step is that, not an output or gradient.
     assert faults <= 4 * steps, f"{faults} minor page faults in {steps} steps"
+
+
+def test_default_positions_are_made_once_per_shape():
+    # past_length + t depends only on the ids' shape: a step reuses the last one's ids instead
+    # of writing (B, T) int64 again. Each shape and offset still gets its own positions.
+    module = LearnedPositionEmbedding(100, 64, 8, seed=2).eval()
+    ids = torch.randint(0, 100, (3, 16))
+    first = module(ids)
+    cached = module._positions_cache[1]
+    module(ids)
+    assert module._positions_cache[1] is cached
+    for shape, past in (((3, 16), 0), ((2, 5), 0), ((2, 5), 7), ((4, 2, 5), 3), ((5,), 1)):
+        x = torch.randint(0, 100, shape)
+        explicit = torch.arange(past, past + shape[-1]).expand(shape)
+        assert torch.equal(module(x, past_length=past), module(x, position_ids=explicit))
+    assert torch.equal(module(ids), first)
+    # What position_ids() returns is the caller's own, not the reused tensor.
+    assert module.position_ids(ids) is not module._positions_cache[1]
