@@ -38,7 +38,6 @@ from torch.nn import functional as F
 
 import posembed
 from posembed import _C, _ops
-from posembed import torch as posembed_torch
 from posembed.torch import LearnedPositionEmbedding
 
 P = 0.1  # dropout
