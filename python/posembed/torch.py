@@ -30,11 +30,14 @@ __all__ = ["LearnedPositionEmbedding", "embedding", "empty_cache", "mask_seed_fo
 def empty_cache() -> None:
     """Frees the storage that posembed keeps for reuse.
 
-    Outputs, fresh dense token gradients, the module's tables and sparse gradients come from
-    small pools (at most four free items each) of storage that torch has freed, for instance
-    after ``zero_grad(set_to_none=True)``, as PyTorch's CUDA caching allocator does: a step
-    then does not page-fault a whole new table into memory. The blocks are advised as huge
-    pages (Linux), so that a table's scattered rows cost no page walk each.
+    Outputs, masks, fresh dense gradients and the module's tables come from a cache of
+    storage that torch has freed, for instance after ``zero_grad(set_to_none=True)``, as
+    PyTorch's CUDA caching allocator does: a request takes back a freed block of its size, so
+    a step does not page-fault a whole new table into memory. The cache keeps up to a quarter
+    of physical memory (``posembed._C.set_cache_limit(bytes)``; ``posembed._C.cache_stats()``
+    counts its hits and misses), the longest-waiting blocks going first. Blocks of 1 MiB or
+    more are advised as huge pages (Linux), so that a table's scattered rows cost no page walk
+    each. Sparse gradients' buffers wait in a pool of their own (four at most).
     """
     _C.empty_cache()
 
@@ -455,6 +458,25 @@ class LearnedPositionEmbedding(nn.Module):
         scheme = positions.opt if self.position_scheme == "opt" else positions.from_attention_mask
         return scheme(attention_mask, past_length)
 
+    def _reuses_positions(self, attention_mask, cu_seqlens, eos_token_id) -> bool:
+        """Whether forward's positions are past_length + t from the ids' shape alone, in eager
+        mode (a compiled graph traces positions.contiguous instead)."""
+        return (self.position_scheme == "default" and attention_mask is None
+                and cu_seqlens is None and eos_token_id is None
+                and not (_ops.ENABLED and torch.compiler.is_compiling()))
+
+    def _contiguous_positions(self, input_ids, past_length) -> torch.Tensor:
+        """positions.contiguous's ids for this shape, made once and reused while the shape and
+        past_length repeat: making them is a (B, T) int64 write per step, work that grows with
+        B and T outside the kernels. Never handed to the caller (position_ids() makes its own),
+        never written: autograd may save one tensor for several steps."""
+        key = (tuple(np.shape(input_ids)), int(past_length))
+        cached = self.__dict__.get("_positions_cache")
+        if cached is None or cached[0] != key:
+            cached = (key, self.position_ids(input_ids, past_length=past_length))
+            self.__dict__["_positions_cache"] = cached
+        return cached[1]
+
     @_not_compiled
     def forward(self, input_ids, position_ids=None, *, attention_mask=None, past_length: int = 0,
                 cu_seqlens=None, eos_token_id=None) -> torch.Tensor:
@@ -476,7 +498,10 @@ class LearnedPositionEmbedding(nn.Module):
         the limit and the fixes; other bad input ``InvalidInputError`` (a ``ValueError`` and a
         ``RuntimeError``). Nothing is written and the step does not advance when one is raised.
         """
-        if position_ids is None:
+        if position_ids is None and self._reuses_positions(attention_mask, cu_seqlens,
+                                                           eos_token_id):
+            position_ids = self._contiguous_positions(input_ids, past_length)
+        elif position_ids is None:
             position_ids = self.position_ids(input_ids, attention_mask=attention_mask,
                                               past_length=past_length, cu_seqlens=cu_seqlens,
                                               eos_token_id=eos_token_id)

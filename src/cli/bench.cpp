@@ -1,9 +1,9 @@
 // `posembed bench`: times the core kernels at the GPT-2 small shape and a small
-// one, beside a streaming-bandwidth probe of this machine measured in the same
-// run, and (with --torch) beside PyTorch running the same kernels at the same
-// shapes and thread count. Every kernel's result is checked before it is timed.
-// Reports the median of N timed runs after warm-up, and the minimum. The
-// harness is tools/bench (kernel_suite.h); this file parses the flags and prints.
+// one (or at the named shapes of the sweep, or any V,T,d,B), beside a
+// streaming-bandwidth probe of this machine measured in the same run, and (with --torch) beside
+// PyTorch running the same kernels at the same shapes and thread count. Every kernel's result is
+// checked before it is timed. Reports the median of N timed runs after warm-up, and the minimum.
+// The harness is tools/bench (kernel_suite.h); this file parses the flags and prints.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -31,7 +31,7 @@ using tools::bench::SuiteReport;
 
 struct BenchOptions {
   int threads = 2;
-  int reps = 15;               // timed runs per kernel at the GPT-2 shape (3x at small shapes)
+  int reps = 15;               // timed runs per kernel at the GPT-2 shape (kernel_suite.cpp)
   int rounds = 1;              // repeats of the whole comparison, PyTorch and ours alternating
   bool quick = false;          // tiny shapes and probe: exercises every path in seconds
   bool json = false;           // JSON on stdout instead of the table
@@ -41,16 +41,16 @@ struct BenchOptions {
   // One PyTorch column each; Debian's has python3-torch (1.13).
   std::vector<std::string> pythons = {"/usr/bin/python3"};
   std::string torch_script = "bench/torch_bench.py";
-  std::string only;  // one shape by name
+  std::vector<std::string> shapes;  // names or V,T,d,B (bench_shapes); none: gpt2 and small
 };
 
-// The ratios worth reading at the GPT-2 shape, from this run's medians.
+// The ratios worth reading at a shape, from this run's medians.
 Json ratios(const tools::bench::ShapeReport& shape, const Probe& probe, bool quiet) {
   Json out = Json::array();
   if (!quiet) {
     std::printf(
-        "\nratios at the GPT-2 shape, of medians from this run, against the fastest PyTorch "
-        "column:\n");
+        "\nratios at shape %s, of medians from this run, against the fastest PyTorch column:\n",
+        shape.shape.name.c_str());
   }
   for (const tools::bench::Ratio& r : tools::bench::summary_ratios(shape, probe)) {
     out.push_back({{"what", r.what}, {"value", r.value}});
@@ -134,7 +134,7 @@ Json kernel_row(const KernelSeries& row, const Probe& probe, bool quiet) {
     k["torch_over_ours"] = best_torch / med;
   }
   if (!quiet) {
-    std::printf("%-18s %9.3f %9.3f %6.2f %8.1f %6.1f %5.0f%%%s\n", row.name.c_str(), med,
+    std::printf("%-16s %9.3f %9.3f %6.2f %8.1f %6.1f %5.0f%%%s\n", row.name.c_str(), med,
                 row.min_ms(), row.spread(), row.bytes / 1e6, gbps, 100 * gbps / probe.gbps(),
                 torch_text.c_str());
   }
@@ -150,7 +150,7 @@ void run_bench(const BenchOptions& o) {
                                    .rounds = o.rounds,
                                    .quick = o.quick,
                                    .cold = o.cold,
-                                   .only = o.only,
+                                   .only = o.shapes,
                                    .pythons = {},
                                    .torch_script = o.torch_script,
                                    .torch_compile = o.torch_compile};
@@ -199,14 +199,15 @@ void run_bench(const BenchOptions& o) {
                   shape.shape.name.c_str(), static_cast<long long>(s.batch),
                   static_cast<long long>(s.seq_len), static_cast<long long>(s.embed_dim),
                   static_cast<long long>(s.vocab_size), shape.distinct_tokens);
-      std::printf("%-18s %9s %9s %6s %8s %6s %6s", "kernel", "median ms", "min ms", "spread",
+      std::printf("%-16s %9s %9s %6s %8s %6s %6s", "kernel", "median ms", "min ms", "spread",
                   "min MB", "GB/s", "%probe");
       for (std::size_t c = 0; c < r.torch.size(); ++c) std::printf("  torch%zu ms    ratio", c + 1);
       std::printf("\n");
     }
     for (const KernelSeries& row : shape.kernels)
       js["kernels"].push_back(kernel_row(row, r.probe, o.json));
-    if (shape.shape.name == "gpt2") js["ratios"] = ratios(shape, r.probe, o.json);
+    // Not at --quick's tiny shapes, where they say nothing.
+    if (!o.quick) js["ratios"] = ratios(shape, r.probe, o.json);
     report["shapes"].push_back(js);
   }
   if (o.json) std::printf("%s\n", report.dump(2).c_str());
@@ -222,15 +223,18 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   bench
       ->add_option("--reps", options->reps,
-                   "timed runs per kernel at the GPT-2 shape (3x at the small one)")
+                   "timed runs per kernel at the GPT-2 shape (3x at small shapes, a third at "
+                   "huge ones: an array of 256 MiB or more)")
       ->capture_default_str();
   bench
       ->add_option("--rounds", options->rounds,
                    "repeat everything, the probe too: times are the median round's, the probe the "
                    "best run of all")
       ->capture_default_str();
-  bench->add_option("--shape", options->only, "only this shape: gpt2 or small")
-      ->check(CLI::IsMember({"gpt2", "small"}));
+  bench->add_option("--shape", options->shapes,
+                    "shapes to run, each a name, V,T,d,B (vocab_size, seq_len, embed_dim, batch) "
+                    "or all (every named one): " +
+                        tools::bench::shape_names() + "; default gpt2 and small");
   bench->add_flag("--quick", options->quick,
                   "tiny shapes and probe, a few seconds: checks the code paths");
   bench->add_flag("--json", options->json, "print JSON instead of the table");

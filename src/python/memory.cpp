@@ -1,47 +1,221 @@
 #include "python/memory.h"
 
+#include <nanobind/stl/string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstdlib>
 #include <new>
+#include <string>
+#include <thread>
+#include <vector>
 
 #include "posembed/core/embedding.h"
 #include "posembed/core/error.h"
+#include "posembed/core/parallel.h"
 
 namespace posembed::python {
 namespace {
 
-// A 2 MiB-aligned float block, advised as huge pages where the kernel allows.
-struct Block {
-  explicit Block(std::size_t n) : floats(n) {
-    constexpr std::size_t kAlign = std::size_t{1} << 21;
-    const std::size_t bytes =
-        std::max<std::size_t>(1, (n * sizeof(float) + kAlign - 1) / kAlign) * kAlign;
-    data = static_cast<float*>(std::aligned_alloc(kAlign, bytes));
-    if (data == nullptr) throw std::bad_alloc();
-    madvise(data, bytes, MADV_HUGEPAGE);  // advice only
+// Below this a new block is faulted in by one thread: starting others costs more.
+constexpr std::size_t kParallelTouchFrom = std::size_t{32} << 20;
+
+// Writes every page of [data, data + bytes), so that the faults happen here
+// rather than in a kernel. MADV_POPULATE_WRITE (Linux 5.14) faults a range in
+// one call; where it is missing, a store per page does the same.
+void touch(char* data, std::size_t bytes) {
+#ifdef MADV_POPULATE_WRITE
+  if (madvise(data, bytes, MADV_POPULATE_WRITE) == 0) return;
+#endif
+  const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  for (std::size_t i = 0; i < bytes; i += page) data[i] = 0;
+}
+
+// Faults a new huge block in, a range of whole huge pages per kernel thread, so
+// the zeroing of fresh pages is shared as the kernels' own work is.
+void touch_in_parallel(char* data, std::size_t bytes) {
+  const std::size_t pages = bytes / Block::kHugePage;
+  const std::size_t threads =
+      bytes < kParallelTouchFrom
+          ? 1
+          : std::min<std::size_t>(pages, static_cast<std::size_t>(std::max(1, num_threads())));
+  std::vector<std::thread> team;
+  for (std::size_t t = 1; t < threads; ++t) {
+    const std::size_t begin = pages * t / threads, end = pages * (t + 1) / threads;
+    team.emplace_back(touch, data + begin * Block::kHugePage, (end - begin) * Block::kHugePage);
   }
-  ~Block() { std::free(data); }
-  Block(const Block&) = delete;
-  Block& operator=(const Block&) = delete;
-  std::size_t floats;
-  float* data;
-};
+  touch(data, pages / threads * Block::kHugePage);  // this thread's share: the first
+  for (std::thread& t : team) t.join();
+}
+
+std::size_t physical_memory() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<std::size_t>(pages) * static_cast<std::size_t>(page)
+                               : std::size_t{4} << 30;
+}
 
 }  // namespace
 
+std::size_t Block::capacity_for(std::size_t bytes) {
+  if (bytes >= kHugeFrom) {
+    if (bytes > SIZE_MAX - kHugePage) throw std::bad_alloc();
+    return (bytes + kHugePage - 1) / kHugePage * kHugePage;
+  }
+  return std::bit_ceil(std::max<std::size_t>(bytes, 512));
+}
+
+Block::Block(std::size_t capacity) : capacity_(capacity), data_(nullptr) {
+  if (capacity < kHugeFrom) {
+    data_ = std::aligned_alloc(64, capacity);  // a power of two: a multiple of 64
+    if (data_ == nullptr) throw std::bad_alloc();
+    return;
+  }
+  // Map a huge page more than needed, then unmap the ends outside the aligned range.
+  const std::size_t mapped = capacity + kHugePage;
+  void* raw = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) throw std::bad_alloc();
+  char* begin = static_cast<char*>(raw);
+  char* aligned =
+      begin + (kHugePage - reinterpret_cast<std::uintptr_t>(begin) % kHugePage) % kHugePage;
+  if (aligned > begin) munmap(begin, static_cast<std::size_t>(aligned - begin));
+  char* end = aligned + capacity;
+  if (end < begin + mapped) munmap(end, static_cast<std::size_t>(begin + mapped - end));
+  madvise(aligned, capacity, MADV_HUGEPAGE);  // advice only: THP may be off
+  touch_in_parallel(aligned, capacity);
+  data_ = aligned;
+}
+
+Block::~Block() {
+  if (capacity_ < kHugeFrom) {
+    std::free(data_);
+  } else {
+    munmap(data_, capacity_);
+  }
+}
+
+BlockCache::BlockCache() {
+  stats_.limit_bytes = physical_memory() / 4;
+}
+
+BlockCache& BlockCache::instance() {
+  static auto* cache = new BlockCache;  // never destroyed: torch may free tensors at exit
+  return *cache;
+}
+
+std::unique_ptr<Block> BlockCache::take(std::size_t bytes) {
+  const std::size_t capacity = Block::capacity_for(bytes);
+  {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    // The smallest that fits; of equals, the most recently freed (the likeliest in cache).
+    auto best = free_.end();
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      const std::size_t c = (*it)->capacity();
+      if (c >= capacity && c <= capacity + capacity / 8 &&
+          (best == free_.end() || c <= (*best)->capacity())) {
+        best = it;
+      }
+    }
+    if (best != free_.end()) {
+      std::unique_ptr<Block> block = std::move(*best);
+      free_.erase(best);
+      stats_.cached_bytes -= block->capacity();
+      --stats_.cached_blocks;
+      ++stats_.hits;
+      return block;
+    }
+    ++stats_.misses;
+  }
+  try {
+    return std::make_unique<Block>(capacity);
+  } catch (const std::bad_alloc&) {
+    clear();  // as PyTorch's caching allocator on an out-of-memory: free the cache, retry
+    return std::make_unique<Block>(capacity);
+  }
+}
+
+void BlockCache::give_back(std::unique_ptr<Block> block) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  stats_.cached_bytes += block->capacity();
+  ++stats_.cached_blocks;
+  free_.push_back(std::move(block));
+  evict_to(stats_.limit_bytes);
+}
+
+void BlockCache::evict_to(std::size_t bytes) {
+  while (stats_.cached_bytes > bytes) {
+    stats_.cached_bytes -= free_.front()->capacity();
+    --stats_.cached_blocks;
+    ++stats_.evictions;
+    free_.pop_front();
+  }
+}
+
+nb::capsule BlockCache::lend(std::unique_ptr<Block> block) {
+  return nb::capsule(block.release(), [](void* p) noexcept {
+    instance().give_back(std::unique_ptr<Block>(static_cast<Block*>(p)));
+  });
+}
+
+void BlockCache::set_limit(std::size_t bytes) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  stats_.limit_bytes = bytes;
+  evict_to(bytes);
+}
+
+void BlockCache::clear() {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  evict_to(0);
+}
+
+BlockCache::Stats BlockCache::stats() {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  return stats_;
+}
+
 TorchMatrix empty_float32(std::size_t rows, std::size_t cols) {
   const std::size_t n = checked_product(rows, cols, "empty_float32");
-  auto block = Pool<Block>::instance().take([n](const Block& b) { return b.floats == n; });
-  if (!block) block = std::make_unique<Block>(n);
-  float* data = block->data;
-  return {data, {rows, cols}, Pool<Block>::instance().lend(std::move(block))};
+  if (n > SIZE_MAX / sizeof(float)) {
+    throw Error("empty_float32: " + std::to_string(rows) + " x " + std::to_string(cols) +
+                " floats do not fit in memory's address range");
+  }
+  std::unique_ptr<Block> block;
+  {
+    nb::gil_scoped_release release;  // a new block is faulted in here, as a kernel runs
+    block = BlockCache::instance().take(n * sizeof(float));
+  }
+  auto* data = static_cast<float*>(block->data());
+  return {data, {rows, cols}, BlockCache::instance().lend(std::move(block))};
 }
 
 void empty_cache() {
-  Pool<Block>::instance().clear();
+  BlockCache::instance().clear();
   Pool<SparseRowGrad>::instance().clear();
+}
+
+void bind_memory(nb::module_& m) {
+  using namespace nb::literals;
+  m.def("empty_float32", &empty_float32, "rows"_a, "cols"_a,
+        "an uninitialised float32 torch tensor whose memory posembed reuses once torch frees it");
+  m.def("empty_cache", &empty_cache, "frees the storage kept for reuse");
+  m.def(
+      "cache_stats",
+      [] {
+        const BlockCache::Stats s = BlockCache::instance().stats();
+        nb::dict d;
+        d["cached_bytes"] = s.cached_bytes;
+        d["cached_blocks"] = s.cached_blocks;
+        d["limit_bytes"] = s.limit_bytes;
+        d["hits"] = s.hits;
+        d["misses"] = s.misses;
+        d["evictions"] = s.evictions;
+        return d;
+      },
+      "the reuse cache's counters: bytes and blocks waiting, the limit, hits, misses, evictions");
+  m.def(
+      "set_cache_limit", [](std::size_t bytes) { BlockCache::instance().set_limit(bytes); },
+      "bytes"_a, "the most bytes of freed storage kept for reuse; evicts the oldest down to it");
 }
 
 }  // namespace posembed::python

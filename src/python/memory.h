@@ -5,19 +5,19 @@
 #include <nanobind/ndarray.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <iterator>
 #include <memory>
 #include <mutex>
-#include <vector>
 
 namespace posembed::python {
 
 namespace nb = nanobind;
 
-// Storage handed to Python that comes back when Python frees it. A new 154 MB
-// token gradient (GPT-2) from the system allocator costs a page fault per 4 KiB
-// on first touch, which took three times the backward kernel itself; as
-// PyTorch's CUDA caching allocator does, freed storage returns to a small pool
-// and the next call reuses it. At most kMaxFree items wait in a pool.
+// Objects handed to Python that come back when Python frees them, reused
+// whole by the next call (a sparse gradient keeps its vectors' capacity). At
+// most kMaxFree wait; when full, the longest-waiting one goes.
 template <class Item>
 class Pool {
  public:
@@ -27,10 +27,10 @@ class Pool {
   template <class Fits>
   std::unique_ptr<Item> take(Fits fits) {
     const std::lock_guard<std::mutex> lock(mutex_);
-    for (auto it = free_.begin(); it != free_.end(); ++it) {
+    for (auto it = free_.rbegin(); it != free_.rend(); ++it) {  // the most recent first
       if (fits(**it)) {
         std::unique_ptr<Item> item = std::move(*it);
-        free_.erase(it);
+        free_.erase(std::next(it).base());
         return item;
       }
     }
@@ -39,7 +39,8 @@ class Pool {
 
   void give_back(std::unique_ptr<Item> item) {
     const std::lock_guard<std::mutex> lock(mutex_);
-    if (free_.size() < kMaxFree) free_.push_back(std::move(item));
+    if (free_.size() == kMaxFree) free_.pop_front();
+    free_.push_back(std::move(item));
   }
 
   void clear() {
@@ -62,16 +63,83 @@ class Pool {
 
  private:
   std::mutex mutex_;
-  std::vector<std::unique_ptr<Item>> free_;
+  std::deque<std::unique_ptr<Item>> free_;  // oldest first
+};
+
+// A block of memory for floats: blocks of kHugeFrom bytes or more are mapped
+// on their own, 2 MiB-aligned, advised as transparent huge pages (Linux gives
+// them only on request where THP is `madvise`), so a table's scattered rows
+// cost no page walk each; smaller ones come from malloc.
+class Block {
+ public:
+  static constexpr std::size_t kHugePage = std::size_t{1} << 21;
+  static constexpr std::size_t kHugeFrom = std::size_t{1} << 20;
+
+  // The bytes a request of `bytes` gets: a power of two (at least 512) below
+  // kHugeFrom, whole huge pages from there. Requests share a block class.
+  static std::size_t capacity_for(std::size_t bytes);
+
+  explicit Block(std::size_t capacity);  // capacity: a capacity_for value
+  ~Block();
+  Block(const Block&) = delete;
+  Block& operator=(const Block&) = delete;
+
+  std::size_t capacity() const { return capacity_; }
+  void* data() const { return data_; }
+
+ private:
+  std::size_t capacity_;
+  void* data_;
+};
+
+// The caching allocator behind empty_float32, as PyTorch's CUDA caching
+// allocator: storage Python frees waits here, and a request takes the smallest
+// waiting block that fits (at most 1/8 larger than it needs, so that an output
+// does not hold a table's block). Fresh memory page-faults in on first touch,
+// a fault per 4 KiB (per 2 MiB with huge pages), which cost three times the
+// backward kernel at GPT-2's token gradient; a training loop's shapes repeat,
+// so after its first steps every request is a hit. Waiting blocks are held to
+// a byte limit (default: a quarter of physical memory); past it, the
+// longest-waiting go back to the system. A new huge block is faulted in by the
+// kernels' threads together before it is handed out.
+class BlockCache {
+ public:
+  struct Stats {
+    std::size_t cached_bytes = 0, cached_blocks = 0, limit_bytes = 0;
+    std::uint64_t hits = 0, misses = 0, evictions = 0;
+  };
+
+  static BlockCache& instance();
+
+  // A block of at least `bytes`, from the cache or new.
+  std::unique_ptr<Block> take(std::size_t bytes);
+  void give_back(std::unique_ptr<Block> block);
+  // Python owns `block` through the capsule; freeing it gives the block back.
+  nb::capsule lend(std::unique_ptr<Block> block);
+
+  void set_limit(std::size_t bytes);  // evicts down to it at once
+  void clear();                       // frees every waiting block
+  Stats stats();
+
+ private:
+  BlockCache();
+  void evict_to(std::size_t bytes);  // under mutex_
+
+  std::mutex mutex_;
+  std::deque<std::unique_ptr<Block>> free_;  // longest-waiting first
+  Stats stats_;
 };
 
 using TorchMatrix = nb::ndarray<nb::pytorch, float, nb::ndim<2>, nb::c_contig>;
 
-// An uninitialised (rows, cols) float32 torch tensor from a pool of 2 MiB-aligned blocks
-// advised as huge pages: for fresh gradients and outputs.
+// An uninitialised (rows, cols) float32 torch tensor from BlockCache: for
+// outputs, fresh gradients and tables.
 TorchMatrix empty_float32(std::size_t rows, std::size_t cols);
 
-// Frees every pooled item.
+// Frees every waiting block and pooled sparse gradient.
 void empty_cache();
+
+// empty_float32, empty_cache, cache_stats and set_cache_limit.
+void bind_memory(nb::module_& m);
 
 }  // namespace posembed::python

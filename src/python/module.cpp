@@ -51,9 +51,7 @@ NB_MODULE(_C, m) {
   py::bind_kernels(m);
   py::bind_positions(m);
   py::bind_files(m);
-  m.def("empty_float32", &py::empty_float32, "rows"_a, "cols"_a,
-        "an uninitialised float32 torch tensor whose memory posembed reuses once torch frees it");
-  m.def("empty_cache", &py::empty_cache, "frees the storage kept for reuse");
+  py::bind_memory(m);
   m.def("set_num_threads", &posembed::set_num_threads, "threads"_a);
   m.def("num_threads", &posembed::num_threads);
   m.def("simd_target", [] { return std::string(posembed::simd::target_name()); });

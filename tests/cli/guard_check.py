@@ -165,7 +165,7 @@ def case_5():
         expect(1, f"--stop-after {v} must be >= 1", "train", "--stop-after", v, "--out",
                os.path.join(WORK, "never"))
     expect(1, "--micro-batch 0 must be >= 1", "plan", "--micro-batch", "0")
-    expect(2, "--shape: bogus not in {gpt2,small}", "bench", "--shape", "bogus")
+    expect(1, "--shape bogus is neither a shape's name", "bench", "--shape", "bogus")
     ckpt = train("ignored", "--steps", "4", "--stop-after", "2")
     expect(0, "note: --resume keeps the checkpoint's settings; ignored: --max-seq-len, --steps, "
            "--lr", "train", "--resume", ckpt, "--steps", "9", "--lr", "1", "--max-seq-len", "64",

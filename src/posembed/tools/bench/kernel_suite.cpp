@@ -380,14 +380,100 @@ std::vector<KernelResult> time_kernels(Workload& w, int reps, bool validate,
 
 }  // namespace
 
-std::vector<BenchShape> bench_shapes(bool quick, const std::string& only) {
+const std::vector<BenchShape>& named_shapes() {
+  // {B, T, V, max_seq_len, d}: the shapes users train at, the seed's embed_dim
+  // 256-4096 and max_seq_len 512-8192 among them.
+  static const std::vector<BenchShape> shapes = {
+      {"gpt2", {8, 1024, 50257, 1024, 768}},        // GPT-2 small, its training batch
+      {"small", {32, 128, 256, 128, 128}},          // a toy: the thread and call overheads
+      {"gpt2-xl", {4, 1024, 50257, 1024, 1600}},    // GPT-2 XL
+      {"bert-128", {64, 128, 30522, 512, 768}},     // BERT-base, pre-training phase 1
+      {"bert-512", {16, 512, 30522, 512, 768}},     // BERT-base, phase 2
+      {"wide-4096", {2, 2048, 32000, 2048, 4096}},  // a 7B-like width (LLaMA-7B's table)
+      {"long-8192", {1, 8192, 50257, 8192, 1024}},  // a long context
+      {"d256", {32, 512, 32000, 512, 256}},         // a small model
+  };
+  return shapes;
+}
+
+std::string shape_names() {
+  std::string names;
+  for (const BenchShape& s : named_shapes()) names += (names.empty() ? "" : ", ") + s.name;
+  return names;
+}
+
+namespace {
+
+// One field of V,T,d,B: a whole number from 1 to `limit`.
+std::int64_t shape_field(const std::string& text, const std::string& field, const char* what,
+                         std::int64_t limit) {
+  const bool digits =
+      !field.empty() && field.size() <= 18 &&
+      std::all_of(field.begin(), field.end(), [](char c) { return c >= '0' && c <= '9'; });
+  const std::int64_t value = digits ? std::stoll(field) : 0;
+  if (!digits || value < 1 || value > limit) {
+    throw Error("--shape " + text + ": " + what + " '" + field +
+                "' must be a whole number from 1 to " + std::to_string(limit) +
+                "; give V,T,d,B (vocab_size, seq_len, embed_dim, batch), "
+                "e.g. 50257,1024,768,8, or a name: " +
+                shape_names());
+  }
+  return value;
+}
+
+}  // namespace
+
+BenchShape parse_bench_shape(const std::string& text) {
+  for (const BenchShape& s : named_shapes()) {
+    if (s.name == text) return s;
+  }
+  std::vector<std::string> fields(1);
+  for (const char c : text) {
+    if (c == ',') {
+      fields.emplace_back();
+    } else {
+      fields.back() += c;
+    }
+  }
+  if (fields.size() != 4) {
+    throw Error("--shape " + text + " is neither a shape's name (" + shape_names() +
+                ") nor V,T,d,B: four whole numbers (vocab_size, seq_len, embed_dim, batch) "
+                "separated by commas, e.g. 50257,1024,768,8");
+  }
+  // Each table and each (B, T, d) array within 2^34 floats (64 GiB): past
+  // what a benchmark's machine holds, short of overflow in any product.
+  constexpr std::int64_t kMaxFloats = std::int64_t{1} << 34;
+  const std::int64_t vocab = shape_field(text, fields[0], "V (vocab_size)", kMaxFloats);
+  const std::int64_t seq = shape_field(text, fields[1], "T (seq_len)", kMaxFloats);
+  const std::int64_t dim = shape_field(text, fields[2], "d (embed_dim)", kMaxFloats);
+  const std::int64_t batch = shape_field(text, fields[3], "B (batch)", kMaxFloats);
+  // T x d within the limit first, so that B x T x d is computed without overflow.
+  const auto within = [&](std::int64_t rows, std::int64_t row_floats, const char* what) {
+    if (rows > kMaxFloats / row_floats) {
+      throw Error("--shape " + text + ": " + what + " holds " + std::to_string(rows) + " x " +
+                  std::to_string(row_floats) +
+                  " floats, more than the 2^34 (64 GiB) a bench "
+                  "allows; choose a smaller shape");
+    }
+  };
+  within(vocab, dim, "the token table (V x d)");
+  within(seq, dim, "the position table (T x d)");
+  within(batch, seq * dim, "the output (B x T x d)");
+  return {text, {batch, seq, vocab, seq, dim}};
+}
+
+std::vector<BenchShape> bench_shapes(bool quick, const std::vector<std::string>& only) {
   if (quick) return {{"tiny", {2, 16, 50, 16, 24}}, {"odd", {3, 7, 13, 9, 17}}};
-  std::vector<BenchShape> all = {{"gpt2", {8, 1024, 50257, 1024, 768}},
-                                 {"small", {32, 128, 256, 128, 128}}};
-  if (only.empty()) return all;
-  std::erase_if(all, [&](const BenchShape& s) { return s.name != only; });
-  if (all.empty()) throw Error("--shape " + only + " is not one of gpt2, small");
-  return all;
+  if (only.empty()) return {named_shapes()[0], named_shapes()[1]};
+  std::vector<BenchShape> chosen;
+  for (const std::string& text : only) {
+    if (text == "all") {
+      chosen.insert(chosen.end(), named_shapes().begin(), named_shapes().end());
+    } else {
+      chosen.push_back(parse_bench_shape(text));
+    }
+  }
+  return chosen;
 }
 
 double KernelSeries::min_ms() const {
@@ -438,8 +524,13 @@ SuiteReport run_kernel_suite(const SuiteOptions& o) {
     if (round > 0) report.probe.keep_best(measure_probe());
     for (ShapeReport& sr : report.shapes) {
       const EmbeddingShape& s = sr.shape.dims;
-      const int reps =
-          o.quick ? 2 : (s.batch * s.seq_len * s.embed_dim >= (1 << 20) ? o.reps : 3 * o.reps);
+      // Small shapes get more runs (their times are short and noisy); huge ones
+      // (an array of 256 MiB or more) a third, to keep a sweep's time bounded.
+      const std::int64_t floats = std::max(s.batch * s.seq_len, s.vocab_size) * s.embed_dim;
+      const int reps = o.quick               ? 2
+                       : floats >= (1 << 26) ? std::max(3, o.reps / 3)
+                       : floats >= (1 << 20) ? o.reps
+                                             : 3 * o.reps;
       // PyTorch first, then ours, shape by shape: both see the same machine load.
       std::vector<TorchRun> torch(columns);
       for (std::size_t c = 0; c < columns; ++c) {

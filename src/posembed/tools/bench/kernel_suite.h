@@ -22,9 +22,18 @@ struct BenchShape {
   EmbeddingShape dims;
 };
 
-// gpt2 (B 8, T 1024, d 768, V 50257) and small (B 32, T 128, d 128, V 256), or
-// only the one named by `only`; quick: two tiny shapes that exercise every path.
-std::vector<BenchShape> bench_shapes(bool quick, const std::string& only);
+// The named shapes of the sweep, gpt2 (B 8, T 1024, d 768, V 50257) first and
+// small (B 32, T 128, d 128, V 256) second.
+const std::vector<BenchShape>& named_shapes();
+std::string shape_names();  // "gpt2, small, ...", for help and errors
+
+// A named shape, or "V,T,d,B" (max_seq_len T): throws posembed::Error naming
+// the value, the limit and the fix for anything else.
+BenchShape parse_bench_shape(const std::string& text);
+
+// gpt2 and small, or those of `only` (names, V,T,d,B, or "all" for every named
+// shape); quick: two tiny shapes that exercise every path.
+std::vector<BenchShape> bench_shapes(bool quick, const std::vector<std::string>& only);
 
 struct SuiteOptions {
   int threads = 2;
@@ -32,7 +41,7 @@ struct SuiteOptions {
   int rounds = 1;      // repeats of the whole comparison, the probe too
   bool quick = false;  // tiny shapes, probe and eviction: checks the code paths
   bool cold = false;   // evict the caches before every timed run, ours and PyTorch's
-  std::string only;    // one shape by name, or all
+  std::vector<std::string> only;  // shapes to run (bench_shapes); none: gpt2 and small
   // One PyTorch column per Python; none: ours alone.
   std::vector<std::string> pythons;
   std::string torch_script = "bench/torch_bench.py";
