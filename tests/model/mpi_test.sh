@@ -81,7 +81,9 @@ bf16)
   "${mpi[@]}" -np 2 "$posembed" "${run[@]}" --precision bf16 --stop-after 3 --out parts > /dev/null
   "${mpi[@]}" -np 3 "$posembed" train --resume parts/ckpt.safetensors --out parts > /dev/null
   same_run one parts "bf16, 2 ranks, then 3"
-  "$posembed" inspect one/ckpt.safetensors | grep -q "^metadata train.precision = bf16$" ||
+  # Into a file first: grep -q leaves at the first match, and the pipe's SIGPIPE would fail it.
+  "$posembed" inspect one/ckpt.safetensors > one/inspect.txt
+  grep -q "^metadata train.precision = bf16$" one/inspect.txt ||
     fail "the checkpoint does not record train.precision = bf16"
   ;;
 interrupt)
