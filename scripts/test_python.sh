@@ -27,4 +27,4 @@ cd tests/pypackage
 echo "torch 2.x: $torch2"
 PYTHONPATH=$site POSEMBED_TEST_TORCH2=1 exec "$torch2/bin/python" -m pytest -q -p no:cacheprovider \
   test_compile.py test_torch_module.py test_torch_habits.py test_ddp.py test_training.py \
-  test_numpy_api.py test_half.py
+  test_numpy_api.py test_half.py test_memory.py
