@@ -88,16 +88,20 @@ def _bits(mask: Tensor):
     return mask if mask.numel() else None
 
 
+def check_step(step) -> None:
+    """A step given as a tensor is a 0-dim int64 one (a module's buffer); else a clear error."""
+    if isinstance(step, Tensor) and (step.dim() != 0 or step.dtype != torch.int64):
+        raise InvalidInputError(f"step is a tensor of shape {tuple(step.shape)} and dtype "
+                                f"{step.dtype}; it must be a 0-dim torch.int64 tensor (or an int)")
+
+
 def embedding(token_table, position_table, input_ids, position_ids, dropout, seed, step,
               position_padding_row, sparse, padding_idx) -> Tensor:
     """The layer through ``embedding_forward``: the arguments of ``_Embedding.apply``, checked
     by the caller (2-D int64 ids, float32 contiguous CPU tables), except that ``step`` may be a
     0-dim int64 tensor, which is read where the kernel runs (no ``.item()`` in a traced graph)."""
-    if isinstance(step, Tensor):
-        if step.dim() != 0 or step.dtype != torch.int64:
-            raise InvalidInputError(f"step is a tensor of shape {tuple(step.shape)} and dtype "
-                             f"{step.dtype}; it must be a 0-dim torch.int64 tensor (or an int)")
-    else:
+    check_step(step)
+    if not isinstance(step, Tensor):
         step = torch.tensor(int(step), dtype=torch.int64)
     dropout = float(dropout)
     # The mask's bits are kept only for a backward that will read them, as _Embedding does.

@@ -160,15 +160,28 @@ def embedding(input_ids, position_ids, token_table, position_table, *, dropout=0
     if pos_lead != lead or pos.shape != ids.shape:
         raise InvalidInputError(f"position_ids has shape {pos_lead + (pos.shape[1],)} but input_ids "
                                 f"has shape {lead + (ids.shape[1],)}; they must match")
-    if _ops.ENABLED:  # torch >= 2.4: custom operators, which torch.compile and export trace
+    if _ops.ENABLED and not _eager(token_table, position_table, ids, pos):
+        # torch >= 2.4, traced: custom operators, which torch.compile and export see through
         check_table(token_table, "token_table")
         check_table(position_table, "position_table")
         out = _ops.embedding(token_table, position_table, ids, pos, dropout, seed, step,
                              position_padding_row, sparse, padding_idx)
     else:
+        _ops.check_step(step)
         out = _Embedding.apply(token_table, position_table, ids, pos, float(dropout), int(seed),
                                int(step), int(position_padding_row), bool(sparse), padding_idx)
     return out.view(lead + tuple(out.shape[1:]))
+
+
+def _eager(*tensors) -> bool:
+    """Whether this call runs eagerly on plain tensors, not under torch.compile, torch.export or
+    fake tensors. The autograd.Function then calls the kernels itself, as the custom operators
+    would, with the same bits, but without the dispatcher's work for a custom operator (a
+    fixed cost per call, a fifth of a small layer's training step)."""
+    return not torch.compiler.is_compiling() and all(type(t) in _PLAIN for t in tensors)
+
+
+_PLAIN = (torch.Tensor, nn.Parameter)
 
 
 def _ids(x, name) -> tuple[torch.Tensor, tuple[int, ...]]:
