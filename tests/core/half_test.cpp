@@ -248,50 +248,6 @@ TEST(HalfLayer, ForwardIsTheFloatForwardRoundedOnce) {
   expect_forward_is_float_forward_rounded_once<fp16, float>();
 }
 
-// A half output of 16 MiB and more is written past the cache (streaming
-// stores from embedding.cpp's kStreamBytes on): 8 x 1024 rows of 1031
-// elements (16.9 MB), so the aligned full vectors start at every offset of a
-// row. Masked with the words kept and drawn as the walk goes: the same bits as
-// the float forward rounded once, on every target and thread count.
-template <class T>
-void expect_streamed_forward_is_float_forward_rounded_once() {
-  const EmbeddingShape shape{.batch = 8, .seq_len = 1024, .vocab_size = 61, .max_seq_len = 1024, .embed_dim = 1031};
-  const auto n = static_cast<std::size_t>(shape.batch * shape.seq_len), d = static_cast<std::size_t>(shape.embed_dim);
-  ASSERT_GE(n * d * sizeof(T), std::size_t{16} << 20);
-  const std::vector<std::int64_t> ids = test::random_ids(n, shape.vocab_size, 1);
-  const std::vector<std::int64_t> positions = test::random_ids(n, shape.max_seq_len, 2);
-  const std::vector<T> token = narrow_all<T>(test::random_floats(static_cast<std::size_t>(shape.vocab_size) * d, 3));
-  const std::vector<T> position =
-      narrow_all<T>(test::random_floats(static_cast<std::size_t>(shape.max_seq_len) * d, 4));
-  const std::vector<float> token32 = widen_all(token), position32 = widen_all(position);
-  for (const double p : {0.0, 0.1}) {
-    const DropoutSpec dropout{p, 1234, 5};
-    std::vector<float> out32(n * d);
-    embedding_forward(std::span(out32), ids, positions, std::span(token32), std::span(position32), shape, dropout);
-    std::vector<T> want(n * d);
-    for (std::size_t i = 0; i < want.size(); ++i) want[i] = from_float<T>(out32[i]);
-    const auto want_bits = bits_of(want);
-    for_each_target([&] {
-      for (const int threads : {1, 2}) {
-        for (const bool keep : {true, false}) {
-          set_num_threads(threads);
-          std::vector<T> out(n * d);
-          std::vector<std::uint64_t> mask(keep ? dropout_mask_words(shape) : 0);
-          embedding_forward(std::span(out), ids, positions, std::span<const T>(token), std::span<const T>(position),
-                            shape, dropout, std::span(mask));
-          EXPECT_TRUE(bits_of(out) == want_bits) << "p " << p << ", threads " << threads << ", keep " << keep;
-        }
-      }
-    });
-    set_num_threads(0);
-  }
-}
-
-TEST(HalfLayer, StreamedForwardIsTheFloatForwardRoundedOnce) {
-  expect_streamed_forward_is_float_forward_rounded_once<bf16>();
-  expect_streamed_forward_is_float_forward_rounded_once<fp16>();
-}
-
 TEST(HalfLayer, ForwardPassesNanAndInfAndOverflowsFp16ToInf) {
   const EmbeddingShape shape{.batch = 1, .seq_len = 3, .vocab_size = 3, .max_seq_len = 3, .embed_dim = 1};
   const std::vector<std::int64_t> ids = {0, 1, 2}, positions = {0, 1, 2};

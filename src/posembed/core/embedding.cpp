@@ -685,13 +685,11 @@ void embedding_forward(TensorSpan out, std::span<const std::int64_t> input_ids,
   const std::int64_t rows = (std::max<std::int64_t>(1, kGrainElements / d) + word_rows - 1) / word_rows * word_rows;
   const simd::KeepRule mask = dropout_mask(dropout);
   std::uint64_t* keep = mask.active && !mask_bits.empty() ? mask_bits.data() : nullptr;
-  // Streamed past the cache from the float forward's size on (kStreamBytes).
-  const bool stream = out.size * dtype_bytes(out.dtype) >= kStreamBytes;
   parallel_for((n + rows - 1) / rows, [&](std::int64_t block) {
     simd::forward_rows_half(out.data, out.dtype, token_table.data, position_table.data, token_table.dtype,
                             input_ids.data(), position_ids.data(), static_cast<std::size_t>(d),
                             static_cast<std::size_t>(block * rows),
-                            static_cast<std::size_t>(std::min(n, (block + 1) * rows)), mask, keep, stream);
+                            static_cast<std::size_t>(std::min(n, (block + 1) * rows)), mask, keep);
   });
 }
 

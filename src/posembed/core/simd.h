@@ -99,12 +99,11 @@ void forward_rows(float* out, const float* token_table, const std::int64_t* inpu
 // and scaled in float as forward_rows does, then rounded once (RNE) to the
 // output's dtype. keep: null (the words are drawn as the walk reaches them),
 // or the batch's keep words, of which the call writes those of its rows (as
-// ForwardPlan::keep) and reads them in place. stream: a half output's full
-// vectors written past the cache (as ForwardPlan::stream).
+// ForwardPlan::keep) and reads them in place.
 // out: (n, d), token_table: (V, d), position_table: (max_seq_len, d), ids: (n)
 void forward_rows_half(void* out, Dtype output, const void* token_table, const void* position_table, Dtype table,
                        const std::int64_t* input_ids, const std::int64_t* position_ids, std::size_t d,
-                       std::size_t r0, std::size_t r1, const KeepRule& mask, std::uint64_t* keep, bool stream);
+                       std::size_t r0, std::size_t r1, const KeepRule& mask, std::uint64_t* keep);
 
 // simd/backward_half.cpp: what a backward with bf16 or fp16 gradients adds
 // around the float backward: its sums stay float (a sum in bf16 stops growing

@@ -142,56 +142,6 @@ HWY_INLINE void StoreNarrow(DF df, hn::Vec<DF> v, T* HWY_RESTRICT p, std::size_t
   }
 }
 
-// A whole vector of 16-bit elements (D16: twice the lanes of DF) as two
-// float vectors and back, for walks whose input and output are both bf16 or
-// fp16: one full-width load and store per two float vectors, where LoadWide
-// and StoreNarrow move half a vector each. Which elements go to which float
-// vector is the pair's own business (bf16: even and odd lanes, a shift and an
-// and in place; fp16: the lower and upper halves), so only elementwise
-// arithmetic may run between WidenPair and NarrowPair, and a per-element mask
-// is applied to the 16-bit result. Bits are those of LoadWide and StoreNarrow.
-// Not on HWY_SCALAR, whose vectors hold one lane.
-#if HWY_TARGET != HWY_SCALAR
-template <class T, class DF, class D16 = hn::Repartition<std::uint16_t, DF>>
-HWY_INLINE void WidenPair(DF df, hn::Vec<D16> h, hn::Vec<DF>& first, hn::Vec<DF>& second) {
-  const hn::RebindToUnsigned<DF> du;
-  if constexpr (std::is_same_v<T, bf16>) {
-    const auto x = hn::BitCast(du, h);
-    first = WidenBf16(df, x);
-    second = hn::BitCast(df, hn::And(x, hn::Set(du, 0xFFFF0000u)));
-  } else {
-    const hn::Half<D16> dh;
-    if constexpr (kHasF16C) {
-      const hn::Rebind<hwy::float16_t, DF> df16;
-      first = hn::PromoteTo(df, hn::BitCast(df16, hn::LowerHalf(dh, h)));
-      second = hn::PromoteTo(df, hn::BitCast(df16, hn::UpperHalf(dh, h)));
-    } else {
-      first = WidenF16Integer(df, hn::PromoteTo(du, hn::LowerHalf(dh, h)));
-      second = WidenF16Integer(df, hn::PromoteTo(du, hn::UpperHalf(dh, h)));
-    }
-  }
-}
-
-template <class T, class DF, class D16 = hn::Repartition<std::uint16_t, DF>>
-HWY_INLINE hn::Vec<D16> NarrowPair(DF df, hn::Vec<DF> first, hn::Vec<DF> second) {
-  const D16 d16;
-  if constexpr (std::is_same_v<T, bf16>) {
-    return hn::BitCast(d16, hn::Or(NarrowBf16(df, first), hn::ShiftLeft<16>(NarrowBf16(df, second))));
-  } else {
-    const hn::Half<D16> dh;
-    if constexpr (kHasF16C) {
-      const hn::Rebind<hwy::float16_t, DF> df16;
-      return hn::Combine(d16, hn::BitCast(dh, hn::DemoteTo(df16, second)), hn::BitCast(dh, hn::DemoteTo(df16, first)));
-    } else {
-      const hn::RebindToSigned<DF> di;
-      // Each lane holds at most 0xFFFF: the saturating demotion keeps it as is.
-      return hn::Combine(d16, hn::DemoteTo(dh, hn::BitCast(di, NarrowF16Integer(df, second))),
-                         hn::DemoteTo(dh, hn::BitCast(di, NarrowF16Integer(df, first))));
-    }
-  }
-}
-#endif  // HWY_TARGET != HWY_SCALAR
-
 }  // namespace HWY_NAMESPACE
 }  // namespace posembed::simd
 HWY_AFTER_NAMESPACE();

@@ -209,7 +209,7 @@ struct KeepCursor {
 };
 
 // Makes the cursor hold the words of elements [e0, e1) (at most kTile +
-// 2 * kMaxLanes of them), in a span of the walk that ends before element `limit`:
+// kMaxLanes of them), in a span of the walk that ends before element `limit`:
 // batches stop at the word holding element limit - 1.
 inline void DrawThrough(KeepCursor& c, std::uint64_t e0, std::uint64_t e1, std::uint64_t limit, const KeepRule& mask) {
   if (c.given) return;  // read where they are
@@ -233,7 +233,7 @@ inline void DrawThrough(KeepCursor& c, std::uint64_t e0, std::uint64_t e1, std::
 }
 
 // The keep bits of a span of elements first .. first + n - 1 (n <= kTile +
-// 2 * kMaxLanes) that the cursor holds, or that are given: At(j) holds those of
+// kMaxLanes) that the cursor holds, or that are given: At(j) holds those of
 // elements first + j .. first + j + 24 (bit i: element first + j + i); bits of
 // words past the last held are undefined (no lane reads them).
 struct KeepSpan {
@@ -258,10 +258,10 @@ HWY_INLINE KeepSpan SpanOf(KeepCursor& c, std::uint64_t first, std::size_t n) {
 
 // Makes the cursor read keep words w0 .. w1 - 1 in place (the walk reads no
 // others). Their last words are copied into the buffer once, for the spans
-// near the end: a span (at most kTile + 2 * kMaxLanes elements, so 19 words) that
+// near the end: a span (at most kTile + kMaxLanes elements, so 19 words) that
 // would read past w1 ends in their last 3 bytes, so it starts in the last 20
 // words.
-constexpr std::size_t kTailWords = (kTile + 2 * kMaxLanes) / 64 + 3;
+constexpr std::size_t kTailWords = (kTile + kMaxLanes) / 64 + 3;
 static_assert(kTailWords <= kBufferWords, "the tail fits the buffer");
 HWY_INLINE void GiveKeep(KeepCursor& c, const std::uint64_t* HWY_RESTRICT keep, std::size_t w0, std::size_t w1) {
   c.given = keep;
@@ -270,19 +270,13 @@ HWY_INLINE void GiveKeep(KeepCursor& c, const std::uint64_t* HWY_RESTRICT keep, 
   std::memcpy(c.buffer, keep + c.base, (w1 - c.base) * sizeof(std::uint64_t));
 }
 
-// v in the lanes whose bit of `keep` is set (bit j: lane j), 0 elsewhere.
-template <class D>
-HWY_INLINE hn::Vec<D> KeepLanes(D d, hn::Vec<D> v, std::uint32_t keep) {
+// v * scale in the lanes whose bit of `keep` is set (bit j: lane j), 0 elsewhere.
+template <class DF>
+HWY_INLINE hn::Vec<DF> ApplyKeep(DF df, hn::Vec<DF> v, std::uint32_t keep, float scale) {
   // From a local, the compiler keeps the bits in a register (on AVX-512: kmov).
   std::uint8_t bits[sizeof(keep)];
   std::memcpy(bits, &keep, sizeof(keep));
-  return hn::IfThenElseZero(hn::LoadMaskBits(d, bits), v);
-}
-
-// v * scale in the lanes whose bit of `keep` is set, 0 elsewhere.
-template <class DF>
-HWY_INLINE hn::Vec<DF> ApplyKeep(DF df, hn::Vec<DF> v, std::uint32_t keep, float scale) {
-  return KeepLanes(df, hn::Mul(v, hn::Set(df, scale)), keep);
+  return hn::IfThenElseZero(hn::LoadMaskBits(df, bits), hn::Mul(v, hn::Set(df, scale)));
 }
 
 // Calls body(j, count, keep) over [0, n) in vectors of `lanes`, aligned so
@@ -292,25 +286,19 @@ HWY_INLINE hn::Vec<DF> ApplyKeep(DF df, hn::Vec<DF> v, std::uint32_t keep, float
 // a line, neither writes it with a full vector. kMasked: keep holds the keep bits of elements first +
 // j.. from `cursor`, drawn in pieces of about kTile elements whose edges fall on
 // vector boundaries, in a span of the walk that ends before `limit`; else 0.
-// Vectors of 16-bit elements (lanes up to 2 * kMaxLanes) get 32 bits.
-template <bool kMasked, class T, class Body>
-HWY_INLINE void ForEachVector(std::size_t n, const T* aligned, std::uint64_t first, std::uint64_t limit,
+template <bool kMasked, class Body>
+HWY_INLINE void ForEachVector(std::size_t n, const float* aligned, std::uint64_t first, std::uint64_t limit,
                               const KeepRule& mask, KeepCursor* cursor, std::size_t lanes, Body&& body) {
   const std::size_t head = ElementsBeforeVectorBoundary(aligned, lanes);
   // keep: the bits from element first + j0 on.
   const auto vectors = [&](std::size_t j0, std::size_t j1, KeepSpan keep) {
-    const auto bits = [&](std::size_t j) -> std::uint32_t {
-      if constexpr (!kMasked) return 0u;
-      if (lanes <= 25) return keep.At(j - j0);
-      return (keep.At(j - j0) & 0xFFFFu) | keep.At(j - j0 + 16) << 16;
-    };
     std::size_t j = j0;
     if (j == 0 && head > 0) {
       const std::size_t count = std::min(head, j1);
-      body(j, count, bits(j));
+      body(j, count, kMasked ? keep.At(0) : 0u);
       j += count;
     }
-    for (; j < j1; j += lanes) body(j, std::min(lanes, j1 - j), bits(j));
+    for (; j < j1; j += lanes) body(j, std::min(lanes, j1 - j), kMasked ? keep.At(j - j0) : 0u);
   };
   if constexpr (!kMasked) {
     vectors(0, n, {});

@@ -51,11 +51,10 @@ HWY_INLINE void StorePart(hn::Vec<D> v, D d, T* HWY_RESTRICT p, std::size_t coun
 #endif
 }
 
-// Elements of `p` before its first boundary of a vector of `lanes` elements.
-template <class T>
-HWY_INLINE std::size_t ElementsBeforeVectorBoundary(const T* p, std::size_t lanes) {
-  const std::size_t vector_bytes = lanes * sizeof(T);
-  return (vector_bytes - reinterpret_cast<std::uintptr_t>(p) % vector_bytes) % vector_bytes / sizeof(T);
+// Elements of `p` before its first boundary of a vector of `lanes` floats.
+HWY_INLINE std::size_t ElementsBeforeVectorBoundary(const float* p, std::size_t lanes) {
+  const std::size_t vector_bytes = lanes * sizeof(float);
+  return (vector_bytes - reinterpret_cast<std::uintptr_t>(p) % vector_bytes) % vector_bytes / sizeof(float);
 }
 
 // Asks for a row ahead of its use. The token rows are scattered over a large
