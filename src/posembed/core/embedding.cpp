@@ -339,6 +339,14 @@ void validate_backward(std::size_t grad_token_size, std::size_t grad_position_si
   check_mask_bits(mask_bits, shape);
 }
 
+// Rows per block of a forward: at least kGrainElements values, and a whole
+// number of 64-bit mask words (rows x d a multiple of 64), so that no word of
+// mask_bits is written by two threads.
+std::int64_t forward_block_rows(std::int64_t d) {
+  const std::int64_t word_rows = 64 / std::gcd<std::int64_t>(d, 64);
+  return (std::max<std::int64_t>(1, kGrainElements / d) + word_rows - 1) / word_rows * word_rows;
+}
+
 }  // namespace
 
 std::uint32_t dropout_threshold(double p) {
@@ -443,8 +451,7 @@ void embedding_forward(std::span<float> out, std::span<const std::int64_t> input
   // starts on a mask word (rows x d a multiple of 64), so no word of mask_bits
   // is written by two threads.
   const auto n = static_cast<std::int64_t>(token_count(shape));
-  const std::int64_t word_rows = 64 / std::gcd<std::int64_t>(d, 64);
-  const std::int64_t rows = (std::max<std::int64_t>(1, kGrainElements / d) + word_rows - 1) / word_rows * word_rows;
+  const std::int64_t rows = forward_block_rows(d);
   const simd::KeepRule mask = dropout_mask(dropout);
   // An output much larger than a core's share of the last-level cache is
   // streamed past it: a plain store first reads each line it fills, a third more
@@ -681,8 +688,7 @@ void embedding_forward(TensorSpan out, std::span<const std::int64_t> input_ids,
   // Blocks of rows as the float forward's: each starts on a mask word, so no
   // word of mask_bits is written by two threads.
   const auto n = static_cast<std::int64_t>(token_count(shape));
-  const std::int64_t word_rows = 64 / std::gcd<std::int64_t>(d, 64);
-  const std::int64_t rows = (std::max<std::int64_t>(1, kGrainElements / d) + word_rows - 1) / word_rows * word_rows;
+  const std::int64_t rows = forward_block_rows(d);
   const simd::KeepRule mask = dropout_mask(dropout);
   std::uint64_t* keep = mask.active && !mask_bits.empty() ? mask_bits.data() : nullptr;
   parallel_for((n + rows - 1) / rows, [&](std::int64_t block) {
