@@ -7,6 +7,7 @@
 // other thread counts.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -128,6 +129,14 @@ TEST(Half, Fp16MatchesGccFloat16BothWays) {
   }
 }
 
+// Row 0 of a one-row table through simd::narrow_rows: out = round(in), or
+// round(widen(out) + in) when accumulating; nothing past in.size() elements.
+template <class T>
+void narrow_row(std::vector<T>& out, const std::vector<float>& in, bool accumulate) {
+  const std::int64_t row = 0;
+  simd::narrow_rows(out.data(), dtype_of<T>(), in.data(), false, &row, 1, 0, 1, in.size(), !accumulate, false);
+}
+
 // The vector conversions of every target against the scalar definitions, over
 // all the probe values at awkward offsets and lengths.
 template <class T>
@@ -136,25 +145,25 @@ void expect_vector_conversions_match() {
   const std::vector<T> halves = narrow_all<T>(floats);
   for_each_target([&] {
     std::vector<T> narrowed(floats.size());
-    simd::narrow(narrowed.data(), dtype_of<T>(), floats.data(), floats.size(), false);
+    narrow_row(narrowed, floats, false);
     EXPECT_EQ(bits_of(narrowed), bits_of(halves));
-    std::vector<float> widened(halves.size());
-    simd::widen(widened.data(), halves.data(), dtype_of<T>(), halves.size());
-    EXPECT_EQ(test::as_bits(widened), test::as_bits(widen_all(halves)));
-    // Every half, signaling NaNs included (narrowing makes only quiet ones).
-    std::vector<T> every(65536);
-    for (std::size_t h = 0; h < every.size(); ++h) every[h].bits = static_cast<std::uint16_t>(h);
-    std::vector<float> every_widened(every.size());
-    simd::widen(every_widened.data(), every.data(), dtype_of<T>(), every.size());
-    EXPECT_EQ(test::as_bits(every_widened), test::as_bits(widen_all(every)));
+    // Every half widened (adding -0 keeps every value, zeros of both signs
+    // included; a signaling NaN comes back quiet, as the scalar path has it).
+    std::vector<T> every(65536), want(65536);
+    for (std::size_t h = 0; h < every.size(); ++h) {
+      every[h].bits = static_cast<std::uint16_t>(h);
+      want[h] = from_float<T>(widen(every[h]) + -0.0f);
+    }
+    narrow_row(every, std::vector<float>(every.size(), -0.0f), true);
+    EXPECT_EQ(bits_of(every), bits_of(want));
     // Accumulating: round(old + in), with partial vectors at both ends.
     for (const std::size_t n : test::kAwkwardLengths) {
       const std::vector<float> in(floats.begin() + 1000, floats.begin() + 1000 + static_cast<std::ptrdiff_t>(n));
       std::vector<T> out(halves.begin() + 3, halves.begin() + 3 + static_cast<std::ptrdiff_t>(n) + 1);
-      std::vector<T> want = out;
-      for (std::size_t j = 0; j < n; ++j) want[j] = from_float<T>(widen(out[j]) + in[j]);
-      simd::narrow(out.data(), dtype_of<T>(), in.data(), n, true);
-      EXPECT_EQ(bits_of(out), bits_of(want)) << "n " << n;  // and the element past the end untouched
+      std::vector<T> sums = out;
+      for (std::size_t j = 0; j < n; ++j) sums[j] = from_float<T>(widen(out[j]) + in[j]);
+      narrow_row(out, in, true);
+      EXPECT_EQ(bits_of(out), bits_of(sums)) << "n " << n;  // and the element past the end untouched
     }
   });
 }
@@ -162,6 +171,57 @@ void expect_vector_conversions_match() {
 TEST(Half, VectorConversionsMatchTheScalarOnesOnEveryTarget) {
   expect_vector_conversions_match<bf16>();
   expect_vector_conversions_match<fp16>();
+}
+
+// A half gradient written from its float sums (simd::narrow_rows): listed rows
+// rounded once, from their own rows of values or from a dense table, every
+// other row of the range zeros, rows outside the range untouched; through the
+// cache and past it (a row made in a buffer, then streamed: rows longer than
+// the buffer's 2048 elements too), at a table start off the vectors, and odd
+// widths (rows not a whole number of floats: plain stores).
+template <class T>
+void expect_narrow_rows_write_listed_rows_and_zeros() {
+  const std::size_t rows = 37;
+  const std::vector<std::int64_t> listed = {0, 3, 4, 17, 35};
+  for (const std::size_t d : {std::size_t{7}, std::size_t{16}, std::size_t{33}, std::size_t{768}, std::size_t{2050}}) {
+    const std::vector<float> dense = test::random_floats(rows * d, 11);
+    std::vector<float> packed;
+    for (const std::int64_t r : listed) {
+      packed.insert(packed.end(), dense.begin() + r * static_cast<std::ptrdiff_t>(d),
+                    dense.begin() + (r + 1) * static_cast<std::ptrdiff_t>(d));
+    }
+    const T sentinel = from_float<T>(-3.5f);
+    for_each_target([&] {
+      for (const bool stream : {false, true}) {
+        for (const bool by_row : {false, true}) {
+          for (const std::size_t offset : {std::size_t{0}, std::size_t{1}}) {
+            // Rows 2 .. 29 of the table: the rows outside keep the sentinel.
+            std::vector<T> storage(rows * d + 2, sentinel);
+            T* table = storage.data() + offset;
+            simd::narrow_rows(table, dtype_of<T>(), by_row ? dense.data() : packed.data(), by_row, listed.data(),
+                              listed.size(), 2, 30, d, true, stream);
+            for (std::size_t r = 0; r < rows; ++r) {
+              const bool in_range = r >= 2 && r < 30;
+              const bool is_listed = std::find(listed.begin(), listed.end(), static_cast<std::int64_t>(r)) != listed.end();
+              for (std::size_t j = 0; j < d; ++j) {
+                const T want = !in_range ? sentinel : is_listed ? from_float<T>(dense[r * d + j]) : T{};
+                ASSERT_EQ(table[r * d + j].bits, want.bits)
+                    << "d " << d << " row " << r << " column " << j << " stream " << stream << " offset " << offset;
+              }
+            }
+            // The elements around the table are untouched.
+            EXPECT_EQ(storage.back().bits, sentinel.bits);
+            EXPECT_EQ((offset == 0 ? storage[rows * d] : storage[0]).bits, sentinel.bits);
+          }
+        }
+      }
+    });
+  }
+}
+
+TEST(Half, NarrowRowsWritesListedRowsAndZerosTheRest) {
+  expect_narrow_rows_write_listed_rows_and_zeros<bf16>();
+  expect_narrow_rows_write_listed_rows_and_zeros<fp16>();
 }
 
 struct Case {
@@ -496,6 +556,67 @@ TEST(HalfAdamW, StochasticRoundingIsTheDrawsDefinitionAndUnbiased) {
   }
   mean /= static_cast<double>(n);
   EXPECT_NEAR(mean, 1.0 + 0x1p-10, 6e-5);  // 6 standard deviations
+}
+
+// Row-sparse steps on a half table: the listed rows move as the float sparse
+// step moves them (the master's bits), or by the plain-loop stochastic
+// rounding with each element's draw keyed by its flat index, at widths whose
+// rows start anywhere in a Philox block; the other rows and their moments
+// stay as they were.
+TEST(HalfAdamW, RowSparseStepsMoveOnlyTheirRowsAsTheFloatSparseStep) {
+  const AdamWConfig config{.lr = 1e-2, .weight_decay = 0.1};
+  const std::uint64_t seed = 9;
+  const std::int64_t step = 4;
+  for (const std::size_t d : {std::size_t{1}, std::size_t{13}, std::size_t{768}, std::size_t{4099}}) {
+    const std::size_t rows = 37, n = rows * d;
+    SparseRowGrad grad;
+    grad.embed_dim = static_cast<std::int64_t>(d);
+    grad.rows = {0, 5, 6, 36};
+    grad.values = test::random_floats(grad.rows.size() * d, 31);
+    const std::vector<float> master0 = test::random_floats(n, 32), m0 = test::random_floats(n, 33);
+    std::vector<float> v0 = test::random_floats(n, 34);
+    for (auto& x : v0) x = x * x;
+    // The references: the float sparse step, then rounded to nearest or by each element's draw.
+    std::vector<float> want_master = master0, want_m = m0, want_v = v0;
+    adamw_step(std::span(want_master), grad, std::span(want_m), std::span(want_v), step, config);
+    const std::vector<bf16> param0 = narrow_all<bf16>(master0);
+    std::vector<float> updated = widen_all(param0), updated_m = m0, updated_v = v0;
+    adamw_step(std::span(updated), grad, std::span(updated_m), std::span(updated_v), step, config);
+    std::vector<bf16> want_rounded = param0;
+    for (const std::int64_t r : grad.rows) {
+      for (std::size_t i = static_cast<std::size_t>(r) * d; i < (static_cast<std::size_t>(r) + 1) * d; ++i) {
+        const std::uint32_t draw = philox_bits(seed, static_cast<std::uint64_t>(step), RandomStream::rounding, i);
+        want_rounded[i].bits =
+            static_cast<std::uint16_t>((std::bit_cast<std::uint32_t>(updated[i]) + (draw & 0xFFFF)) >> 16);
+      }
+    }
+    for_each_target([&] {
+      for (const int threads : {1, 2}) {
+        set_num_threads(threads);
+        std::vector<bf16> param = param0;
+        std::vector<float> master = master0, m = m0, v = v0;
+        adamw_step(std::span(param), std::span(master), grad, std::span(m), std::span(v), step, config);
+        EXPECT_EQ(test::as_bits(master), test::as_bits(want_master)) << "d " << d;
+        EXPECT_EQ(test::as_bits(m), test::as_bits(want_m));
+        EXPECT_EQ(test::as_bits(v), test::as_bits(want_v));
+        std::vector<bf16> want_param = param0;
+        for (const std::int64_t r : grad.rows) {
+          for (std::size_t i = static_cast<std::size_t>(r) * d; i < (static_cast<std::size_t>(r) + 1) * d; ++i) {
+            want_param[i] = to_bf16(want_master[i]);
+          }
+        }
+        EXPECT_EQ(bits_of(param), bits_of(want_param)) << "d " << d;
+        param = param0;
+        m = m0;
+        v = v0;
+        adamw_step(std::span(param), grad, std::span(m), std::span(v), step, config, StochasticRounding{seed});
+        EXPECT_EQ(bits_of(param), bits_of(want_rounded)) << "stochastic, d " << d << " threads " << threads;
+        EXPECT_EQ(test::as_bits(m), test::as_bits(updated_m));
+        EXPECT_EQ(test::as_bits(v), test::as_bits(updated_v));
+      }
+    });
+    set_num_threads(0);
+  }
 }
 
 TEST(HalfAdamW, RejectsWhatItCannotRoundNamingTheFix) {

@@ -10,6 +10,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "posembed/core/embedding_internal.h"
 #include "posembed/core/error.h"
 #include "posembed/core/layer.h"  // assign_zeros_huge
 #include "posembed/core/parallel_for.h"
@@ -17,11 +18,9 @@
 #include "posembed/core/simd.h"
 
 namespace posembed {
-namespace {
+using namespace detail;  // embedding_internal.h: defined below, used throughout
 
-// Outputs and gradients from this size on are written with streaming stores,
-// past the cache (embedding_forward, zero_grad).
-constexpr std::size_t kStreamBytes = std::size_t{16} << 20;
+namespace {
 
 // A forward with an output from this size on waits on memory: its walk then
 // runs ahead (simd::ForwardPlan::ahead); below it, running ahead is slower.
@@ -30,66 +29,6 @@ constexpr std::size_t kAheadBytes = std::size_t{8} << 20;
 std::string where(std::size_t flat, std::int64_t seq_len) {
   const auto t = static_cast<std::size_t>(seq_len);
   return "batch row " + std::to_string(flat / t) + ", token " + std::to_string(flat % t);
-}
-
-// shape: what needs `expected` values, as text or as a function that makes it,
-// called only on error: a check that passes allocates nothing (the trainer runs
-// these in every micro-batch).
-template <class Shape>
-void check_size(std::string_view what, std::size_t actual, std::uint64_t expected, Shape&& shape) {
-  if (actual != expected) {
-    std::string text;
-    if constexpr (std::is_invocable_v<Shape>) {
-      text = shape();
-    } else {
-      text = shape;
-    }
-    throw Error(std::string(what) + " holds " + std::to_string(actual) + " values but " + text +
-                " needs " + std::to_string(expected));
-  }
-}
-
-std::string shape_text(const EmbeddingShape& s, bool with_dim) {
-  return "shape (B=" + std::to_string(s.batch) + ", T=" + std::to_string(s.seq_len) +
-         (with_dim ? ", d=" + std::to_string(s.embed_dim) : std::string()) + ")";
-}
-
-// Called only after the shape's fields were checked to be non-negative.
-std::uint64_t token_count(const EmbeddingShape& s) {
-  return checked_product(static_cast<std::uint64_t>(s.batch), static_cast<std::uint64_t>(s.seq_len),
-                         "batch x seq_len");
-}
-
-std::uint64_t values(std::uint64_t rows, std::int64_t embed_dim, std::string_view what) {
-  return checked_product(rows, static_cast<std::uint64_t>(embed_dim), what);
-}
-
-// mask_bits: empty, or the words of dropout_mask_words.
-template <class Word>
-void check_mask_bits(std::span<Word> mask_bits, const EmbeddingShape& shape) {
-  if (mask_bits.empty()) return;
-  const std::size_t words = dropout_mask_words(shape);
-  if (mask_bits.size() != words) {
-    throw Error("mask_bits holds " + std::to_string(mask_bits.size()) + " words but " +
-                shape_text(shape, true) + " needs " + std::to_string(words) +
-                " (one bit per output element); pass the words of the training forward with "
-                "this shape, or none to draw the mask again");
-  }
-}
-
-simd::KeepRule dropout_mask(const DropoutSpec& dropout) {
-  return {philox_key(dropout.seed), dropout.step, dropout_threshold(dropout.probability),
-          dropout_scale(dropout.probability), dropout.probability > 0.0};
-}
-
-// touched ends as the bitmap of the rows the tokens touch, except row `skip`
-// (-1: none). touched: (table_rows / 64), ids: (n)
-void mark_touched_rows(std::vector<std::uint64_t>& touched, std::span<const std::int64_t> ids,
-                       std::int64_t table_rows, std::int64_t skip = -1) {
-  touched.assign((static_cast<std::size_t>(table_rows) + 63) / 64, 0);
-  for (const std::int64_t id : ids) {
-    if (id != skip) touched[static_cast<std::size_t>(id) >> 6] |= std::uint64_t{1} << (id & 63);
-  }
 }
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -136,7 +75,7 @@ POPCNT_CLONES void rank_slots(std::span<std::int64_t> slot, std::span<std::int64
 constexpr std::int64_t kPositionBlock = 16;
 
 void backward_rows(simd::GradTable token, simd::GradTable position, std::int64_t token_rows,
-                   std::span<const float> grad_out, std::span<const std::int64_t> position_ids,
+                   ConstTensorSpan grad_out, std::span<const std::int64_t> position_ids,
                    const EmbeddingShape& shape, const DropoutSpec& dropout, std::span<const std::uint64_t> mask_bits,
                    GradMode token_mode, GradMode position_mode) {
   if (!token.grad && !position.grad) return;  // both tables frozen
@@ -234,8 +173,14 @@ void backward_rows(simd::GradTable token, simd::GradTable position, std::int64_t
   std::vector<float> saved_padding_row;
   if (padding_row) saved_padding_row.assign(padding_row, padding_row + d);
   parallel_for(parts, [&](std::int64_t s) {
-    simd::backward_rows(token, position, plan, static_cast<std::uint8_t>(s), grad_out.data(),
-                        static_cast<std::size_t>(d), un, mask, keep);
+    const auto self = static_cast<std::uint8_t>(s);
+    if (grad_out.dtype == Dtype::f32) {
+      simd::backward_rows(token, position, plan, self, static_cast<const float*>(grad_out.data),
+                          static_cast<std::size_t>(d), un, mask, keep);
+    } else {
+      simd::backward_rows_half(token, position, plan, self, grad_out.data, grad_out.dtype,
+                               static_cast<std::size_t>(d), un, mask, keep);
+    }
   });
   if (padding_row) std::copy(saved_padding_row.begin(), saved_padding_row.end(), padding_row);
 }
@@ -260,6 +205,7 @@ void zero_untouched_rows(float* grad, const std::vector<std::uint64_t>& touched,
                               static_cast<std::size_t>(d), stream);
   });
 }
+
 
 // Readies one table for a fresh gradient (GradMode::write): zeroes the rows no
 // token touches, past the cache from kStreamBytes on (backward_rows then has
@@ -310,6 +256,42 @@ void merge_rows(SparseRowGrad& grad, std::span<const std::int64_t> batch_rows) {
   }
 }
 
+}  // namespace
+
+namespace detail {
+
+std::string shape_text(const EmbeddingShape& s, bool with_dim) {
+  return "shape (B=" + std::to_string(s.batch) + ", T=" + std::to_string(s.seq_len) +
+         (with_dim ? ", d=" + std::to_string(s.embed_dim) : std::string()) + ")";
+}
+
+
+std::uint64_t token_count(const EmbeddingShape& s) {
+  return checked_product(static_cast<std::uint64_t>(s.batch), static_cast<std::uint64_t>(s.seq_len),
+                         "batch x seq_len");
+}
+
+
+std::uint64_t values(std::uint64_t rows, std::int64_t embed_dim, std::string_view what) {
+  return checked_product(rows, static_cast<std::uint64_t>(embed_dim), what);
+}
+
+
+simd::KeepRule dropout_mask(const DropoutSpec& dropout) {
+  return {philox_key(dropout.seed), dropout.step, dropout_threshold(dropout.probability),
+          dropout_scale(dropout.probability), dropout.probability > 0.0};
+}
+
+
+void mark_touched_rows(std::vector<std::uint64_t>& touched, std::span<const std::int64_t> ids,
+                       std::int64_t table_rows, std::int64_t skip) {
+  touched.assign((static_cast<std::size_t>(table_rows) + 63) / 64, 0);
+  for (const std::int64_t id : ids) {
+    if (id != skip) touched[static_cast<std::size_t>(id) >> 6] |= std::uint64_t{1} << (id & 63);
+  }
+}
+
+
 void validate_backward(std::size_t grad_token_size, std::size_t grad_position_size,
                        std::size_t grad_out_size, std::span<const std::int64_t> input_ids,
                        std::span<const std::int64_t> position_ids, const EmbeddingShape& shape,
@@ -339,15 +321,94 @@ void validate_backward(std::size_t grad_token_size, std::size_t grad_position_si
   check_mask_bits(mask_bits, shape);
 }
 
-// Rows per block of a forward: at least kGrainElements values, and a whole
-// number of 64-bit mask words (rows x d a multiple of 64), so that no word of
-// mask_bits is written by two threads.
+
 std::int64_t forward_block_rows(std::int64_t d) {
   const std::int64_t word_rows = 64 / std::gcd<std::int64_t>(d, 64);
   return (std::max<std::int64_t>(1, kGrainElements / d) + word_rows - 1) / word_rows * word_rows;
 }
 
-}  // namespace
+void backward_dense(std::span<float> grad_token_table, std::span<float> grad_position_table,
+                    ConstTensorSpan grad_out, std::span<const std::int64_t> input_ids,
+                    std::span<const std::int64_t> position_ids, const EmbeddingShape& shape,
+                    const DropoutSpec& dropout, GradMode mode, std::span<const std::uint64_t> mask_bits) {
+  simd::GradTable token{grad_token_table.empty() ? nullptr : grad_token_table.data(), input_ids.data()};
+  simd::GradTable position{grad_position_table.empty() ? nullptr : grad_position_table.data(),
+                           position_ids.data()};
+  if (mode == GradMode::write) {
+    // A fresh gradient in one pass: rows no token touches are zeroed, each touched
+    // row is written by its first token (0 + v) and added to by the rest.
+    prepare_fresh(token, 0, input_ids, shape.vocab_size, shape.embed_dim, -1);
+    // The padding row counts as untouched: zeroed here, then put back as zeros
+    // after its tokens added to it.
+    prepare_fresh(position, 1, position_ids, shape.max_seq_len, shape.embed_dim, shape.position_padding_row);
+  }
+  backward_rows(token, position, shape.vocab_size, grad_out, position_ids, shape, dropout, mask_bits, mode, mode);
+}
+
+void backward_sparse(SparseRowGrad& grad, std::span<float> grad_position_table, ConstTensorSpan grad_out,
+                     std::span<const std::int64_t> input_ids, std::span<const std::int64_t> position_ids,
+                     const EmbeddingShape& shape, const DropoutSpec& dropout, GradMode position_mode,
+                     std::span<const std::uint64_t> mask_bits) {
+  const std::int64_t d = shape.embed_dim;
+  if (!grad.rows.empty() && grad.embed_dim != d) {
+    throw Error("sparse token gradient has width " + std::to_string(grad.embed_dim) +
+                " but embed_dim is " + std::to_string(d) + "; zero it or use a new one");
+  }
+  validate_sparse_grad(grad, shape.vocab_size);
+  grad.embed_dim = d;
+  const auto width = static_cast<std::size_t>(d);
+  const std::size_t n = input_ids.size();
+  SparseRowGrad::Scratch& scratch = grad.scratch;
+  // The batch's rows as a bitmap over the vocabulary: sorted and unique in
+  // O(B*T + V/64), with no sort.
+  const std::size_t words = (static_cast<std::size_t>(shape.vocab_size) + 63) / 64;
+  mark_touched_rows(scratch.touched, input_ids, shape.vocab_size);
+  std::vector<std::int64_t>& batch_rows = scratch.batch_rows;
+  batch_rows.clear();
+  for (std::size_t w = 0; w < words; ++w) {
+    for (std::uint64_t bits = scratch.touched[w]; bits != 0; bits &= bits - 1) {
+      batch_rows.push_back(static_cast<std::int64_t>(w * 64) + std::countr_zero(bits));
+    }
+  }
+  scratch.slot.resize(n);
+  simd::GradTable token{nullptr, scratch.slot.data()};
+  // Right after zero_grad the batch's rows are written fresh; else added to.
+  const GradMode token_mode = grad.rows.empty() ? GradMode::write : GradMode::accumulate;
+  if (token_mode == GradMode::write) {
+    // The usual case, right after zero_grad. A row's slot is its rank among the
+    // touched rows; the first token of each row (in the backward's order)
+    // writes it, so `values` needs no zeroing, and no allocation once its
+    // capacity is reached.
+    grad.rows.assign(batch_rows.begin(), batch_rows.end());
+    // Rows are written in token order, scattered over `values`: on huge pages
+    // that costs no page walk a row (GPT-2 shape, Zen 4: 0.93x the backward).
+    if (grad.values.capacity() < grad.rows.size() * width) {
+      assign_zeros_huge(grad.values, grad.rows.size() * width);
+    } else {
+      grad.values.resize(grad.rows.size() * width);
+    }
+    scratch.rank.resize(words);
+    rank_slots(scratch.slot, scratch.rank, scratch.touched, input_ids);
+    // A large gradient's first writes go past the cache (the next reader is
+    // the optimizer); a small one stays in it.
+    token.stream = grad.values.size() * sizeof(float) >= kStreamBytes;
+  } else {
+    // Accumulating a second batch before zero_grad: merge the new rows in.
+    merge_rows(grad, batch_rows);
+    for (std::size_t i = 0; i < n; ++i) {
+      scratch.slot[i] = std::lower_bound(grad.rows.begin(), grad.rows.end(), input_ids[i]) - grad.rows.begin();
+    }
+  }
+  token.grad = grad.values.empty() ? nullptr : grad.values.data();
+  simd::GradTable position{grad_position_table.empty() ? nullptr : grad_position_table.data(), position_ids.data()};
+  if (position_mode == GradMode::write) {
+    prepare_fresh(position, 1, position_ids, shape.max_seq_len, d, shape.position_padding_row);
+  }
+  backward_rows(token, position, static_cast<std::int64_t>(grad.rows.size()), grad_out, position_ids, shape,
+                dropout, mask_bits, token_mode, position_mode);
+}
+
+}  // namespace detail
 
 std::uint32_t dropout_threshold(double p) {
   const double t = std::round(p * 4294967296.0);
@@ -482,18 +543,8 @@ void embedding_backward(std::span<float> grad_token_table, std::span<float> grad
                         std::span<const std::uint64_t> mask_bits) {
   validate_backward(grad_token_table.size(), grad_position_table.size(), grad_out.size(), input_ids,
                     position_ids, shape, dropout, mask_bits);
-  simd::GradTable token{grad_token_table.empty() ? nullptr : grad_token_table.data(), input_ids.data()};
-  simd::GradTable position{grad_position_table.empty() ? nullptr : grad_position_table.data(),
-                           position_ids.data()};
-  if (mode == GradMode::write) {
-    // A fresh gradient in one pass: rows no token touches are zeroed, each touched
-    // row is written by its first token (0 + v) and added to by the rest.
-    prepare_fresh(token, 0, input_ids, shape.vocab_size, shape.embed_dim, -1);
-    // The padding row counts as untouched: zeroed here, then put back as zeros
-    // after its tokens added to it.
-    prepare_fresh(position, 1, position_ids, shape.max_seq_len, shape.embed_dim, shape.position_padding_row);
-  }
-  backward_rows(token, position, shape.vocab_size, grad_out, position_ids, shape, dropout, mask_bits, mode, mode);
+  backward_dense(grad_token_table, grad_position_table, grad_out, input_ids, position_ids, shape, dropout, mode,
+                 mask_bits);
 }
 
 void embedding_backward(SparseRowGrad& grad, std::span<float> grad_position_table,
@@ -501,241 +552,10 @@ void embedding_backward(SparseRowGrad& grad, std::span<float> grad_position_tabl
                         std::span<const std::int64_t> position_ids, const EmbeddingShape& shape,
                         const DropoutSpec& dropout, GradMode position_mode,
                         std::span<const std::uint64_t> mask_bits) {
-  validate_backward(0, grad_position_table.size(), grad_out.size(), input_ids, position_ids, shape,
-                    dropout, mask_bits);
-  const std::int64_t d = shape.embed_dim;
-  if (!grad.rows.empty() && grad.embed_dim != d) {
-    throw Error("sparse token gradient has width " + std::to_string(grad.embed_dim) +
-                " but embed_dim is " + std::to_string(d) + "; zero it or use a new one");
-  }
-  validate_sparse_grad(grad, shape.vocab_size);
-  grad.embed_dim = d;
-  const auto width = static_cast<std::size_t>(d);
-  const std::size_t n = input_ids.size();
-  SparseRowGrad::Scratch& scratch = grad.scratch;
-  // The batch's rows as a bitmap over the vocabulary: sorted and unique in
-  // O(B*T + V/64), with no sort.
-  const std::size_t words = (static_cast<std::size_t>(shape.vocab_size) + 63) / 64;
-  mark_touched_rows(scratch.touched, input_ids, shape.vocab_size);
-  std::vector<std::int64_t>& batch_rows = scratch.batch_rows;
-  batch_rows.clear();
-  for (std::size_t w = 0; w < words; ++w) {
-    for (std::uint64_t bits = scratch.touched[w]; bits != 0; bits &= bits - 1) {
-      batch_rows.push_back(static_cast<std::int64_t>(w * 64) + std::countr_zero(bits));
-    }
-  }
-  scratch.slot.resize(n);
-  simd::GradTable token{nullptr, scratch.slot.data()};
-  // Right after zero_grad the batch's rows are written fresh; else added to.
-  const GradMode token_mode = grad.rows.empty() ? GradMode::write : GradMode::accumulate;
-  if (token_mode == GradMode::write) {
-    // The usual case, right after zero_grad. A row's slot is its rank among the
-    // touched rows; the first token of each row (in the backward's order)
-    // writes it, so `values` needs no zeroing, and no allocation once its
-    // capacity is reached.
-    grad.rows.assign(batch_rows.begin(), batch_rows.end());
-    // Rows are written in token order, scattered over `values`: on huge pages
-    // that costs no page walk a row (GPT-2 shape, Zen 4: 0.93x the backward).
-    if (grad.values.capacity() < grad.rows.size() * width) {
-      assign_zeros_huge(grad.values, grad.rows.size() * width);
-    } else {
-      grad.values.resize(grad.rows.size() * width);
-    }
-    scratch.rank.resize(words);
-    rank_slots(scratch.slot, scratch.rank, scratch.touched, input_ids);
-    // A large gradient's first writes go past the cache (the next reader is
-    // the optimizer); a small one stays in it.
-    token.stream = grad.values.size() * sizeof(float) >= kStreamBytes;
-  } else {
-    // Accumulating a second batch before zero_grad: merge the new rows in.
-    merge_rows(grad, batch_rows);
-    for (std::size_t i = 0; i < n; ++i) {
-      scratch.slot[i] = std::lower_bound(grad.rows.begin(), grad.rows.end(), input_ids[i]) - grad.rows.begin();
-    }
-  }
-  token.grad = grad.values.empty() ? nullptr : grad.values.data();
-  simd::GradTable position{grad_position_table.empty() ? nullptr : grad_position_table.data(), position_ids.data()};
-  if (position_mode == GradMode::write) {
-    prepare_fresh(position, 1, position_ids, shape.max_seq_len, d, shape.position_padding_row);
-  }
-  backward_rows(token, position, static_cast<std::int64_t>(grad.rows.size()), grad_out, position_ids, shape,
-                dropout, mask_bits, token_mode, position_mode);
-}
-
-namespace {
-
-std::string dtype_text(Dtype dtype) { return std::string(dtype_name(dtype)); }
-
-// The float elements of grad_out: itself, or widened (exactly) into scratch
-// kept with the calling thread.
-std::span<const float> widened(ConstTensorSpan grad_out) {
-  if (grad_out.dtype == Dtype::f32) return {static_cast<const float*>(grad_out.data), grad_out.size};
-  thread_local std::vector<float> scratch;
-  scratch.resize(grad_out.size);
-  // Named here, on the calling thread: inside the parallel region the name
-  // would be each worker's own thread_local.
-  float* out = scratch.data();
-  const auto n = static_cast<std::int64_t>(grad_out.size);
-  const auto* in = static_cast<const std::uint8_t*>(grad_out.data);
-  parallel_for((n + kGrainElements - 1) / kGrainElements, [&](std::int64_t b) {
-    const std::int64_t j0 = b * kGrainElements, j1 = std::min(n, j0 + kGrainElements);
-    simd::widen(out + j0, in + static_cast<std::size_t>(j0) * dtype_bytes(grad_out.dtype), grad_out.dtype,
-                static_cast<std::size_t>(j1 - j0));
-  });
-  return scratch;
-}
-
-// Where the float backward sums a dense half gradient: float scratch kept
-// with the calling thread, zeros where the backward accumulates (so its sums
-// are this call's alone); a float gradient is its own. Empty: frozen.
-std::span<float> float_sums(TensorSpan grad, GradMode mode) {
-  if (grad.dtype == Dtype::f32 || grad.empty()) return {static_cast<float*>(grad.data), grad.size};
-  thread_local std::vector<float> scratch;
-  scratch.resize(grad.size);
-  if (mode == GradMode::accumulate) zero_grad(scratch);
-  return scratch;
-}
-
-// Rounds the float sums of a half gradient into it, once per element: row
-// rows[k] (ascending) from value_row(k); accumulate: added to what the row
-// holds, in float; else written, and the rows not listed set to zeros, as a
-// fresh float gradient's: past the cache from kStreamBytes on, viewed as
-// floats where a row is a whole number of them (zero_untouched_rows, one
-// fence per block, not a memset that reads each line first), else memset.
-// grad: (table_rows, d)
-template <class ValueRow>
-void narrow_rows(TensorSpan grad, std::span<const std::int64_t> rows, std::int64_t table_rows, std::int64_t d,
-                 GradMode mode, ValueRow&& value_row) {
-  auto* out = static_cast<std::uint8_t*>(grad.data);
-  const std::size_t row_bytes = static_cast<std::size_t>(d) * dtype_bytes(grad.dtype);
-  if (mode == GradMode::write) {
-    thread_local std::vector<std::uint64_t> touched;
-    mark_touched_rows(touched, rows, table_rows);
-    if (row_bytes % sizeof(float) == 0 && reinterpret_cast<std::uintptr_t>(out) % alignof(float) == 0) {
-      const auto floats = static_cast<std::int64_t>(row_bytes / sizeof(float));
-      zero_untouched_rows(reinterpret_cast<float*>(out), touched, table_rows, floats,
-                          static_cast<std::size_t>(table_rows) * row_bytes >= kStreamBytes);
-    } else {
-      const std::uint64_t* bits = touched.data();  // on this thread (see widened)
-      const std::int64_t per_block = std::max<std::int64_t>(1, kGrainElements / d);
-      parallel_for((table_rows + per_block - 1) / per_block, [&](std::int64_t b) {
-        for (std::int64_t r = b * per_block; r < std::min(table_rows, (b + 1) * per_block); ++r) {
-          if ((bits[static_cast<std::size_t>(r) >> 6] >> (r & 63) & 1) == 0) {
-            std::memset(out + static_cast<std::size_t>(r) * row_bytes, 0, row_bytes);  // bf16/fp16 zeros
-          }
-        }
-      });
-    }
-  }
-  const bool accumulate = mode == GradMode::accumulate;
-  const auto count = static_cast<std::int64_t>(rows.size());
-  const std::int64_t per_block = std::max<std::int64_t>(1, kGrainElements / d);
-  parallel_for((count + per_block - 1) / per_block, [&](std::int64_t b) {
-    for (std::int64_t k = b * per_block; k < std::min(count, (b + 1) * per_block); ++k) {
-      const auto at = static_cast<std::size_t>(k);
-      simd::narrow(out + static_cast<std::size_t>(rows[at]) * row_bytes, grad.dtype, value_row(at, rows[at]),
-                   static_cast<std::size_t>(d), accumulate);
-    }
-  });
-}
-
-// The position gradient's float sums (float_sums) into a half gradient: the
-// rows its tokens touch, except the padding row, which gets nothing.
-void narrow_position_sums(TensorSpan grad, std::span<const float> sums, std::span<const std::int64_t> position_ids,
-                          const EmbeddingShape& shape, GradMode mode) {
-  if (grad.empty() || grad.dtype == Dtype::f32) return;
-  thread_local std::vector<std::uint64_t> touched;
-  thread_local std::vector<std::int64_t> rows;
-  mark_touched_rows(touched, position_ids, shape.max_seq_len, shape.position_padding_row);
-  rows.clear();
-  for (std::int64_t r = 0; r < shape.max_seq_len; ++r) {
-    if (touched[static_cast<std::size_t>(r) >> 6] >> (r & 63) & 1) rows.push_back(r);
-  }
-  const auto d = static_cast<std::size_t>(shape.embed_dim);
-  narrow_rows(grad, rows, shape.max_seq_len, shape.embed_dim, mode,
-              [&](std::size_t, std::int64_t r) { return sums.data() + static_cast<std::size_t>(r) * d; });
-}
-
-void check_table_dtypes(Dtype output, Dtype token_table, Dtype position_table) {
-  if (token_table != position_table) {
-    throw Error("token_table is " + dtype_text(token_table) + " but position_table is " +
-                dtype_text(position_table) + "; convert both tables to one dtype");
-  }
-  if (output != token_table && output != Dtype::f32) {
-    throw Error("out is " + dtype_text(output) + " but the tables are " + dtype_text(token_table) +
-                "; the output is the tables' dtype or float32");
-  }
-}
-
-}  // namespace
-
-void embedding_forward(TensorSpan out, std::span<const std::int64_t> input_ids,
-                       std::span<const std::int64_t> position_ids, ConstTensorSpan token_table,
-                       ConstTensorSpan position_table, const EmbeddingShape& shape, const DropoutSpec& dropout,
-                       std::span<std::uint64_t> mask_bits) {
-  check_table_dtypes(out.dtype, token_table.dtype, position_table.dtype);
-  if (token_table.dtype == Dtype::f32) {
-    return embedding_forward(std::span<float>(static_cast<float*>(out.data), out.size), input_ids, position_ids,
-                             {static_cast<const float*>(token_table.data), token_table.size},
-                             {static_cast<const float*>(position_table.data), position_table.size}, shape,
-                             dropout, mask_bits);
-  }
-  validate_embedding_inputs(input_ids, position_ids, token_table.size, position_table.size, shape, dropout);
-  const std::int64_t d = shape.embed_dim;
-  check_size("out", out.size, values(token_count(shape), shape.embed_dim, "B x T x d"),
-             [&] { return shape_text(shape, true); });
-  check_mask_bits(mask_bits, shape);
-  // Blocks of rows as the float forward's: each starts on a mask word, so no
-  // word of mask_bits is written by two threads.
-  const auto n = static_cast<std::int64_t>(token_count(shape));
-  const std::int64_t rows = forward_block_rows(d);
-  const simd::KeepRule mask = dropout_mask(dropout);
-  std::uint64_t* keep = mask.active && !mask_bits.empty() ? mask_bits.data() : nullptr;
-  parallel_for((n + rows - 1) / rows, [&](std::int64_t block) {
-    simd::forward_rows_half(out.data, out.dtype, token_table.data, position_table.data, token_table.dtype,
-                            input_ids.data(), position_ids.data(), static_cast<std::size_t>(d),
-                            static_cast<std::size_t>(block * rows),
-                            static_cast<std::size_t>(std::min(n, (block + 1) * rows)), mask, keep);
-  });
-}
-
-void embedding_backward(TensorSpan grad_token_table, TensorSpan grad_position_table, ConstTensorSpan grad_out,
-                        std::span<const std::int64_t> input_ids, std::span<const std::int64_t> position_ids,
-                        const EmbeddingShape& shape, const DropoutSpec& dropout, GradMode mode,
-                        std::span<const std::uint64_t> mask_bits) {
-  validate_backward(grad_token_table.size, grad_position_table.size, grad_out.size, input_ids, position_ids, shape,
-                    dropout, mask_bits);
-  const std::span<const float> grad = widened(grad_out);
-  const std::span<float> position_sums = float_sums(grad_position_table, mode);
-  if (grad_token_table.empty() || grad_token_table.dtype == Dtype::f32) {
-    embedding_backward(std::span<float>(static_cast<float*>(grad_token_table.data), grad_token_table.size),
-                       position_sums, grad, input_ids, position_ids, shape, dropout, mode, mask_bits);
-  } else {
-    // A half token gradient: the float sums of the rows the batch touches
-    // (the row-sparse backward: the same sums, in the same order, as the
-    // dense one), rounded into their rows; the other rows are written zeros
-    // or left as they are. No float table of vocab_size rows.
-    thread_local SparseRowGrad sums;
-    zero_grad(sums);
-    embedding_backward(sums, position_sums, grad, input_ids, position_ids, shape, dropout, mode, mask_bits);
-    const auto d = static_cast<std::size_t>(shape.embed_dim);
-    const float* values = sums.values.data();  // on this thread (see widened)
-    narrow_rows(grad_token_table, sums.rows, shape.vocab_size, shape.embed_dim, mode,
-                [&](std::size_t k, std::int64_t) { return values + k * d; });
-  }
-  narrow_position_sums(grad_position_table, position_sums, position_ids, shape, mode);
-}
-
-void embedding_backward(SparseRowGrad& grad_token_table, TensorSpan grad_position_table, ConstTensorSpan grad_out,
-                        std::span<const std::int64_t> input_ids, std::span<const std::int64_t> position_ids,
-                        const EmbeddingShape& shape, const DropoutSpec& dropout, GradMode position_mode,
-                        std::span<const std::uint64_t> mask_bits) {
-  validate_backward(0, grad_position_table.size, grad_out.size, input_ids, position_ids, shape, dropout, mask_bits);
-  const std::span<const float> grad = widened(grad_out);
-  const std::span<float> position_sums = float_sums(grad_position_table, position_mode);
-  embedding_backward(grad_token_table, position_sums, grad, input_ids, position_ids, shape, dropout, position_mode,
-                     mask_bits);
-  narrow_position_sums(grad_position_table, position_sums, position_ids, shape, position_mode);
+  validate_backward(0, grad_position_table.size(), grad_out.size(), input_ids, position_ids, shape, dropout,
+                    mask_bits);
+  backward_sparse(grad, grad_position_table, grad_out, input_ids, position_ids, shape, dropout, position_mode,
+                  mask_bits);
 }
 
 void validate_sparse_grad(const SparseRowGrad& grad, std::int64_t table_rows) {

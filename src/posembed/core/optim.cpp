@@ -114,41 +114,25 @@ void adamw_step(std::span<float> param, const SparseRowGrad& grad, std::span<flo
 
 namespace {
 
-// A half table's update in chunks of kChunk (a multiple of 4, as the draws of
-// stochastic rounding need): master null without a master copy.
-void adamw_half_step(TensorSpan param, float* master, ConstTensorSpan grad, std::span<float> m, std::span<float> v,
-                     std::int64_t step, const AdamWConfig& config, std::uint64_t seed) {
+// What every step on a half table checks, and its coefficients and draws
+// (seed: the stochastic rounding's; unused with a master copy).
+struct HalfStep {
+  simd::AdamWCoefficients coefficients;
+  simd::RoundingDraws draws;
+};
+HalfStep half_step(TensorSpan param, std::span<float> m, std::span<float> v, std::int64_t step,
+                   const AdamWConfig& config, std::uint64_t seed) {
   validate(config, step);
   if (param.dtype == Dtype::f32) {
     throw Error("this AdamW step is for bf16 and fp16 tables; a float32 table takes adamw_step(param, grad, m, v, "
                 "step, config)");
   }
-  check_equal("gradient", grad.size, param.size);
   check_equal("AdamW first moment", m.size(), param.size);
   check_equal("AdamW second moment", v.size(), param.size);
-  const simd::AdamWCoefficients c = AdamWUpdate(config, step).coefficients();
-  const simd::RoundingDraws draws{philox_key(seed), static_cast<std::uint64_t>(step)};
-  const std::size_t n = param.size;
-  auto* table = static_cast<std::uint8_t*>(param.data);
-  const auto* g = static_cast<const std::uint8_t*>(grad.data);
-  parallel_for(static_cast<std::int64_t>((n + kChunk - 1) / kChunk), [&](std::int64_t chunk) {
-    const std::size_t k = static_cast<std::size_t>(chunk) * kChunk;
-    simd::adamw_half(table + k * dtype_bytes(param.dtype), param.dtype, master ? master + k : nullptr,
-                     g + k * dtype_bytes(grad.dtype), grad.dtype, m.data() + k, v.data() + k,
-                     std::min(kChunk, n - k), c, k, draws);
-  }, kGrainElements / kChunk);
+  return {AdamWUpdate(config, step).coefficients(), {philox_key(seed), static_cast<std::uint64_t>(step)}};
 }
 
-}  // namespace
-
-void adamw_step(TensorSpan param, std::span<float> master, ConstTensorSpan grad, std::span<float> m,
-                std::span<float> v, std::int64_t step, const AdamWConfig& config) {
-  check_equal("master weights", master.size(), param.size);
-  adamw_half_step(param, master.data(), grad, m, v, step, config, 0);
-}
-
-void adamw_step(TensorSpan param, ConstTensorSpan grad, std::span<float> m, std::span<float> v,
-                std::int64_t step, const AdamWConfig& config, StochasticRounding rounding) {
+void check_stochastic(TensorSpan param, std::int64_t step) {
   if (param.dtype != Dtype::bf16) {
     throw Error("stochastic rounding without master weights is for bfloat16 tables; this one is " +
                 std::string(dtype_name(param.dtype)) + ": keep float master weights (adamw_step with master)");
@@ -157,7 +141,65 @@ void adamw_step(TensorSpan param, ConstTensorSpan grad, std::span<float> m, std:
     throw Error("optimizer step " + std::to_string(step) + " exceeds the 48-bit limit of the rounding draws " +
                 std::to_string(kMaxRandomStep));
   }
-  adamw_half_step(param, nullptr, grad, m, v, step, config, rounding.seed);
+}
+
+// A half table's update in chunks of kChunk: master null without a master copy.
+void adamw_half_dense(TensorSpan param, float* master, ConstTensorSpan grad, std::span<float> m, std::span<float> v,
+                      std::int64_t step, const AdamWConfig& config, std::uint64_t seed) {
+  const HalfStep s = half_step(param, m, v, step, config, seed);
+  check_equal("gradient", grad.size, param.size);
+  const std::size_t n = param.size;
+  auto* table = static_cast<std::uint8_t*>(param.data);
+  const auto* g = static_cast<const std::uint8_t*>(grad.data);
+  parallel_for(static_cast<std::int64_t>((n + kChunk - 1) / kChunk), [&](std::int64_t chunk) {
+    const std::size_t k = static_cast<std::size_t>(chunk) * kChunk;
+    simd::adamw_half(table + k * dtype_bytes(param.dtype), param.dtype, master ? master + k : nullptr,
+                     g + k * dtype_bytes(grad.dtype), grad.dtype, m.data() + k, v.data() + k,
+                     std::min(kChunk, n - k), s.coefficients, k, s.draws);
+  }, kGrainElements / kChunk);
+}
+
+// The same, lazily over the rows of a row-sparse gradient (as the float
+// sparse step): each row updated as the dense step updates it, draws included.
+void adamw_half_sparse(TensorSpan param, float* master, const SparseRowGrad& grad, std::span<float> m,
+                       std::span<float> v, std::int64_t step, const AdamWConfig& config, std::uint64_t seed) {
+  const HalfStep s = half_step(param, m, v, step, config, seed);
+  validate_sparse(param.size, grad);
+  const auto d = static_cast<std::size_t>(grad.embed_dim);
+  auto* table = static_cast<std::uint8_t*>(param.data);
+  parallel_for(static_cast<std::int64_t>(grad.rows.size()), [&](std::int64_t r) {
+    const auto k = static_cast<std::size_t>(r);
+    const std::size_t at = static_cast<std::size_t>(grad.rows[k]) * d;
+    simd::adamw_half(table + at * dtype_bytes(param.dtype), param.dtype, master ? master + at : nullptr,
+                     grad.values.data() + k * d, Dtype::f32, m.data() + at, v.data() + at, d, s.coefficients, at,
+                     s.draws);
+  }, std::max<std::int64_t>(1, kGrainElements / static_cast<std::int64_t>(d)));
+}
+
+}  // namespace
+
+void adamw_step(TensorSpan param, std::span<float> master, ConstTensorSpan grad, std::span<float> m,
+                std::span<float> v, std::int64_t step, const AdamWConfig& config) {
+  check_equal("master weights", master.size(), param.size);
+  adamw_half_dense(param, master.data(), grad, m, v, step, config, 0);
+}
+
+void adamw_step(TensorSpan param, ConstTensorSpan grad, std::span<float> m, std::span<float> v,
+                std::int64_t step, const AdamWConfig& config, StochasticRounding rounding) {
+  check_stochastic(param, step);
+  adamw_half_dense(param, nullptr, grad, m, v, step, config, rounding.seed);
+}
+
+void adamw_step(TensorSpan param, std::span<float> master, const SparseRowGrad& grad, std::span<float> m,
+                std::span<float> v, std::int64_t step, const AdamWConfig& config) {
+  check_equal("master weights", master.size(), param.size);
+  adamw_half_sparse(param, master.data(), grad, m, v, step, config, 0);
+}
+
+void adamw_step(TensorSpan param, const SparseRowGrad& grad, std::span<float> m, std::span<float> v,
+                std::int64_t step, const AdamWConfig& config, StochasticRounding rounding) {
+  check_stochastic(param, step);
+  adamw_half_sparse(param, nullptr, grad, m, v, step, config, rounding.seed);
 }
 
 void sgd_step(std::span<float> param, std::span<const float> grad,

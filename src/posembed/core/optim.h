@@ -55,6 +55,15 @@ struct StochasticRounding {
 void adamw_step(TensorSpan param, ConstTensorSpan grad, std::span<float> m, std::span<float> v,
                 std::int64_t step, const AdamWConfig& config, StochasticRounding rounding);
 
+// Both of the above, lazily on a row-sparse (float) gradient as the float
+// sparse step: only the rows present move, each as the dense step moves it
+// (the same draws for stochastic rounding, keyed by the element's flat index).
+// param, master, m, v: (rows, grad.embed_dim)
+void adamw_step(TensorSpan param, std::span<float> master, const SparseRowGrad& grad, std::span<float> m,
+                std::span<float> v, std::int64_t step, const AdamWConfig& config);
+void adamw_step(TensorSpan param, const SparseRowGrad& grad, std::span<float> m, std::span<float> v,
+                std::int64_t step, const AdamWConfig& config, StochasticRounding rounding);
+
 // momentum_buffer may be empty when momentum == 0. first_step: the buffer starts
 // as the gradient itself, as in PyTorch.
 void sgd_step(std::span<float> param, std::span<const float> grad,

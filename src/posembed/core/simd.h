@@ -105,18 +105,6 @@ void forward_rows_half(void* out, Dtype output, const void* token_table, const v
                        const std::int64_t* input_ids, const std::int64_t* position_ids, std::size_t d,
                        std::size_t r0, std::size_t r1, const KeepRule& mask, std::uint64_t* keep);
 
-// simd/backward_half.cpp: what a backward with bf16 or fp16 gradients adds
-// around the float backward: its sums stay float (a sum in bf16 stops growing
-// near 256 when each token adds 1), so grad_out is widened first and the
-// gradients rounded once at the end.
-
-// out[j] = float(in[j]), j < n, exactly. out: (n), in: (n) elements of `dtype`
-void widen(float* out, const void* in, Dtype dtype, std::size_t n);
-
-// out[j] = round(in[j]) (accumulate: round(float(out[j]) + in[j])), j < n, one
-// RNE rounding to `dtype` per element. out: (n) elements of `dtype`, in: (n)
-void narrow(void* out, Dtype dtype, const float* in, std::size_t n, bool accumulate);
-
 // simd/backward.cpp: the backward into both tables, and fresh gradients' zeros.
 
 // One gradient table of backward_rows. The masked grad_out row of token r is
@@ -150,6 +138,27 @@ struct BackwardPlan {
 void backward_rows(const GradTable& token, const GradTable& position, const BackwardPlan& plan, std::uint8_t self,
                    const float* grad_out, std::size_t d, std::size_t n, const KeepRule& mask,
                    const std::uint64_t* keep);
+
+// simd/backward_half.cpp: the backward over a bf16 or fp16 grad_out, and
+// the rounding of its float sums into bf16 or fp16 gradients. The sums stay
+// float (a sum in bf16 stops growing near 256 when each token adds 1).
+
+// backward_rows over a grad_out of `grad_dtype` (bf16 or f16), each element
+// widened exactly as it is loaded: the bits of backward_rows of the widened
+// grad_out, with no widened copy. grad_out: (n, d) elements of grad_dtype
+void backward_rows_half(const GradTable& token, const GradTable& position, const BackwardPlan& plan,
+                        std::uint8_t self, const void* grad_out, Dtype grad_dtype, std::size_t d, std::size_t n,
+                        const KeepRule& mask, const std::uint64_t* keep);
+
+// Rows [r0, r1) of `out`, a table of `dtype` (bf16 or f16) d wide: each
+// listed row rows[k] in the range gets its float values rounded once (RNE),
+// added in float to what it holds unless `write`: row k of `values`, or row
+// rows[k] where `by_row` (values a dense float table). With `write`, every
+// row of the range not listed is set to zeros. stream: past the cache
+// (non-temporal stores, then a store fence).
+// out: (table rows, d), values: (count, d) or (table rows, d), rows: (count), ascending
+void narrow_rows(void* out, Dtype dtype, const float* values, bool by_row, const std::int64_t* rows,
+                 std::size_t count, std::size_t r0, std::size_t r1, std::size_t d, bool write, bool stream);
 
 // out[j] = 0, j < n, with non-temporal stores past the cache, then a store fence.
 void stream_zeros(float* out, std::size_t n);
@@ -187,7 +196,8 @@ struct RoundingDraws {
 // (float, the weights the update reads and writes) non-null: param = master
 // rounded to nearest even, in the same pass. master null: the update reads
 // param widened, and writes it back stochastically rounded by `draws` (bf16
-// only), first being the flat index of param[0], a multiple of 4.
+// only), first being the flat index of param[0] in its table (the draws are
+// keyed by it: a row of a row-sparse step draws what a dense step would).
 // param, master, grad, m, v: (n)
 void adamw_half(void* param, Dtype dtype, float* master, const void* grad, Dtype grad_dtype, float* m, float* v,
                 std::size_t n, const AdamWCoefficients& c, std::uint64_t first, const RoundingDraws& draws);

@@ -30,6 +30,7 @@ namespace hn = hwy::HWY_NAMESPACE;
 
 // Elements per batch of draws: 16 KiB of them on the stack.
 constexpr std::size_t kDrawBatch = 4096;
+static_assert(kDrawBatch % 4 == 0, "batches start on the same word of a Philox block");
 
 // bf16 bits of v rounded stochastically: the low 16 bits of `draw` added below
 // the kept half, then dropped, so v rounds up with probability (its distance
@@ -60,12 +61,17 @@ void AdamWTyped(T* HWY_RESTRICT param, float* HWY_RESTRICT master, const G* HWY_
              one_minus_beta1 = hn::Set(df, c.one_minus_beta1), beta2 = hn::Set(df, c.beta2),
              one_minus_beta2 = hn::Set(df, c.one_minus_beta2), step_size = hn::Set(df, c.step_size),
              sqrt_correction2 = hn::Set(df, c.sqrt_correction2), eps = hn::Set(df, c.eps);
-  HWY_ALIGN std::uint32_t drawn[kDrawBatch];
+  // Element first + j's draw is word (first + j) % 4 of Philox block
+  // (first + j) / 4: a batch's blocks start at the one holding its first
+  // element, `skip` words before it (a row of a row-sparse step starts
+  // anywhere).
+  HWY_ALIGN std::uint32_t drawn[kDrawBatch + 4];
+  const std::size_t skip = first % 4;  // the same for every batch: kDrawBatch is a multiple of 4
   for (std::size_t b = 0; b < n; b += kDrawBatch) {
     const std::size_t b1 = std::min(n, b + kDrawBatch);
     if constexpr (!kMaster) {
       PhiloxBlocks(drawn, philox_counter((first + b) / 4, draws.step, RandomStream::rounding), draws.key,
-                   (b1 - b + 3) / 4);
+                   (skip + b1 - b + 3) / 4);
     }
     for (std::size_t j = b; j < b1; j += lanes) {
       const std::size_t count = std::min(lanes, b1 - j);
@@ -83,7 +89,7 @@ void AdamWTyped(T* HWY_RESTRICT param, float* HWY_RESTRICT master, const G* HWY_
         StoreNarrow(df, updated, param + j, count);
       } else {
         static_assert(std::is_same_v<T, bf16>, "stochastic rounding is to bf16");
-        const auto draw = LoadPart(du, drawn + (j - b), count);
+        const auto draw = LoadPart(du, drawn + skip + (j - b), count);
         const auto bits = StochasticBf16(df, updated, draw);
         StorePart(hn::DemoteTo(d16, hn::BitCast(di, bits)), d16, reinterpret_cast<std::uint16_t*>(param + j), count);
       }

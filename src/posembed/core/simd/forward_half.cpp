@@ -35,9 +35,7 @@ void ForwardRowsOf(O* HWY_RESTRICT out, const T* HWY_RESTRICT token_table, const
   const std::size_t lanes = hn::Lanes(df);
   const auto row = [&](const T* table, std::int64_t id) { return table + static_cast<std::size_t>(id) * d; };
   for (std::size_t r = r0; r < r1; ++r) {
-    if (r + 2 < r1) {
-      PrefetchRow(reinterpret_cast<const float*>(row(token_table, input_ids[r + 2])), d * sizeof(T) / sizeof(float));
-    }
+    if (r + 2 < r1) PrefetchRow(row(token_table, input_ids[r + 2]), d);
     const T* HWY_RESTRICT a = row(token_table, input_ids[r]);
     const T* HWY_RESTRICT b = row(position_table, position_ids[r]);
     O* HWY_RESTRICT o = out + r * d;

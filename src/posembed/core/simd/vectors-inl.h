@@ -1,6 +1,7 @@
 // Per-target helpers every kernel's walk uses: partial vectors, alignment to
 // the array written, prefetching a row. Include after hwy/foreach_target.h and
 // hwy/highway.h, as the kernel files do.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -57,6 +58,39 @@ HWY_INLINE std::size_t ElementsBeforeVectorBoundary(const float* p, std::size_t 
   return (vector_bytes - reinterpret_cast<std::uintptr_t>(p) % vector_bytes) % vector_bytes / sizeof(float);
 }
 
+// out[j] = 0, j < n, with non-temporal stores; no fence (the caller's). The
+// aligned full vectors in a loop of their own, two a pass: through
+// ForEachVector's test of each vector's count, or one a pass (depending on
+// where the loop fell in the code), AVX2's 32-byte stores were slower than
+// AVX-512's; two a pass, as fast.
+HWY_INLINE void StreamZerosUnfenced(float* HWY_RESTRICT out, std::size_t n) {
+  const hn::ScalableTag<float> df;
+  const std::size_t lanes = hn::Lanes(df);
+  const auto zero = hn::Zero(df);
+  const std::size_t head = std::min(n, ElementsBeforeVectorBoundary(out, lanes));
+  if (head > 0) StorePart(zero, df, out, head);
+  std::size_t j = head;
+  for (; j + 2 * lanes <= n; j += 2 * lanes) {
+    hn::Stream(zero, df, out + j);
+    hn::Stream(zero, df, out + j + lanes);
+  }
+  for (; j + lanes <= n; j += lanes) hn::Stream(zero, df, out + j);
+  if (j < n) StorePart(zero, df, out + j, n - j);
+}
+
+// out[j] = in[j], j < n, with non-temporal stores as StreamZerosUnfenced;
+// no fence. For a row made in a small buffer in the cache and written once
+// to a large array.
+HWY_INLINE void StreamCopyUnfenced(float* HWY_RESTRICT out, const float* HWY_RESTRICT in, std::size_t n) {
+  const hn::ScalableTag<float> df;
+  const std::size_t lanes = hn::Lanes(df);
+  const std::size_t head = std::min(n, ElementsBeforeVectorBoundary(out, lanes));
+  if (head > 0) StorePart(LoadPart(df, in, head), df, out, head);
+  std::size_t j = head;
+  for (; j + lanes <= n; j += lanes) hn::Stream(hn::LoadU(df, in + j), df, out + j);
+  if (j < n) StorePart(LoadPart(df, in + j, n - j), df, out + j, n - j);
+}
+
 // Asks for a row ahead of its use. The token rows are scattered over a large
 // table, so the hardware prefetcher sees each one too late. Into L2, not L1: a
 // row is dozens of lines, and once L1's few miss buffers are full the prefetch
@@ -65,9 +99,10 @@ HWY_INLINE std::size_t ElementsBeforeVectorBoundary(const float* p, std::size_t 
 // once stall on the full L2 miss queue, and while they wait the draws'
 // arithmetic behind them waits too. kForWrite: the row will be written, so ask
 // for it exclusive.
-template <bool kForWrite = false>
-HWY_INLINE void PrefetchRow(const float* row, std::size_t n) {
-  for (std::size_t j = 0; j < n; j += 64 / sizeof(float)) __builtin_prefetch(row + j, kForWrite ? 1 : 0, 1);
+// row: n elements of T.
+template <bool kForWrite = false, class T>
+HWY_INLINE void PrefetchRow(const T* row, std::size_t n) {
+  for (std::size_t j = 0; j < n; j += 64 / sizeof(T)) __builtin_prefetch(row + j, kForWrite ? 1 : 0, 1);
 }
 
 }  // namespace HWY_NAMESPACE

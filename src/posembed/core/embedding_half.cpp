@@ -1,0 +1,145 @@
+// The layer's entry points for spans of float, bf16 or fp16 (embedding.h:
+// TensorSpan): float tables run the float layer (embedding.cpp); half tables
+// the half forward, and half gradients the float backward's sums (over a
+// grad_out of any dtype, widened as it is read) rounded once into them.
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "posembed/core/embedding.h"
+#include "posembed/core/embedding_internal.h"
+#include "posembed/core/error.h"
+#include "posembed/core/parallel_for.h"
+#include "posembed/core/simd.h"
+
+namespace posembed {
+using namespace detail;  // embedding_internal.h
+
+namespace {
+
+std::string dtype_text(Dtype dtype) { return std::string(dtype_name(dtype)); }
+
+// Where the float backward sums a dense half gradient: float scratch kept
+// with the calling thread, zeros where the backward accumulates (so its sums
+// are this call's alone); a float gradient is its own. Empty: frozen.
+std::span<float> float_sums(TensorSpan grad, GradMode mode) {
+  if (grad.dtype == Dtype::f32 || grad.empty()) return {static_cast<float*>(grad.data), grad.size};
+  thread_local std::vector<float> scratch;
+  scratch.resize(grad.size);
+  if (mode == GradMode::accumulate) zero_grad(scratch);
+  return scratch;
+}
+
+// Rounds the float sums of a half gradient (table_rows, d) into it, once per
+// element (simd::narrow_rows): the listed rows (ascending) from `values`
+// (their rows in order, or a dense table where `by_row`); accumulate: added
+// to what each holds; write: the other rows set to zeros, as a fresh float
+// gradient's, in the same pass, past the cache from kStreamBytes on.
+void narrow_rows(TensorSpan grad, const float* values, bool by_row, std::span<const std::int64_t> rows,
+                 std::int64_t table_rows, std::int64_t d, GradMode mode) {
+  const bool write = mode == GradMode::write;
+  const bool stream = static_cast<std::size_t>(table_rows * d) * dtype_bytes(grad.dtype) >= kStreamBytes;
+  const std::int64_t per_block = std::max<std::int64_t>(1, kGrainElements / d);
+  parallel_for((table_rows + per_block - 1) / per_block, [&](std::int64_t b) {
+    const std::int64_t r0 = b * per_block, r1 = std::min(table_rows, r0 + per_block);
+    simd::narrow_rows(grad.data, grad.dtype, values, by_row, rows.data(), rows.size(), static_cast<std::size_t>(r0),
+                      static_cast<std::size_t>(r1), static_cast<std::size_t>(d), write, stream);
+  });
+}
+
+// The position gradient's float sums (float_sums) into a half gradient: the
+// rows its tokens touch, except the padding row, which gets nothing.
+void narrow_position_sums(TensorSpan grad, std::span<const float> sums, std::span<const std::int64_t> position_ids,
+                          const EmbeddingShape& shape, GradMode mode) {
+  if (grad.empty() || grad.dtype == Dtype::f32) return;
+  thread_local std::vector<std::uint64_t> touched;
+  thread_local std::vector<std::int64_t> rows;
+  mark_touched_rows(touched, position_ids, shape.max_seq_len, shape.position_padding_row);
+  rows.clear();
+  for (std::int64_t r = 0; r < shape.max_seq_len; ++r) {
+    if (touched[static_cast<std::size_t>(r) >> 6] >> (r & 63) & 1) rows.push_back(r);
+  }
+  narrow_rows(grad, sums.data(), true, rows, shape.max_seq_len, shape.embed_dim, mode);
+}
+
+void check_table_dtypes(Dtype output, Dtype token_table, Dtype position_table) {
+  if (token_table != position_table) {
+    throw Error("token_table is " + dtype_text(token_table) + " but position_table is " +
+                dtype_text(position_table) + "; convert both tables to one dtype");
+  }
+  if (output != token_table && output != Dtype::f32) {
+    throw Error("out is " + dtype_text(output) + " but the tables are " + dtype_text(token_table) +
+                "; the output is the tables' dtype or float32");
+  }
+}
+
+}  // namespace
+
+void embedding_forward(TensorSpan out, std::span<const std::int64_t> input_ids,
+                       std::span<const std::int64_t> position_ids, ConstTensorSpan token_table,
+                       ConstTensorSpan position_table, const EmbeddingShape& shape, const DropoutSpec& dropout,
+                       std::span<std::uint64_t> mask_bits) {
+  check_table_dtypes(out.dtype, token_table.dtype, position_table.dtype);
+  if (token_table.dtype == Dtype::f32) {
+    return embedding_forward(std::span<float>(static_cast<float*>(out.data), out.size), input_ids, position_ids,
+                             {static_cast<const float*>(token_table.data), token_table.size},
+                             {static_cast<const float*>(position_table.data), position_table.size}, shape,
+                             dropout, mask_bits);
+  }
+  validate_embedding_inputs(input_ids, position_ids, token_table.size, position_table.size, shape, dropout);
+  const std::int64_t d = shape.embed_dim;
+  check_size("out", out.size, values(token_count(shape), shape.embed_dim, "B x T x d"),
+             [&] { return shape_text(shape, true); });
+  check_mask_bits(mask_bits, shape);
+  // Blocks of rows as the float forward's: each starts on a mask word, so no
+  // word of mask_bits is written by two threads.
+  const auto n = static_cast<std::int64_t>(token_count(shape));
+  const std::int64_t rows = forward_block_rows(d);
+  const simd::KeepRule mask = dropout_mask(dropout);
+  std::uint64_t* keep = mask.active && !mask_bits.empty() ? mask_bits.data() : nullptr;
+  parallel_for((n + rows - 1) / rows, [&](std::int64_t block) {
+    simd::forward_rows_half(out.data, out.dtype, token_table.data, position_table.data, token_table.dtype,
+                            input_ids.data(), position_ids.data(), static_cast<std::size_t>(d),
+                            static_cast<std::size_t>(block * rows),
+                            static_cast<std::size_t>(std::min(n, (block + 1) * rows)), mask, keep);
+  });
+}
+
+void embedding_backward(TensorSpan grad_token_table, TensorSpan grad_position_table, ConstTensorSpan grad_out,
+                        std::span<const std::int64_t> input_ids, std::span<const std::int64_t> position_ids,
+                        const EmbeddingShape& shape, const DropoutSpec& dropout, GradMode mode,
+                        std::span<const std::uint64_t> mask_bits) {
+  validate_backward(grad_token_table.size, grad_position_table.size, grad_out.size, input_ids, position_ids, shape,
+                    dropout, mask_bits);
+  const std::span<float> position_sums = float_sums(grad_position_table, mode);
+  if (grad_token_table.empty() || grad_token_table.dtype == Dtype::f32) {
+    backward_dense(std::span<float>(static_cast<float*>(grad_token_table.data), grad_token_table.size),
+                   position_sums, grad_out, input_ids, position_ids, shape, dropout, mode, mask_bits);
+  } else {
+    // A half token gradient: the float sums of the rows the batch touches
+    // (the row-sparse backward: the same sums, in the same order, as the
+    // dense one), rounded into their rows; the other rows are written zeros
+    // or left as they are. No float table of vocab_size rows.
+    thread_local SparseRowGrad sums;
+    zero_grad(sums);
+    backward_sparse(sums, position_sums, grad_out, input_ids, position_ids, shape, dropout, mode, mask_bits);
+    narrow_rows(grad_token_table, sums.values.data(), false, sums.rows, shape.vocab_size, shape.embed_dim, mode);
+  }
+  narrow_position_sums(grad_position_table, position_sums, position_ids, shape, mode);
+}
+
+void embedding_backward(SparseRowGrad& grad_token_table, TensorSpan grad_position_table, ConstTensorSpan grad_out,
+                        std::span<const std::int64_t> input_ids, std::span<const std::int64_t> position_ids,
+                        const EmbeddingShape& shape, const DropoutSpec& dropout, GradMode position_mode,
+                        std::span<const std::uint64_t> mask_bits) {
+  validate_backward(0, grad_position_table.size, grad_out.size, input_ids, position_ids, shape, dropout, mask_bits);
+  const std::span<float> position_sums = float_sums(grad_position_table, position_mode);
+  backward_sparse(grad_token_table, position_sums, grad_out, input_ids, position_ids, shape, dropout, position_mode,
+                  mask_bits);
+  narrow_position_sums(grad_position_table, position_sums, position_ids, shape, position_mode);
+}
+
+}  // namespace posembed
