@@ -35,7 +35,12 @@ void ForwardRowsOf(O* HWY_RESTRICT out, const T* HWY_RESTRICT token_table, const
   const std::size_t lanes = hn::Lanes(df);
   const auto row = [&](const T* table, std::int64_t id) { return table + static_cast<std::size_t>(id) * d; };
   for (std::size_t r = r0; r < r1; ++r) {
-    if (r + 2 < r1) PrefetchRow(row(token_table, input_ids[r + 2]), d);
+    // The token row two ahead, asked for a line at a time between this row's
+    // vectors: a whole row's requests at once stall on the core's full miss
+    // queue, and the walk behind them (as forward.cpp's walk found). Its last
+    // line first, which the lines from its start miss where it ends past one.
+    const T* ahead = r + 2 < r1 ? row(token_table, input_ids[r + 2]) : nullptr;
+    if (ahead) __builtin_prefetch(ahead + d - 1, 0, 1);
     const T* HWY_RESTRICT a = row(token_table, input_ids[r]);
     const T* HWY_RESTRICT b = row(position_table, position_ids[r]);
     O* HWY_RESTRICT o = out + r * d;
@@ -44,6 +49,7 @@ void ForwardRowsOf(O* HWY_RESTRICT out, const T* HWY_RESTRICT token_table, const
     // stores to whole vectors is to be had.
     ForEachVector<kMasked>(d, nullptr, r * d, r1 * d, mask, &cursor, lanes,
                            [&](std::size_t j, std::size_t count, std::uint32_t bits) {
+                             if (ahead && j % (64 / sizeof(T)) < lanes) __builtin_prefetch(ahead + j, 0, 1);
                              auto v = hn::Add(LoadWide(df, a + j, count), LoadWide(df, b + j, count));
                              if constexpr (kMasked) v = ApplyKeep(df, v, bits, mask.scale);
                              StoreNarrow(df, v, o + j, count);
