@@ -273,7 +273,7 @@ void add_train_command(CLI::App& app) {
       }
     }
     // Under mpirun every rank runs this; MPI starts here and ends with the session.
-    const model::MpiSession mpi;
+    const model::MpiSession mpi(*shard_optimizer);
     const model::World world = model::world();
     if (!ignored.empty() && world.rank == 0) {
       std::printf("note: --resume keeps the checkpoint's settings; ignored: %s\n", ignored.c_str());
