@@ -86,7 +86,9 @@ std::string read_wake_bytes() {
 class StopSignalGuard {
  public:
   explicit StopSignalGuard(bool distributed) : count_(distributed ? 3 : 1) {
-    if (distributed) wake_read_fd();  // the pipe before any handler may write to it
+    // The pipe before any handler may write to it, without what signals left
+    // there after an earlier run's watcher had gone.
+    if (distributed) read_wake_bytes();
     sigemptyset(&set_);
     for (int i = 0; i < count_; ++i) {
       previous_[i] = std::signal(kSignals[i], on_stop_signal);
@@ -147,7 +149,6 @@ class BoundarySaver {
                 Target target)
       : model_(model), ranks_(ranks), state_(state), wait_mask_(wait_mask),
         target_(std::move(target)) {
-    read_wake_bytes();  // an earlier run's
     thread_ = std::thread([this] { run(); });
   }
   // After an error: the watcher goes, and what this rank waits for is cancelled.
