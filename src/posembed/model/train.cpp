@@ -307,7 +307,7 @@ class BoundarySaver {
     Checkpoint at = target_.info;
     at.step = steps;
     save_checkpoint(target_.path, model_, params, at, m, v);
-    if (target_.log) target_.log->flush();
+    if (target_.log) target_.log->flush();  // (stdio locks the file: a row may come meanwhile)
     target_.report(
         CheckpointWritten{.step = steps, .path = target_.path, .stop = StopReason::signal});
     return steps;
