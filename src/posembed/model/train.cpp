@@ -132,10 +132,10 @@ bool all_finite(std::span<const float> values) {
 // until the step's update, which waits for the save (StepState's mutex).
 // Sharded, rank 0 holds one shard of the moments: it copies what it holds and
 // asks every other rank's watcher for its shard at the same boundary
-// (Strategy::request_snapshot, gather_snapshot); the update waits for the
-// copies only, as the other ranks' updates wait for the rank 0's. The run then
-// ends at the step's end (train() below). A save can run only while no rank
-// decides whether to stop (pause, resume), so a stop never meets one in flight.
+// (Strategy::request_snapshot, gather_snapshot); each rank's update waits only
+// for its own copy. The run then ends at the step's end (train() below). No
+// save starts while the ranks agree whether to stop (pause, resume), so a run
+// never stops with one in flight.
 class BoundarySaver {
  public:
   struct Target {  // rank 0's
