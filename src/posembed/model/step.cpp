@@ -18,7 +18,6 @@
 namespace posembed::model {
 namespace {
 
-
 // body(s) for slots s in [0, wave), side by side on `wave` threads, each with
 // num_threads() / wave (at least 1) for the ops inside it. A slot's exception
 // is kept until all are done, then the first rethrown.

@@ -117,8 +117,8 @@ struct StepState {
 // update (and the gather of the updated parameters) holds its mutex and sets
 // state->steps to step + 1.
 StepStats data_parallel_step(Gpt& model, StepBuffers& buffers, Strategy& ranks,
-                             const BatchSource& batch, std::int64_t step,
-                             const TrainConfig& config, StepState* state = nullptr);
+                             const BatchSource& batch, std::int64_t step, const TrainConfig& config,
+                             StepState* state = nullptr);
 
 // Mean eval-mode loss over the windows of text at `starts`: they go through the
 // model micro_batch at a time (a chunk), the chunks split over the ranks and

@@ -117,8 +117,7 @@ class Strategy {
   // Every rank's watcher for request `steps`: `own` (this rank's moments, of
   // the parameters it updates) as they stood after `held` steps go into rank
   // 0's `all` (num_params each) when every rank held `steps`; returns that.
-  virtual bool gather_snapshot(std::int64_t steps, std::int64_t held, Moments own,
-                               Moments all) = 0;
+  virtual bool gather_snapshot(std::int64_t steps, std::int64_t held, Moments own, Moments all) = 0;
   // Every rank's main thread after the last step, its watcher gone: rank 0
   // ends the others' requests and the communicator goes (collective). After
   // an error (completed false) only this rank's pending receive is cancelled.

@@ -30,7 +30,6 @@
 namespace posembed::model {
 namespace {
 
-
 std::atomic<bool> g_interrupted{false};
 // The write end of the pipe that wakes the watcher thread (BoundarySaver) with
 // the number of each signal (0: quit); -1 until a distributed run made it.
@@ -147,7 +146,10 @@ class BoundarySaver {
 
   BoundarySaver(Gpt& model, Strategy& ranks, StepState& state, const sigset_t& wait_mask,
                 Target target)
-      : model_(model), ranks_(ranks), state_(state), wait_mask_(wait_mask),
+      : model_(model),
+        ranks_(ranks),
+        state_(state),
+        wait_mask_(wait_mask),
         target_(std::move(target)) {
     thread_ = std::thread([this] { run(); });
   }
@@ -487,11 +489,10 @@ TrainResult train(const TrainOptions& options, Strategy& ranks, const TrainRepor
   std::optional<BoundarySaver> saver;  // under MPI: rank 0, and every rank when sharded
   if (ranks.world.size > 1 && (leader || ranks.sharded)) {
     ranks.start_snapshots();
-    saver.emplace(model, ranks, state, signals.wait_mask(),
-                  BoundarySaver::Target{.path = files.checkpoint,
-                                        .info = info,
-                                        .log = log ? &*log : nullptr,
-                                        .report = tell});
+    saver.emplace(
+        model, ranks, state, signals.wait_mask(),
+        BoundarySaver::Target{
+            .path = files.checkpoint, .info = info, .log = log ? &*log : nullptr, .report = tell});
   }
   tell(TrainStarted{.run = info,
                     .resumed = !options.resume.empty(),
@@ -538,7 +539,9 @@ TrainResult train(const TrainOptions& options, Strategy& ranks, const TrainRepor
     const std::optional<std::int64_t> early = saver ? saver->pause() : std::nullopt;
     const int stop = ranks.agree((signals.stop_requested() ? kStopSignal : 0) |
                                  (step == options.stop_after ? kStopAfter : 0) |
-                                 (!early ? 0 : *early == step ? kSavedHere : kSavedBefore));
+                                 (!early           ? 0
+                                  : *early == step ? kSavedHere
+                                                   : kSavedBefore));
     if (saver && !stop) saver->resume();
     if (stop & kSavedBefore) {
       --step;
