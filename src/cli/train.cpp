@@ -158,8 +158,9 @@ class TrainPrinter {
   }
 
   void operator()(const model::TrainResult& r) {
-    if (ranks_ > 1) {
-      // Rank 0's time in MPI calls, waiting for slower ranks included.
+    if (ranks_ > 1 && r.last_step > r.first_step) {
+      // Rank 0's time in MPI calls, waiting for slower ranks included (none
+      // when a Ctrl-C dropped the run's first step).
       std::printf(
           "exchange between ranks (rank 0): %.2f MB per step, %.2f ms per step (%.1f%% of "
           "the training time)\n",
@@ -273,7 +274,7 @@ void add_train_command(CLI::App& app) {
       }
     }
     // Under mpirun every rank runs this; MPI starts here and ends with the session.
-    const model::MpiSession mpi;
+    const model::MpiSession mpi(*shard_optimizer);
     const model::World world = model::world();
     if (!ignored.empty() && world.rank == 0) {
       std::printf("note: --resume keeps the checkpoint's settings; ignored: %s\n", ignored.c_str());

@@ -4,8 +4,9 @@
 # plain run (model/distributed.h says why it can). One case per CTest test:
 #   mpi_test.sh CASE POSEMBED MPIRUN WORK_DIR   (MPIRUN may be "none" for no_mpi)
 # Cases: ranks, shard_optimizer, resume, bf16 (the three with --precision bf16),
-# interrupt, killed_rank, errors (too many ranks; an error on one rank), no_mpi
-# (the last for a build without MPI).
+# interrupt, slow_interrupt (steps longer than mpirun's grace), killed_rank,
+# errors (too many ranks; an error on one rank), no_mpi (the last for a build
+# without MPI).
 set -euo pipefail
 case_name=$1 posembed=$2 mpirun=$3 work=$4
 rm -rf "$work" && mkdir -p "$work" && cd "$work"
@@ -126,6 +127,56 @@ interrupt)
     diff <(cut -d, -f1-5 "ref$sig/log.csv") <(cut -d, -f1-5 "$sig/log.csv") || fail "SIG$sig: log differs"
     echo "ok: SIG$sig stopped at step $step (mpirun status $rc) and resumed bit for bit"
   done
+  ;;
+slow_interrupt)
+  # Ctrl-C on mpirun when a step takes longer than mpirun's grace: mpirun sends
+  # every rank SIGTERM a second after the SIGINT and SIGKILL a second after
+  # that. Rank 0 saves the last step boundary at SIGTERM, so the ranks die with
+  # a checkpoint that resumes bit for bit; without that save they die mid-step
+  # and nothing new is saved. A step here takes about 4 s on 2 idle Zen 4
+  # vCPUs (more when loaded, which only widens the margin); the checks below
+  # need it to outlast the second before the SIGTERM.
+  slow=(train --data text.txt --max-seq-len 512 --embed-dim 128 --n-layer 2 --n-head 2 --dropout 0.1
+        --batch-size 320 --micro-batch 40 --warmup-steps 2 --steps 20 --eval-every 100000
+        --checkpoint-every 1)
+  slow_stop() {  # out_dir line_to_wait_for flags...: SIGINT to mpirun once the line is out
+    local out=$1 line=$2; shift 2
+    "${mpi[@]}" -np 2 "$posembed" "${slow[@]}" "$@" --out "$out" > "$out.txt" 2>&1 &
+    local pid=$!
+    for _ in $(seq 1200); do grep -q "$line" "$out.txt" && break; sleep 0.1; done
+    if ! grep -q "$line" "$out.txt"; then
+      kill -INT "$pid"; wait "$pid" || true
+      fail "$out: no '$line' after 120 s: $(cat "$out.txt")"
+    fi
+    local sent; sent=$(date +%s%N)
+    kill -INT "$pid"
+    rc=0; wait "$pid" || rc=$?
+    [ "$rc" = 1 ] || fail "$out: mpirun exited $rc, want 1: $(cat "$out.txt")"
+    step=$(sed -n 's/^interrupted at step \([0-9]*\);.*/\1/p' "$out.txt")
+    [ -n "$step" ] || fail "$out: no 'interrupted at step' line: $(cat "$out.txt")"
+    [ -f "$out/ckpt.safetensors" ] || fail "$out: no checkpoint: $(cat "$out.txt")"
+    local written; written=$(stat -c %.9Y "$out/ckpt.safetensors"); written=${written/./}
+    [ "$written" -gt "$sent" ] || fail "$out: the checkpoint was not written after the Ctrl-C"
+    [ "$(step_of "$out/ckpt.safetensors")" = "$step" ] ||
+      fail "$out: the checkpoint holds step $(step_of "$out/ckpt.safetensors"), the output says $step"
+    [ "$(wc -l < "$out/log.csv")" -eq $((step + 1)) ] || fail "$out: log.csv is not at step $step: $(cat "$out/log.csv")"
+    echo "ok: $out: checkpoint of step $step written $(((written - sent) / 1000000)) ms after the Ctrl-C"
+  }
+  # In the first step, before any checkpoint: the checkpoint of step 0.
+  slow_stop first "^compute:"
+  [ "$step" = 0 ] || fail "first: saved step $step, want 0 (the signal came in the first step)"
+  # In step 2, after the checkpoint of step 1, sharded: rank 0 gathers the
+  # other rank's moments and writes step 1 again.
+  slow_stop later "^step 1/" --shard-optimizer
+  [ "$step" = 1 ] || fail "later: saved step $step, want 1 (the signal came in step 2)"
+  # Both resume to step 2 as one uninterrupted process gets there.
+  "$posembed" "${slow[@]}" --stop-after 2 --out ref > /dev/null
+  for out in first later; do
+    "$posembed" train --resume "$out/ckpt.safetensors" --stop-after 2 --out "$out" > /dev/null
+    cmp ref/ckpt.safetensors "$out/ckpt.safetensors" || fail "$out: resumed run differs"
+    diff <(cut -d, -f1-5 ref/log.csv) <(cut -d, -f1-5 "$out/log.csv") || fail "$out: log differs"
+  done
+  echo "ok: both resumed to step 2 bit for bit"
   ;;
 killed_rank)
   # SIGKILL rank 1 mid-run: mpirun must end the job within seconds and say

@@ -91,6 +91,16 @@ Checkpoint checkpoint_from_metadata(const std::map<std::string, std::string>& fi
 
 void save_checkpoint(const std::filesystem::path& path, const Gpt& model, const Checkpoint& info,
                      std::span<const float> m, std::span<const float> v) {
+  save_checkpoint(path, model, model.params, info, m, v);
+}
+
+void save_checkpoint(const std::filesystem::path& path, const Gpt& model,
+                     std::span<const float> params, const Checkpoint& info,
+                     std::span<const float> m, std::span<const float> v) {
+  if (params.size() != model.num_params) {
+    throw Error("saving a checkpoint needs all " + std::to_string(model.num_params) +
+                " parameters, not " + std::to_string(params.size()));
+  }
   if (m.size() != v.size() || (!m.empty() && m.size() != model.num_params)) {
     throw Error("saving the AdamW moments needs both for all " + std::to_string(model.num_params) +
                 " parameters, not " + std::to_string(m.size()) + " and " +
@@ -104,7 +114,7 @@ void save_checkpoint(const std::filesystem::path& path, const Gpt& model, const 
     tensors.push_back(
         {name, io::DType::F32, t.shape, std::as_bytes(buf.subspan(t.offset, t.numel))});
   };
-  for (const auto& t : model.tensors) add(t.name, t, model.params);
+  for (const auto& t : model.tensors) add(t.name, t, params);
   if (!m.empty()) {
     for (const auto& t : model.tensors) add("optimizer.exp_avg." + t.name, t, m);
     for (const auto& t : model.tensors) add("optimizer.exp_avg_sq." + t.name, t, v);

@@ -50,6 +50,11 @@ Checkpoint read_checkpoint_info(const io::SafetensorsFile& file);
 // gathers them first.
 void save_checkpoint(const std::filesystem::path& path, const Gpt& model, const Checkpoint& info,
                      std::span<const float> m, std::span<const float> v);
+// The same with `params` (num_params, laid out as model.params) in place of
+// the model's own: a copy taken at a step boundary while the model goes on.
+void save_checkpoint(const std::filesystem::path& path, const Gpt& model,
+                     std::span<const float> params, const Checkpoint& info,
+                     std::span<const float> m, std::span<const float> v);
 // Loads the parameters of a model made from the checkpoint's settings and, when
 // m and v are not empty (num_params each), every parameter's moments into them.
 // Validates every tensor before copying any: a NaN or infinity in one is an

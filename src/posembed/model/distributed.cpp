@@ -6,6 +6,8 @@
 #include <chrono>
 #include <climits>
 #include <cstdlib>
+#include <optional>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -21,8 +23,18 @@
 #include "posembed/core/sizes.h"
 
 namespace posembed::model {
-namespace {
 
+#if POSEMBED_HAVE_MPI
+struct SnapshotChannel {
+  MPI_Comm comm = MPI_COMM_NULL;
+  MPI_Request request = MPI_REQUEST_NULL;  // ranks other than 0: rank 0's next request
+  std::int64_t asked = 0;                  // its buffer
+};
+#else
+struct SnapshotChannel {};
+#endif
+
+namespace {
 
 // Ranks an MPI launcher started, from the variables Open MPI (OMPI_COMM_WORLD_SIZE)
 // and MPICH's Hydra (PMI_SIZE) give each process; 0 when no launcher did.
@@ -54,10 +66,17 @@ bool mpi_running() {
   return initialized && !finalized;
 }
 
-void mpi_start() {
+void mpi_start(bool thread_multiple) {
   int provided = 0;
-  // Only the main thread calls MPI; OpenMP threads never do.
-  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+  // OpenMP threads never call MPI; the snapshot threads of a sharded run do,
+  // beside the main thread (MpiRanks::start_snapshots checks what MPI gave).
+  MPI_Init_thread(nullptr, nullptr, thread_multiple ? MPI_THREAD_MULTIPLE : MPI_THREAD_FUNNELED,
+                  &provided);
+}
+bool mpi_thread_multiple() {
+  int level = 0;
+  MPI_Query_thread(&level);
+  return level == MPI_THREAD_MULTIPLE;
 }
 void mpi_finish() {
   MPI_Finalize();
@@ -106,6 +125,51 @@ int mpi_or(int flags) {
   MPI_Allreduce(&flags, &all, 1, MPI_INT, MPI_BOR, MPI_COMM_WORLD);
   return all;
 }
+// The snapshots' own communicator, so that their messages never meet the
+// main thread's; ranks other than 0 keep a receive posted for rank 0's next
+// request (tag 0).
+void mpi_snapshots_open(SnapshotChannel& c, bool receives) {
+  MPI_Comm_dup(MPI_COMM_WORLD, &c.comm);
+  if (receives) MPI_Irecv(&c.asked, 1, MPI_INT64_T, 0, 0, c.comm, &c.request);
+}
+void mpi_snapshots_ask(SnapshotChannel& c, std::int64_t steps, int ranks) {
+  for (int r = 1; r < ranks; ++r) MPI_Send(&steps, 1, MPI_INT64_T, r, 0, c.comm);
+}
+std::optional<std::int64_t> mpi_snapshots_asked(SnapshotChannel& c) {
+  int done = 0;
+  MPI_Test(&c.request, &done, MPI_STATUS_IGNORE);
+  if (!done) return std::nullopt;
+  const std::int64_t steps = c.asked;
+  if (steps >= 0) MPI_Irecv(&c.asked, 1, MPI_INT64_T, 0, 0, c.comm, &c.request);
+  return steps;
+}
+bool mpi_snapshots_gather(SnapshotChannel& c, std::int64_t steps, std::int64_t held,
+                          std::span<const float> m, std::span<const float> v, float* all_m,
+                          float* all_v, const MpiRanks::Counts& counts, int rank) {
+  std::vector<std::int64_t> held_by(rank == 0 ? counts.counts.size() : 1);
+  MPI_Gather(&held, 1, MPI_INT64_T, held_by.data(), 1, MPI_INT64_T, 0, c.comm);
+  int same = rank == 0 && std::all_of(held_by.begin(), held_by.end(),
+                                      [&](std::int64_t h) { return h == steps; });
+  MPI_Bcast(&same, 1, MPI_INT, 0, c.comm);
+  if (!same) return false;
+  const int count = static_cast<int>(m.size());
+  MPI_Gatherv(m.data(), count, MPI_FLOAT, all_m, counts.counts.data(), counts.displs.data(),
+              MPI_FLOAT, 0, c.comm);
+  MPI_Gatherv(v.data(), count, MPI_FLOAT, all_v, counts.counts.data(), counts.displs.data(),
+              MPI_FLOAT, 0, c.comm);
+  return true;
+}
+void mpi_snapshots_close(SnapshotChannel& c, bool completed, int rank, int ranks) {
+  if (!completed) {  // the job ends with MPI_Abort: only what this rank waits for goes
+    if (c.request != MPI_REQUEST_NULL) {
+      MPI_Cancel(&c.request);
+      MPI_Wait(&c.request, MPI_STATUS_IGNORE);
+    }
+    return;
+  }
+  if (rank == 0) mpi_snapshots_ask(c, -1, ranks);
+  MPI_Comm_free(&c.comm);
+}
 int mpi_ranks_on_this_machine() {
   MPI_Comm node;
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
@@ -121,7 +185,10 @@ int mpi_ranks_on_this_machine() {
 bool mpi_running() {
   return false;
 }
-void mpi_start() {
+void mpi_start(bool) {
+  no_mpi();
+}
+bool mpi_thread_multiple() {
   no_mpi();
 }
 void mpi_finish() {}
@@ -148,6 +215,20 @@ void mpi_scatter(const float*, const int*, const int*, float*, int) {
 int mpi_or(int) {
   no_mpi();
 }
+void mpi_snapshots_open(SnapshotChannel&, bool) {
+  no_mpi();
+}
+void mpi_snapshots_ask(SnapshotChannel&, std::int64_t, int) {
+  no_mpi();
+}
+std::optional<std::int64_t> mpi_snapshots_asked(SnapshotChannel&) {
+  no_mpi();
+}
+bool mpi_snapshots_gather(SnapshotChannel&, std::int64_t, std::int64_t, std::span<const float>,
+                          std::span<const float>, float*, float*, const MpiRanks::Counts&, int) {
+  no_mpi();
+}
+void mpi_snapshots_close(SnapshotChannel&, bool, int, int) {}
 int mpi_ranks_on_this_machine() {
   no_mpi();
 }
@@ -185,13 +266,13 @@ bool mpi_built() {
   return POSEMBED_HAVE_MPI != 0;
 }
 
-MpiSession::MpiSession() {
+MpiSession::MpiSession(bool thread_multiple) {
   if (launched_ranks() == 0 || mpi_running()) return;
   if (!mpi_built()) {
     world();  // throws when several ranks were launched; one rank runs alone
     return;
   }
-  mpi_start();
+  mpi_start(thread_multiple);
   started_ = true;
 }
 
@@ -233,6 +314,8 @@ MpiRanks::MpiRanks(World w, bool shard_optimizer) : Strategy(w, shard_optimizer)
                 std::to_string(w.size) + "; one process is SingleProcess");
   }
 }
+
+MpiRanks::~MpiRanks() = default;
 
 int MpiRanks::default_threads() const {
   return std::max(1, omp_get_num_procs() / mpi_ranks_on_this_machine());
@@ -376,6 +459,39 @@ void MpiRanks::gather_moments(Gpt& model, Moments all) {
              shard_floats.displs.data());
   mpi_gather(model.v.data(), own, all.v.data(), shard_floats.counts.data(),
              shard_floats.displs.data());
+}
+
+void MpiRanks::start_snapshots() {
+  if (!sharded) return;  // rank 0 holds every moment: nothing to ask for
+  if (!mpi_thread_multiple()) {
+    throw Error(
+        "--shard-optimizer needs an MPI that takes calls from two threads at once "
+        "(MPI_THREAD_MULTIPLE): on SIGTERM (Ctrl-C on mpirun) rank 0 gathers the other ranks' "
+        "AdamW moments from a second thread while the step runs. This MPI does not provide it; "
+        "create the MpiSession with thread_multiple, use an MPI built with thread support, or "
+        "train without --shard-optimizer");
+  }
+  snapshots_ = std::make_unique<SnapshotChannel>();
+  mpi_snapshots_open(*snapshots_, world.rank != 0);
+}
+
+void MpiRanks::request_snapshot(std::int64_t steps) {
+  mpi_snapshots_ask(*snapshots_, steps, world.size);
+}
+
+std::optional<std::int64_t> MpiRanks::snapshot_request() {
+  return mpi_snapshots_asked(*snapshots_);
+}
+
+bool MpiRanks::gather_snapshot(std::int64_t steps, std::int64_t held, Moments own, Moments all) {
+  return mpi_snapshots_gather(*snapshots_, steps, held, own.m, own.v, all.m.data(), all.v.data(),
+                              shard_floats, world.rank);
+}
+
+void MpiRanks::stop_snapshots(bool completed) {
+  if (!snapshots_) return;
+  mpi_snapshots_close(*snapshots_, completed, world.rank, world.size);
+  snapshots_.reset();
 }
 
 }  // namespace posembed::model

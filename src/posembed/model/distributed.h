@@ -57,9 +57,12 @@ bool mpi_built();
 // Starts MPI when an MPI launcher (mpirun, mpiexec) started this process and
 // finalizes it on destruction; otherwise a world of one and nothing to do. In
 // a build without MPI, a launch as more than one rank is an error that says so.
+// thread_multiple: ask for MPI_THREAD_MULTIPLE, which a sharded run needs (its
+// checkpoint on SIGTERM gathers the moments from a second thread); else only
+// the main thread calls MPI (MPI_THREAD_FUNNELED).
 class MpiSession {
  public:
-  MpiSession();
+  explicit MpiSession(bool thread_multiple = false);
   ~MpiSession();
   MpiSession(const MpiSession&) = delete;
   MpiSession& operator=(const MpiSession&) = delete;
@@ -81,11 +84,14 @@ std::unique_ptr<Strategy> strategy_for(const World& world, bool shard_optimizer)
 // process: an error on one rank would leave the others waiting for it.
 [[noreturn]] void abort_job(const World& world, int code);
 
+struct SnapshotChannel;  // distributed.cpp: the communicator of the snapshots
+
 // The exchanges of two or more ranks, in the order above; the MPI calls need
 // an MpiSession, the layout (prepare) does not.
 class MpiRanks final : public Strategy {
  public:
   MpiRanks(World w, bool shard_optimizer);
+  ~MpiRanks() override;
   int default_threads() const override;
   void share(std::vector<std::uint8_t>& bytes) override;
   void share(Gpt& model, Moments all) override;
@@ -98,6 +104,11 @@ class MpiRanks final : public Strategy {
   int agree(int flags) override;
   Moments checkpoint_moments(Gpt& model) override;
   void gather_moments(Gpt& model, Moments all) override;
+  void start_snapshots() override;
+  void request_snapshot(std::int64_t steps) override;
+  std::optional<std::int64_t> snapshot_request() override;
+  bool gather_snapshot(std::int64_t steps, std::int64_t held, Moments own, Moments all) override;
+  void stop_snapshots(bool completed) override;
 
   // MPI counts and displacements, per rank.
   struct Counts {
@@ -112,6 +123,9 @@ class MpiRanks final : public Strategy {
   // Elements of `sent` for each rank and of `received` from it, its shard in
   // floats and in pieces, and (set by each call) its share of gathered values.
   Counts to_send, to_receive, shard_floats, shard_pieces, shares;
+
+ private:
+  std::unique_ptr<SnapshotChannel> snapshots_;  // sharded, between start_ and stop_snapshots
 };
 
 }  // namespace posembed::model

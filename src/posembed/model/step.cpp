@@ -18,7 +18,6 @@
 namespace posembed::model {
 namespace {
 
-
 // body(s) for slots s in [0, wave), side by side on `wave` threads, each with
 // num_threads() / wave (at least 1) for the ops inside it. A slot's exception
 // is kept until all are done, then the first rethrown.
@@ -208,7 +207,7 @@ StepBuffers make_step_buffers(const Gpt& model, const TrainConfig& c, std::int64
 }
 
 StepStats data_parallel_step(Gpt& model, StepBuffers& b, Strategy& ranks, const BatchSource& batch,
-                             std::int64_t step, const TrainConfig& c) {
+                             std::int64_t step, const TrainConfig& c, StepState* state) {
   const std::int64_t M = b.micro_batches, T = b.seq_len, tokens = c.batch_size * T;
   const IndexRange mine = ranks.share_of(M);
   const auto slots = static_cast<std::int64_t>(b.slots.size());
@@ -249,8 +248,14 @@ StepStats data_parallel_step(Gpt& model, StepBuffers& b, Strategy& ranks, const 
   for (const double p : b.piece_squares) total += p;
   stats.grad_norm = std::sqrt(total);
   stats.lr = lr_at(c, step);
-  clip_and_update(model, own, stats.grad_norm, step, stats.lr, c);
-  ranks.gather_params(model);
+  {
+    std::unique_lock<std::mutex> lock;
+    if (state) lock = std::unique_lock(state->mutex);
+    clip_and_update(model, own, stats.grad_norm, step, stats.lr, c);
+    ranks.gather_params(model);
+    if (state) state->steps = step + 1;
+  }
+  if (state) state->changed.notify_all();
   return stats;
 }
 

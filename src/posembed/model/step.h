@@ -9,9 +9,11 @@
 // train_step is the same step as a single micro-batch.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <mutex>
 #include <span>
 #include <vector>
 
@@ -96,15 +98,27 @@ StepBuffers make_step_buffers(const Gpt& model, const TrainConfig& config, std::
 using BatchSource = std::function<void(std::span<std::int64_t> inputs,
                                        std::span<std::int64_t> targets, std::int64_t first_row)>;
 
+// What a second thread may read while steps run (model/train.cpp writes the
+// last step boundary's checkpoint from one on SIGTERM): the parameters and
+// moments change only while `mutex` is held, and `steps` counts the optimizer
+// steps they hold; `changed` is notified when it grows.
+struct StepState {
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::int64_t steps = 0;
+};
+
 // One optimizer step over the batch of `step`: a step's M micro-batches are
 // split over the ranks (ranks.share_of), micro-batch k's dropout masks keyed
 // by step * M + k, the loss is the micro-batches' loss sums added in
 // micro-batch order over the batch's tokens, the norm adds the pieces' sums of
 // squares in piece order, and AdamW runs at lr_at(step). Every rank returns
-// the same stats and holds the same parameters afterwards.
+// the same stats and holds the same parameters afterwards. With `state`, the
+// update (and the gather of the updated parameters) holds its mutex and sets
+// state->steps to step + 1.
 StepStats data_parallel_step(Gpt& model, StepBuffers& buffers, Strategy& ranks,
-                             const BatchSource& batch, std::int64_t step,
-                             const TrainConfig& config);
+                             const BatchSource& batch, std::int64_t step, const TrainConfig& config,
+                             StepState* state = nullptr);
 
 // Mean eval-mode loss over the windows of text at `starts`: they go through the
 // model micro_batch at a time (a chunk), the chunks split over the ranks and

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -99,6 +100,28 @@ class Strategy {
   virtual Moments checkpoint_moments(Gpt& model) = 0;
   // Every rank's moments into rank 0's `all` (sharded; else they are there).
   virtual void gather_moments(Gpt& model, Moments all) = 0;
+
+  // ---- a checkpoint while a step runs (model/train.cpp, on SIGTERM) ----
+  // Sharded, rank 0 lacks the other ranks' moments: its second thread (the
+  // watcher) asks every rank's watcher for its shard as it stands at a step
+  // boundary, over a communicator of their own, while the main threads go on
+  // with the step. Not sharded, rank 0 holds everything and none of this runs.
+  // Every rank's main thread, before the first step (collective); throws when
+  // MPI cannot take calls from two threads at once (MPI_THREAD_MULTIPLE).
+  virtual void start_snapshots() = 0;
+  // Rank 0's watcher: asks every other rank for its moments after `steps` steps.
+  virtual void request_snapshot(std::int64_t steps) = 0;
+  // Another rank's watcher, polling: the steps rank 0 asks for, -1 once
+  // stop_snapshots has ended the requests, nothing while none came.
+  virtual std::optional<std::int64_t> snapshot_request() = 0;
+  // Every rank's watcher for request `steps`: `own` (this rank's moments, of
+  // the parameters it updates) as they stood after `held` steps go into rank
+  // 0's `all` (num_params each) when every rank held `steps`; returns that.
+  virtual bool gather_snapshot(std::int64_t steps, std::int64_t held, Moments own, Moments all) = 0;
+  // Every rank's main thread after the last step, its watcher gone: rank 0
+  // ends the others' requests and the communicator goes (collective). After
+  // an error (completed false) only this rank's pending receive is cancelled.
+  virtual void stop_snapshots(bool completed) = 0;
 };
 
 // The trivial strategy: one process does it all.
@@ -118,6 +141,14 @@ class SingleProcess final : public Strategy {
   int agree(int flags) override { return flags; }
   Moments checkpoint_moments(Gpt& model) override { return {model.m, model.v}; }
   void gather_moments(Gpt&, Moments) override {}
+  // (never sharded: rank 0 is the only rank and holds every moment)
+  void start_snapshots() override {}
+  void request_snapshot(std::int64_t) override {}
+  std::optional<std::int64_t> snapshot_request() override { return -1; }
+  bool gather_snapshot(std::int64_t steps, std::int64_t held, Moments, Moments) override {
+    return held == steps;
+  }
+  void stop_snapshots(bool) override {}
 };
 
 }  // namespace posembed::model

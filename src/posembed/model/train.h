@@ -3,8 +3,11 @@
 // (model/step.h) on random windows of the train split (model/corpus.h) at the
 // schedule's learning rate (model/train_config.h), estimates the validation
 // loss now and then, logs every step to log.csv, writes checkpoints
-// (model/checkpoint.h) and stops with one on Ctrl-C or --stop-after. Resumed
-// runs continue bit for bit. The ranks of a data-parallel job share the work
+// (model/checkpoint.h) and stops with one on Ctrl-C or --stop-after. Under MPI,
+// SIGTERM (what mpirun sends on Ctrl-C, SIGKILL following a second later)
+// saves the last step boundary at once, from a second thread, while the step
+// goes on; the run then ends at that step's end. Resumed runs continue bit for
+// bit. The ranks of a data-parallel job share the work
 // through a Strategy (model/strategy.h); one process is the trivial one.
 // A non-finite loss, gradient norm or weight ends the run with an error, and
 // no checkpoint holds such weights.
@@ -72,6 +75,10 @@ struct StepDone {
 };
 
 // Why a run stops before its last step; a checkpoint is written at that step.
+// (On SIGTERM under MPI, the checkpoint of the last step boundary is written
+// and reported by a second thread, one report at a time with the others; it
+// may come before the StepDone of the step it holds. A step after it is
+// dropped: no StepDone.)
 enum class StopReason { none, stop_after, signal };
 
 struct CheckpointWritten {
