@@ -7,6 +7,9 @@ At each shape (GPT-2 small by default: batch 8, 1024 positions, width 768, vocab
   posembed   posembed.torch.LearnedPositionEmbedding (dense and sparse token gradient)
   kernels    the same C++ kernels called directly on preallocated arrays (posembed._C): the
              C++ time, so that posembed / kernels is the Python layer's overhead
+  floor      the kernels, then an nn.Module over an autograd.Function that computes nothing,
+             forward (+ backward): PyTorch's own cost of a layer's call, the least posembed
+             / kernels can be
 and the training forward and forward + backward again with bf16 tables, outputs and gradients.
 Each training step ends as `optimizer.zero_grad(set_to_none=True)` leaves it: gradients None.
 Validates first (same output without dropout, same mask rate), then times; prints medians,
@@ -156,6 +159,51 @@ def model_cases():
         # posembed's layer traces (no graph break) where its custom operators exist.
         cases["posembed compiled"] = step_of(
             model_ours, torch.compile(loss_of(model_ours), fullgraph=_ops.ENABLED))
+    return cases
+
+
+class NothingFunction(torch.autograd.Function):
+    """PyTorch's own part of a layer's call: an autograd.Function that computes nothing."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        return a.new_empty(a.shape)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, grad
+
+
+class NothingLayer(nn.Module):
+    """An nn.Module over NothingFunction with two one-element parameters: called and
+    backpropagated as the module is, it costs what PyTorch's module call, autograd node,
+    backward engine and gradient accumulation cost, with no work of its own."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Parameter(torch.zeros(1)), nn.Parameter(torch.zeros(1))
+        self.grad = torch.ones(1)
+
+    def forward(self, ids):
+        return NothingFunction.apply(self.a, self.b)
+
+    def step(self, ids):
+        self.a.grad = self.b.grad = None
+        self(ids).backward(self.grad)
+
+
+def with_floor(cases, ids):
+    """Each case gets a "floor": its kernels, then NothingLayer's forward (a training forward)
+    or forward + backward (a step). No module over these kernels through an autograd.Function
+    can cost less, so floor / kernels is the least posembed / kernels can be."""
+    nothing = NothingLayer()
+    for case, fns in cases.items():
+        extra = nothing if case.startswith("training forward") else nothing.step
+
+        def floor(kernels=fns["kernels"], extra=extra):
+            kernels()
+            extra(ids)
+        fns["floor"] = floor
     return cases
 
 
@@ -335,23 +383,25 @@ def shape_cases(v, t, d, b, compile_too):
         traffic["forward + backward, dense" + suffix] = fwd + bwd + (v + t) * d * f
         traffic["forward + backward, sparse" + suffix] = fwd + bwd + touched * d * f
     cases.update(bf16_cases(v, t, d, b, ids, pids, grad_out, compile_too))
-    return cases, traffic
+    return with_floor(cases, ids), traffic
 
 
 def minor_faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def swapped(fns, swap):
-    """The (who, step) pairs in order, the module's and the kernels' places swapped if `swap`.
-    Both read the same tables: whichever runs second finds the rows and ids the first pulled
-    into the cache, and runs faster for it than the same call run first. Alternating runs give
-    each the first place as often as the second."""
-    order = list(fns.items())
-    if swap:
-        i, j = list(fns).index("posembed"), list(fns).index("kernels")
-        order[i], order[j] = order[j], order[i]
-    return order
+# Run in turn after PyTorch's columns, in an order that rotates run by run.
+OURS = ("posembed", "kernels", "floor")
+
+
+def rotated(fns, run):
+    """The (who, step) pairs of one run: PyTorch's first, then OURS rotated by `run`. OURS read
+    the same tables: whichever runs later finds the rows and ids an earlier one pulled into the
+    cache, and runs faster for it than the same call run first after PyTorch's. Rotating gives
+    each every place in turn."""
+    k = run % len(OURS)
+    ours = OURS[k:] + OURS[:k]
+    return [(w, f) for w, f in fns.items() if w not in OURS] + [(w, fns[w]) for w in ours]
 
 
 def run_shape(name, dims, args, compile_too):
@@ -368,7 +418,7 @@ def run_shape(name, dims, args, compile_too):
                 fn()  # warm-up: a new shape's first step takes its storage fresh
             # Each run of each in turn, so that a change in the machine's load reaches all.
             for k in range(reps):
-                for who, fn in swapped(fns, (r * reps + k) % 2):
+                for who, fn in rotated(fns, r * reps + k):
                     before = minor_faults()
                     times[case][who].extend(timed(fn, 1, warmup=0))
                     faults[case][who] += minor_faults() - before
@@ -386,18 +436,20 @@ def print_shape(name, r, probe):
     s = r["shape"]
     print(f"\nshape {name}: V {s['vocab_size']}, T {s['seq_len']}, d {s['embed_dim']}, "
           f"B {s['batch']}, dropout {P}; median ms of {r['reps']} runs a round, each case's "
-          "columns in turn; faults: minor "
-          "page faults per posembed module step")
-    print(f"{'':28} {'torch':>9} {'compiled':>9} {'posembed':>9} {'kernels':>9} {'MB':>8} "
-          f"{'%probe':>6} {'best torch/posembed':>20} {'posembed/kernels':>17} {'faults':>7}")
+          "columns in turn (the last three rotating); floor: the kernels and an "
+          "autograd.Function that computes nothing; faults: minor page faults per posembed "
+          "module step")
+    print(f"{'':28} {'torch':>9} {'compiled':>9} {'posembed':>9} {'kernels':>9} {'floor':>9} "
+          f"{'MB':>8} {'%probe':>6} {'best torch/posembed':>20} {'posembed/kernels':>17} "
+          f"{'floor/kernels':>14} {'faults':>7}")
     for case, m in r["median_ms"].items():
         best = min(m["torch"], m.get("compiled", float("inf")))
         comp = f"{m['compiled']:9.2f}" if "compiled" in m else f"{'-':>9}"
         mb = r["min_bytes"][case] / 1e6
         share = mb / m["posembed"] / probe * 100  # MB/ms = GB/s
         print(f"{case:28} {m['torch']:9.2f} {comp} {m['posembed']:9.2f} {m['kernels']:9.2f} "
-              f"{mb:8.1f} {share:5.0f}% {best / m['posembed']:19.1f}x "
-              f"{m['posembed'] / m['kernels']:16.2f}x "
+              f"{m['floor']:9.2f} {mb:8.1f} {share:5.0f}% {best / m['posembed']:19.1f}x "
+              f"{m['posembed'] / m['kernels']:16.2f}x {m['floor'] / m['kernels']:13.2f}x "
               f"{r['minor_faults_per_step'][case]['posembed']:7.0f}")
 
 
