@@ -419,6 +419,13 @@ def run_shape(name, dims, args, compile_too):
     reps = max(2, args.reps // 2) if max(v, b * t) * d >= 1 << 26 else args.reps
     times = {case: {who: [] for who in fns} for case, fns in cases.items()}
     faults = {case: {who: 0 for who in fns} for case, fns in cases.items()}
+    evict = None
+    if args.cold:
+        # Written (untimed) before every timed run: no run finds the tables, ids, outputs or
+        # gradients that the run before it (its own or another column's) left in the cache, as
+        # a layer inside a model's step would not. Twice a 64 MiB last-level cache.
+        flush = torch.empty(32 << 20)
+        evict = lambda: flush.fill_(1.0)  # noqa: E731
     for r in range(args.rounds):
         for case, fns in cases.items():
             for fn in fns.values():
@@ -426,6 +433,8 @@ def run_shape(name, dims, args, compile_too):
             # Each run of each in turn, so that a change in the machine's load reaches all.
             for k in range(reps):
                 for who, fn in rotated(fns, r * reps + k):
+                    if evict is not None:
+                        evict()
                     before = minor_faults()
                     times[case][who].extend(timed(fn, 1, warmup=0))
                     faults[case][who] += minor_faults() - before
@@ -468,6 +477,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--cold", action="store_true",
+                    help="write 128 MiB before every timed run (as posembed bench --cold)")
     ap.add_argument("--clock", choices=CLOCKS, default="wall",
                     help="wall time, or the process's CPU time (for a shared machine)")
     ap.add_argument("--no-model", action="store_true", help="skip the model training step")
