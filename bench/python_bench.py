@@ -26,7 +26,7 @@ both; validated first (same eval loss to 1e-5), then timed interleaved, medians 
 the same run.
 
 usage: python bench/python_bench.py [--threads N] [--rounds R] [--reps K] [--no-model] [--json]
-                                    [--shape SHAPE ...]
+                                    [--cold] [--clock {wall,cpu}] [--shape SHAPE ...]
 """
 
 import argparse
