@@ -39,7 +39,6 @@ by default ``/tmp/torchinductor_$USER``) or set ``TORCHINDUCTOR_FORCE_DISABLE_CA
 AOTAutograd cache keys a graph by the operators it calls, not by their Python formulas.
 """
 
-import math
 from typing import Optional
 
 import torch
@@ -70,18 +69,16 @@ def _mask_words(batch, seq_len, embed_dim):
     return (batch * seq_len * embed_dim + 63) // 64
 
 
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16",
+                torch.int64: "int64"}
+
+
 def empty(shape, dtype) -> Tensor:
-    """An uninitialised tensor for an output or a fresh gradient, from posembed's pool of reused
-    storage (see posembed.torch.empty_cache): a fresh torch.empty of a table's size page-faults
-    in on every step. A half dtype takes float32 storage of half the columns, viewed as it
-    (from torch where the width is odd)."""
-    *lead, width = shape
-    rows = math.prod(lead)
-    if dtype == torch.float32:
-        return _C.empty_float32(rows, width).view(*shape)
-    if width % 2 == 0:
-        return _C.empty_float32(rows, width // 2).view(dtype).view(*shape)
-    return torch.empty(shape, dtype=dtype)
+    """An uninitialised tensor for an output, a mask or a fresh gradient, from posembed's pool
+    of reused storage (see posembed.torch.empty_cache): a fresh torch.empty of a table's size
+    page-faults in on every step. Made in its shape and dtype by one call, with no view after
+    it: each torch call costs the most right after a large kernel has flushed the caches."""
+    return _C.empty(shape, _DTYPE_NAMES[dtype])
 
 
 def _bits(mask: Tensor):
@@ -128,7 +125,7 @@ if ENABLED:
         out = empty((b, t, d), tokens.dtype)  # (B, T, d) in the tables' dtype
         if keep_mask and dropout > 0:
             # int64 words from the pool too, as _Embedding's (fresh memory page-faults in).
-            mask = _C.empty_float32(1, 2 * _mask_words(b, t, d)).view(torch.int64).view(-1)
+            mask = empty((_mask_words(b, t, d),), torch.int64)
         else:
             mask = torch.empty(0, dtype=torch.int64)
         _C.set_num_threads(torch.get_num_threads())

@@ -53,6 +53,21 @@ _SPARSE_KWARGS = ({"check_invariants": False}
                   if hasattr(torch.sparse, "check_sparse_tensor_invariants") else {})
 
 
+def _takes_is_coalesced() -> bool:
+    """Whether torch.sparse_coo_tensor takes is_coalesced= (torch 2.x, not 1.13): the flag set
+    in the constructor, with no _coalesced_ call after it."""
+    try:
+        torch.sparse_coo_tensor(torch.zeros(1, 0, dtype=torch.int64), torch.zeros(0), (1,),
+                                is_coalesced=True, **_SPARSE_KWARGS)
+    except TypeError:
+        return False
+    return True
+
+
+if _takes_is_coalesced():
+    _SPARSE_KWARGS["is_coalesced"] = True
+
+
 # The tables' dtypes the kernels take: float arithmetic inside, one rounding per element of a
 # half output or gradient, sums always in float32.
 TABLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -75,12 +90,15 @@ def check_table(t: torch.Tensor, name: str) -> torch.Tensor:
 
 def _sparse_grad(rows: np.ndarray, values: np.ndarray, size, padding_idx, dtype) -> torch.Tensor:
     rows_t = torch.from_numpy(rows)
-    values_t = torch.from_numpy(values).to(dtype)  # float32 sums, rounded once to a half table
+    values_t = torch.from_numpy(values)
+    if dtype != torch.float32:
+        values_t = values_t.to(dtype)  # float32 sums, rounded once to a half table
     if padding_idx is not None:
         keep = rows_t != padding_idx
         rows_t, values_t = rows_t[keep], values_t[keep]
-    grad = torch.sparse_coo_tensor(rows_t.unsqueeze(0), values_t, size, **_SPARSE_KWARGS)
-    return grad._coalesced_(True)  # rows are unique and ascending
+    grad = torch.sparse_coo_tensor(rows_t.view(1, -1), values_t, size, **_SPARSE_KWARGS)
+    # Rows are unique and ascending: coalesced, said in the constructor where torch takes it.
+    return grad if "is_coalesced" in _SPARSE_KWARGS else grad._coalesced_(True)
 
 
 class _Embedding(torch.autograd.Function):
@@ -100,7 +118,7 @@ class _Embedding(torch.autograd.Function):
         if p > 0 and any(ctx.needs_input_grad[:2]):
             # int64 words from the pool of reused storage, as the output (a fresh
             # torch.empty of this size page-faults in on every step).
-            mask = _C.empty_float32(1, 2 * ((b * t * d + 63) // 64)).view(torch.int64).view(-1)
+            mask = _ops.empty(((b * t * d + 63) // 64,), torch.int64)
         _C.set_num_threads(torch.get_num_threads())
         _C.forward(out, input_ids, position_ids, tokens, pos_table, p, seed, step,
                    position_padding_row, mask)
@@ -118,7 +136,8 @@ class _Embedding(torch.autograd.Function):
          dtype) = ctx.config
         need_tokens, need_positions = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_tokens = grad_positions = None  # autograd calls this only when one is needed
-        grad_out = grad_out.contiguous()
+        if not grad_out.is_contiguous():  # a check, where .contiguous() is a torch call
+            grad_out = grad_out.contiguous()
         _C.set_num_threads(torch.get_num_threads())
         if need_positions:
             # From the pool too: a long context's position gradient (8192 x 1024 is 32 MB)
@@ -170,7 +189,7 @@ def embedding(input_ids, position_ids, token_table, position_table, *, dropout=0
         _ops.check_step(step)
         out = _Embedding.apply(token_table, position_table, ids, pos, float(dropout), int(seed),
                                int(step), int(position_padding_row), bool(sparse), padding_idx)
-    return out.view(lead + tuple(out.shape[1:]))
+    return out if len(lead) == 1 else out.view(lead + tuple(out.shape[1:]))
 
 
 def _eager(*tensors) -> bool:
@@ -186,6 +205,12 @@ _PLAIN = (torch.Tensor, nn.Parameter)
 
 def _ids(x, name) -> tuple[torch.Tensor, tuple[int, ...]]:
     """x as a contiguous (B, T) int64 tensor, and the leading shape (*) that B flattens."""
+    if (type(x) is torch.Tensor and x.dtype == torch.int64 and x.dim() == 2 and x.is_cpu
+            and x.is_contiguous()):
+        # Already what the kernels read (integers never require grad): used as it is, without
+        # the four torch calls below, each dearest right after a large kernel has flushed the
+        # caches, as in every step of a training loop.
+        return x, (x.shape[0],)
     if not isinstance(x, torch.Tensor):
         x = torch.as_tensor(np.asarray(x))
     if x.device.type != "cpu":
@@ -335,8 +360,8 @@ class LearnedPositionEmbedding(nn.Module):
         else:
             # Storage from posembed's pool of huge-page blocks (see empty_cache): a scattered
             # token row then costs no page walk of its own.
-            tokens = _C.empty_float32(vocab_size, embed_dim)
-            positions_ = _C.empty_float32(rows, embed_dim)
+            tokens = _C.empty((vocab_size, embed_dim), "float32")
+            positions_ = _C.empty((rows, embed_dim), "float32")
         position_pad = padding_idx if position_scheme == "fairseq" else None
         self.token_embedding = nn.Embedding(vocab_size, embed_dim, padding_idx=padding_idx,
                                             sparse=bool(sparse), _weight=tokens)

@@ -1,6 +1,7 @@
 #include "python/memory.h"
 
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -174,19 +175,50 @@ BlockCache::Stats BlockCache::stats() {
   return stats_;
 }
 
-TorchMatrix empty_float32(std::size_t rows, std::size_t cols) {
-  const std::size_t n = checked_product(rows, cols, "empty_float32");
-  if (n > SIZE_MAX / sizeof(float)) {
-    throw Error("empty_float32: " + std::to_string(rows) + " x " + std::to_string(cols) +
-                " floats do not fit in memory's address range");
+namespace {
+
+// The dtypes empty() hands out, by torch's name: the tables' three, and int64
+// for the dropout mask's words.
+struct ElementType {
+  const char* name;
+  nb::dlpack::dtype dtype;
+};
+
+nb::dlpack::dtype element_type(const std::string& name) {
+  using Code = nb::dlpack::dtype_code;
+  static const ElementType kTypes[] = {
+      {"float32", nb::dtype<float>()},
+      {"bfloat16", {static_cast<std::uint8_t>(Code::Bfloat), 16, 1}},
+      {"float16", {static_cast<std::uint8_t>(Code::Float), 16, 1}},
+      {"int64", nb::dtype<std::int64_t>()},
+  };
+  for (const ElementType& t : kTypes) {
+    if (name == t.name) return t.dtype;
+  }
+  throw Error("empty: dtype '" + name + "' is not one of float32, bfloat16, float16, int64");
+}
+
+}  // namespace
+
+TorchArray empty(const std::vector<std::size_t>& shape, const std::string& dtype) {
+  const nb::dlpack::dtype type = element_type(dtype);
+  std::uint64_t n = 1;
+  for (const std::size_t extent : shape) n = checked_product(n, extent, "empty");
+  const std::size_t element = type.bits / 8;
+  if (n > SIZE_MAX / element) {
+    throw Error("empty: " + std::to_string(n) + " elements of " + dtype +
+                " do not fit in memory's address range");
   }
   std::unique_ptr<Block> block;
   {
     nb::gil_scoped_release release;  // a new block is faulted in here, as a kernel runs
-    block = BlockCache::instance().take(n * sizeof(float));
+    block = BlockCache::instance().take(static_cast<std::size_t>(n) * element);
   }
-  auto* data = static_cast<float*>(block->data());
-  return {data, {rows, cols}, BlockCache::instance().lend(std::move(block))};
+  void* data = block->data();
+  // The tensor in its final shape and dtype: no view ops in Python after it, each a torch
+  // call of its own on every step.
+  return TorchArray(data, shape.size(), shape.data(), BlockCache::instance().lend(std::move(block)),
+                    nullptr, type);
 }
 
 void empty_cache() {
@@ -196,8 +228,9 @@ void empty_cache() {
 
 void bind_memory(nb::module_& m) {
   using namespace nb::literals;
-  m.def("empty_float32", &empty_float32, "rows"_a, "cols"_a,
-        "an uninitialised float32 torch tensor whose memory posembed reuses once torch frees it");
+  m.def("empty", &empty, "shape"_a, "dtype"_a,
+        "an uninitialised torch tensor of this shape and dtype (float32, bfloat16, float16 or "
+        "int64) whose memory posembed reuses once torch frees it");
   m.def("empty_cache", &empty_cache, "frees the storage kept for reuse");
   m.def(
       "cache_stats",

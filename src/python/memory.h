@@ -10,6 +10,8 @@
 #include <iterator>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <vector>
 
 namespace posembed::python {
 
@@ -92,7 +94,7 @@ class Block {
   void* data_;
 };
 
-// The caching allocator behind empty_float32, as PyTorch's CUDA caching
+// The caching allocator behind empty(), as PyTorch's CUDA caching
 // allocator: storage Python frees waits here, and a request takes the smallest
 // waiting block that fits (at most 1/8 larger than it needs, so that an output
 // does not hold a table's block). Fresh memory page-faults in on first touch,
@@ -130,16 +132,17 @@ class BlockCache {
   Stats stats_;
 };
 
-using TorchMatrix = nb::ndarray<nb::pytorch, float, nb::ndim<2>, nb::c_contig>;
+using TorchArray = nb::ndarray<nb::pytorch, nb::c_contig>;
 
-// An uninitialised (rows, cols) float32 torch tensor from BlockCache: for
-// outputs, fresh gradients and tables.
-TorchMatrix empty_float32(std::size_t rows, std::size_t cols);
+// An uninitialised torch tensor of `shape` and `dtype` ("float32", "bfloat16",
+// "float16" or "int64") from BlockCache: for outputs, dropout masks, fresh
+// gradients and tables.
+TorchArray empty(const std::vector<std::size_t>& shape, const std::string& dtype);
 
 // Frees every waiting block and pooled sparse gradient.
 void empty_cache();
 
-// empty_float32, empty_cache, cache_stats and set_cache_limit.
+// empty, empty_cache, cache_stats and set_cache_limit.
 void bind_memory(nb::module_& m);
 
 }  // namespace posembed::python

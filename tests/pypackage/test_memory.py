@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from posembed import _C
+from posembed.errors import InvalidInputError
 from posembed.torch import LearnedPositionEmbedding
 
 MiB = 1 << 20
@@ -32,12 +33,12 @@ def floats(mib):
 
 
 def test_a_freed_block_is_taken_back_by_its_size():
-    t = _C.empty_float32(*floats(4))
+    t = _C.empty(floats(4), "float32")
     address = t.data_ptr()
     del t
     before = _C.cache_stats()
     assert before["cached_blocks"] == 1 and before["cached_bytes"] == 4 * MiB
-    again = _C.empty_float32(*floats(4))
+    again = _C.empty(floats(4), "float32")
     after = _C.cache_stats()
     assert again.data_ptr() == address
     assert after["hits"] == before["hits"] + 1 and after["misses"] == before["misses"]
@@ -45,15 +46,15 @@ def test_a_freed_block_is_taken_back_by_its_size():
 
 
 def test_a_smaller_request_does_not_take_a_much_larger_block():
-    big = _C.empty_float32(*floats(64))
+    big = _C.empty(floats(64), "float32")
     del big
     misses = _C.cache_stats()["misses"]
-    small = _C.empty_float32(*floats(4))  # 4 MiB would hold 64 MiB of memory
+    small = _C.empty(floats(4), "float32")  # 4 MiB would hold 64 MiB of memory
     assert _C.cache_stats()["misses"] == misses + 1
     assert _C.cache_stats()["cached_blocks"] == 1  # the 64 MiB block still waits
     # A request within an eighth of a block's size takes it: a batch's last, shorter step.
     del small
-    near = _C.empty_float32(61 * MiB // 4096, 1024)
+    near = _C.empty((61 * MiB // 4096, 1024), "float32")
     assert _C.cache_stats()["misses"] == misses + 1
     del near
 
@@ -62,17 +63,17 @@ def test_many_shapes_alternating_all_hit():
     # Ten sizes in turn, more than the four items the pool before this cache held.
     sizes = [floats(2 * (k + 1)) for k in range(10)]
     for shape in sizes:
-        _C.empty_float32(*shape)  # made and freed at once
+        _C.empty(shape, "float32")  # made and freed at once
     misses = _C.cache_stats()["misses"]
     for _ in range(3):
         for shape in sizes:
-            _C.empty_float32(*shape)
+            _C.empty(shape, "float32")
     assert _C.cache_stats()["misses"] == misses
 
 
 def test_past_the_limit_the_longest_waiting_blocks_go():
     _C.set_cache_limit(8 * MiB)  # two 4 MiB blocks
-    tensors = [_C.empty_float32(*floats(4)) for _ in range(3)]
+    tensors = [_C.empty(floats(4), "float32") for _ in range(3)]
     addresses = [t.data_ptr() for t in tensors]
     evictions = _C.cache_stats()["evictions"]
     while tensors:  # freed in order: the first waits longest
@@ -80,7 +81,7 @@ def test_past_the_limit_the_longest_waiting_blocks_go():
     stats = _C.cache_stats()
     assert stats["evictions"] == evictions + 1
     assert stats["cached_blocks"] == 2 and stats["cached_bytes"] == 8 * MiB
-    kept = [_C.empty_float32(*floats(4)) for _ in range(2)]
+    kept = [_C.empty(floats(4), "float32") for _ in range(2)]
     assert {t.data_ptr() for t in kept} == set(addresses[1:])
     del kept
     _C.set_cache_limit(0)  # a lower limit evicts down to it at once
@@ -90,19 +91,40 @@ def test_past_the_limit_the_longest_waiting_blocks_go():
 def test_big_blocks_are_whole_huge_pages():
     # 1 MiB or more: a mapping of its own, 2 MiB-aligned and a whole number of 2 MiB pages,
     # so that every page of it can be a huge page.
-    t = _C.empty_float32(3 * MiB // 4096, 1024)  # 3 MiB
+    t = _C.empty((3 * MiB // 4096, 1024), "float32")  # 3 MiB
     assert t.data_ptr() % (2 * MiB) == 0
     del t
     assert _C.cache_stats()["cached_bytes"] == 4 * MiB
 
 
 def test_small_requests_share_power_of_two_classes():
-    a = _C.empty_float32(1, 100)  # 400 bytes: the 512-byte class
+    a = _C.empty((1, 100), "float32")  # 400 bytes: the 512-byte class
     address = a.data_ptr()
     del a
-    b = _C.empty_float32(1, 120)  # 480 bytes, the same class
+    b = _C.empty((1, 120), "float32")  # 480 bytes, the same class
     assert b.data_ptr() == address
     assert b.data_ptr() % 64 == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.int64])
+def test_a_tensor_comes_in_its_shape_and_dtype(dtype):
+    # What the module asks for with no view after it: a (B, T, d) output in the tables' dtype
+    # (an odd width too), a mask's int64 words; one block's bytes whatever the dtype.
+    name = str(dtype).split(".")[1]
+    for shape in [(2, 3, 5), (7,), (3, 1)]:
+        t = _C.empty(shape, name)
+        assert (t.shape, t.dtype, t.is_contiguous()) == (torch.Size(shape), dtype, True)
+        t.fill_(3)  # the memory is the tensor's own, all of it
+        assert t.sum().item() == 3 * t.numel()
+    misses = _C.cache_stats()["misses"]
+    again = _C.empty((7,), name)  # a block of the 512-byte class, freed above
+    assert _C.cache_stats()["misses"] == misses
+    del again
+
+
+def test_an_unknown_dtype_is_refused_naming_the_ones_it_takes():
+    with pytest.raises(InvalidInputError, match="'float64' is not one of float32, bfloat16, float16, int64"):
+        _C.empty((2, 2), "float64")
 
 
 def step(module, ids, grad):
