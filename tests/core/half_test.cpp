@@ -134,7 +134,8 @@ TEST(Half, Fp16MatchesGccFloat16BothWays) {
 template <class T>
 void narrow_row(std::vector<T>& out, const std::vector<float>& in, bool accumulate) {
   const std::int64_t row = 0;
-  simd::narrow_rows(out.data(), dtype_of<T>(), in.data(), false, &row, 1, 0, 1, in.size(), !accumulate, false);
+  simd::narrow_rows(out.data(), dtype_of<T>(), in.data(), false, &row, 1, 0, 1, in.size(), !accumulate, false,
+                    nullptr);
 }
 
 // The vector conversions of every target against the scalar definitions, over
@@ -195,16 +196,20 @@ void expect_narrow_rows_write_listed_rows_and_zeros() {
       for (const bool stream : {false, true}) {
         for (const bool by_row : {false, true}) {
           for (const std::size_t offset : {std::size_t{0}, std::size_t{1}}) {
-            // Rows 2 .. 29 of the table: the rows outside keep the sentinel.
+            // Rows 2 .. 29 of the table: the rows outside keep the sentinel,
+            // as do listed rows marked done (4 and 17, with offset 1).
+            const std::vector<std::uint64_t> done = {(std::uint64_t{1} << 4) | (std::uint64_t{1} << 17)};
+            const bool with_done = offset == 1;
             std::vector<T> storage(rows * d + 2, sentinel);
             T* table = storage.data() + offset;
             simd::narrow_rows(table, dtype_of<T>(), by_row ? dense.data() : packed.data(), by_row, listed.data(),
-                              listed.size(), 2, 30, d, true, stream);
+                              listed.size(), 2, 30, d, true, stream, with_done ? done.data() : nullptr);
             for (std::size_t r = 0; r < rows; ++r) {
               const bool in_range = r >= 2 && r < 30;
               const bool is_listed = std::find(listed.begin(), listed.end(), static_cast<std::int64_t>(r)) != listed.end();
+              const bool is_done = with_done && (r == 4 || r == 17);
               for (std::size_t j = 0; j < d; ++j) {
-                const T want = !in_range ? sentinel : is_listed ? from_float<T>(dense[r * d + j]) : T{};
+                const T want = !in_range || is_done ? sentinel : is_listed ? from_float<T>(dense[r * d + j]) : T{};
                 ASSERT_EQ(table[r * d + j].bits, want.bits)
                     << "d " << d << " row " << r << " column " << j << " stream " << stream << " offset " << offset;
               }
@@ -232,9 +237,9 @@ struct Case {
 
 // Awkward widths around the vectors and the walk's spans; the tables hold
 // values that do not fit bf16 or fp16 exactly before they are narrowed.
-Case make_case(std::int64_t d, std::int64_t padding_row = -1) {
+Case make_case(std::int64_t d, std::int64_t padding_row = -1, std::int64_t vocab_size = 29) {
   Case c;
-  c.shape = {.batch = 3, .seq_len = 37, .vocab_size = 29, .max_seq_len = 41, .embed_dim = d,
+  c.shape = {.batch = 3, .seq_len = 37, .vocab_size = vocab_size, .max_seq_len = 41, .embed_dim = d,
              .position_padding_row = padding_row};
   const auto n = static_cast<std::size_t>(c.shape.batch * c.shape.seq_len);
   c.input_ids = test::random_ids(n, c.shape.vocab_size, 1);
@@ -326,81 +331,85 @@ TEST(HalfLayer, ForwardPassesNanAndInfAndOverflowsFp16ToInf) {
 // rounded once into each table, dense (write and accumulate) and row-sparse.
 template <class G, class T>
 void expect_backward_is_float_backward_rounded_once() {
-  for (const std::int64_t d : kWidths) {
-    const Case c = make_case(d, /*padding_row=*/5);
-    const std::size_t size = c.input_ids.size() * static_cast<std::size_t>(d);
-    const std::vector<G> grad_out = narrow_all<G>(test::random_floats(size, 9));
-    const std::vector<float> grad32 = widen_all(grad_out);
-    const auto vocab = static_cast<std::size_t>(c.shape.vocab_size * d);
-    const auto positions = static_cast<std::size_t>(c.shape.max_seq_len * d);
-    // Earlier gradients to accumulate into.
-    const std::vector<T> old_token = narrow_all<T>(test::random_floats(vocab, 10));
-    const std::vector<T> old_position = narrow_all<T>(test::random_floats(positions, 11));
-    for (const double p : {0.0, 0.1}) {
-      const DropoutSpec dropout{p, 99, 3};
-      for (const GradMode mode : {GradMode::write, GradMode::accumulate}) {
-        // The float sums of this call alone, then rounded once (added to the old
-        // gradient in float first, where accumulating).
-        std::vector<float> token32(vocab), position32(positions);
-        embedding_backward(std::span(token32), std::span(position32), std::span<const float>(grad32), c.input_ids,
-                           c.position_ids, c.shape, dropout, GradMode::write);
-        std::vector<T> want_token(vocab), want_position(positions);
-        if constexpr (std::is_same_v<T, float>) {
-          // Float gradients accumulate as the float backward does, onto what they hold.
-          want_token = old_token;
-          want_position = old_position;
-          embedding_backward(std::span(want_token), std::span(want_position), std::span<const float>(grad32),
-                             c.input_ids, c.position_ids, c.shape, dropout, mode);
-        } else {
-        std::vector<bool> touched(static_cast<std::size_t>(c.shape.vocab_size)), touched_pos(
-            static_cast<std::size_t>(c.shape.max_seq_len));
-        for (const auto id : c.input_ids) touched[static_cast<std::size_t>(id)] = true;
-        for (const auto id : c.position_ids) touched_pos[static_cast<std::size_t>(id)] = id != 5;
-        for (std::size_t i = 0; i < vocab; ++i) {
-          const bool accumulate = mode == GradMode::accumulate;
-          const bool row = touched[i / static_cast<std::size_t>(d)];
-          want_token[i] = accumulate && !row ? old_token[i]
-                                             : from_float<T>((accumulate ? widen(old_token[i]) : 0.0f) + token32[i]);
-        }
-        for (std::size_t i = 0; i < positions; ++i) {
-          const bool accumulate = mode == GradMode::accumulate;
-          const bool row = touched_pos[i / static_cast<std::size_t>(d)];
-          want_position[i] = accumulate && !row ? old_position[i]
-                                                : from_float<T>((accumulate ? widen(old_position[i]) : 0.0f) +
-                                                                position32[i]);
-        }
-        }
-        const auto bits = [](const std::vector<T>& v) {
+  // 111 tokens over 29 rows (most rows several tokens') and over 400 (most
+  // rows one token's: a fresh half gradient rounds those straight into the table).
+  for (const std::int64_t vocab_size : {29, 400}) {
+    for (const std::int64_t d : kWidths) {
+      const Case c = make_case(d, /*padding_row=*/5, vocab_size);
+      const std::size_t size = c.input_ids.size() * static_cast<std::size_t>(d);
+      const std::vector<G> grad_out = narrow_all<G>(test::random_floats(size, 9));
+      const std::vector<float> grad32 = widen_all(grad_out);
+      const auto vocab = static_cast<std::size_t>(c.shape.vocab_size * d);
+      const auto positions = static_cast<std::size_t>(c.shape.max_seq_len * d);
+      // Earlier gradients to accumulate into.
+      const std::vector<T> old_token = narrow_all<T>(test::random_floats(vocab, 10));
+      const std::vector<T> old_position = narrow_all<T>(test::random_floats(positions, 11));
+      for (const double p : {0.0, 0.1}) {
+        const DropoutSpec dropout{p, 99, 3};
+        for (const GradMode mode : {GradMode::write, GradMode::accumulate}) {
+          // The float sums of this call alone, then rounded once (added to the old
+          // gradient in float first, where accumulating).
+          std::vector<float> token32(vocab), position32(positions);
+          embedding_backward(std::span(token32), std::span(position32), std::span<const float>(grad32), c.input_ids,
+                             c.position_ids, c.shape, dropout, GradMode::write);
+          std::vector<T> want_token(vocab), want_position(positions);
           if constexpr (std::is_same_v<T, float>) {
-            return test::as_bits(v);
+            // Float gradients accumulate as the float backward does, onto what they hold.
+            want_token = old_token;
+            want_position = old_position;
+            embedding_backward(std::span(want_token), std::span(want_position), std::span<const float>(grad32),
+                               c.input_ids, c.position_ids, c.shape, dropout, mode);
           } else {
-            return bits_of(v);
+          std::vector<bool> touched(static_cast<std::size_t>(c.shape.vocab_size)), touched_pos(
+              static_cast<std::size_t>(c.shape.max_seq_len));
+          for (const auto id : c.input_ids) touched[static_cast<std::size_t>(id)] = true;
+          for (const auto id : c.position_ids) touched_pos[static_cast<std::size_t>(id)] = id != 5;
+          for (std::size_t i = 0; i < vocab; ++i) {
+            const bool accumulate = mode == GradMode::accumulate;
+            const bool row = touched[i / static_cast<std::size_t>(d)];
+            want_token[i] = accumulate && !row ? old_token[i]
+                                               : from_float<T>((accumulate ? widen(old_token[i]) : 0.0f) + token32[i]);
           }
-        };
-        for_each_target([&] {
-          for (const int threads : {1, 2}) {
-            set_num_threads(threads);
-            std::vector<T> token = old_token, position = old_position;
-            embedding_backward(std::span(token), std::span(position), std::span<const G>(grad_out), c.input_ids,
-                               c.position_ids, c.shape, dropout, mode);
-            EXPECT_EQ(bits(token), bits(want_token)) << "d " << d << " p " << p << " threads " << threads;
-            EXPECT_EQ(bits(position), bits(want_position)) << "d " << d << " p " << p;
-            // Row-sparse: the float sums of the touched rows, the position gradient as above.
-            SparseRowGrad sparse;
-            position = old_position;
-            embedding_backward(sparse, std::span(position), std::span<const G>(grad_out), c.input_ids,
-                               c.position_ids, c.shape, dropout, mode);
-            EXPECT_EQ(bits(position), bits(want_position)) << "sparse, d " << d;
-            for (std::size_t k = 0; k < sparse.rows.size(); ++k) {
-              const auto r = static_cast<std::size_t>(sparse.rows[k]);
-              for (std::size_t j = 0; j < static_cast<std::size_t>(d); ++j) {
-                ASSERT_EQ(std::bit_cast<std::uint32_t>(sparse.values[k * static_cast<std::size_t>(d) + j]),
-                          std::bit_cast<std::uint32_t>(token32[r * static_cast<std::size_t>(d) + j]));
+          for (std::size_t i = 0; i < positions; ++i) {
+            const bool accumulate = mode == GradMode::accumulate;
+            const bool row = touched_pos[i / static_cast<std::size_t>(d)];
+            want_position[i] = accumulate && !row ? old_position[i]
+                                                  : from_float<T>((accumulate ? widen(old_position[i]) : 0.0f) +
+                                                                  position32[i]);
+          }
+          }
+          const auto bits = [](const std::vector<T>& v) {
+            if constexpr (std::is_same_v<T, float>) {
+              return test::as_bits(v);
+            } else {
+              return bits_of(v);
+            }
+          };
+          for_each_target([&] {
+            for (const int threads : {1, 2}) {
+              set_num_threads(threads);
+              std::vector<T> token = old_token, position = old_position;
+              embedding_backward(std::span(token), std::span(position), std::span<const G>(grad_out), c.input_ids,
+                                 c.position_ids, c.shape, dropout, mode);
+              EXPECT_EQ(bits(token), bits(want_token)) << "d " << d << " p " << p << " threads " << threads;
+              EXPECT_EQ(bits(position), bits(want_position)) << "d " << d << " p " << p;
+              // Row-sparse: the float sums of the touched rows, the position gradient as above.
+              SparseRowGrad sparse;
+              position = old_position;
+              embedding_backward(sparse, std::span(position), std::span<const G>(grad_out), c.input_ids,
+                                 c.position_ids, c.shape, dropout, mode);
+              EXPECT_EQ(bits(position), bits(want_position)) << "sparse, d " << d;
+              for (std::size_t k = 0; k < sparse.rows.size(); ++k) {
+                const auto r = static_cast<std::size_t>(sparse.rows[k]);
+                for (std::size_t j = 0; j < static_cast<std::size_t>(d); ++j) {
+                  ASSERT_EQ(std::bit_cast<std::uint32_t>(sparse.values[k * static_cast<std::size_t>(d) + j]),
+                            std::bit_cast<std::uint32_t>(token32[r * static_cast<std::size_t>(d) + j]));
+                }
               }
             }
-          }
-        });
-        set_num_threads(0);
+          });
+          set_num_threads(0);
+        }
       }
     }
   }

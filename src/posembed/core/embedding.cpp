@@ -348,7 +348,8 @@ void backward_dense(std::span<float> grad_token_table, std::span<float> grad_pos
 void backward_sparse(SparseRowGrad& grad, std::span<float> grad_position_table, ConstTensorSpan grad_out,
                      std::span<const std::int64_t> input_ids, std::span<const std::int64_t> position_ids,
                      const EmbeddingShape& shape, const DropoutSpec& dropout, GradMode position_mode,
-                     std::span<const std::uint64_t> mask_bits) {
+                     std::span<const std::uint64_t> mask_bits, void* half_table,
+                     const std::uint8_t* single_rows) {
   const std::int64_t d = shape.embed_dim;
   if (!grad.rows.empty() && grad.embed_dim != d) {
     throw Error("sparse token gradient has width " + std::to_string(grad.embed_dim) +
@@ -400,6 +401,11 @@ void backward_sparse(SparseRowGrad& grad, std::span<float> grad_position_table, 
     }
   }
   token.grad = grad.values.empty() ? nullptr : grad.values.data();
+  if (single_rows && token_mode == GradMode::write) {
+    token.half = half_table;
+    token.half_rows = input_ids.data();
+    token.single = single_rows;
+  }
   simd::GradTable position{grad_position_table.empty() ? nullptr : grad_position_table.data(), position_ids.data()};
   if (position_mode == GradMode::write) {
     prepare_fresh(position, 1, position_ids, shape.max_seq_len, d, shape.position_padding_row);

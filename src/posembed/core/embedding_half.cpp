@@ -37,16 +37,17 @@ std::span<float> float_sums(TensorSpan grad, GradMode mode) {
 // element (simd::narrow_rows): the listed rows (ascending) from `values`
 // (their rows in order, or a dense table where `by_row`); accumulate: added
 // to what each holds; write: the other rows set to zeros, as a fresh float
-// gradient's, in the same pass, past the cache from kStreamBytes on.
+// gradient's, in the same pass, past the cache from kStreamBytes on. Rows set
+// in `done` (null: none) are left as they are.
 void narrow_rows(TensorSpan grad, const float* values, bool by_row, std::span<const std::int64_t> rows,
-                 std::int64_t table_rows, std::int64_t d, GradMode mode) {
+                 std::int64_t table_rows, std::int64_t d, GradMode mode, const std::uint64_t* done = nullptr) {
   const bool write = mode == GradMode::write;
   const bool stream = static_cast<std::size_t>(table_rows * d) * dtype_bytes(grad.dtype) >= kStreamBytes;
   const std::int64_t per_block = std::max<std::int64_t>(1, kGrainElements / d);
   parallel_for((table_rows + per_block - 1) / per_block, [&](std::int64_t b) {
     const std::int64_t r0 = b * per_block, r1 = std::min(table_rows, r0 + per_block);
     simd::narrow_rows(grad.data, grad.dtype, values, by_row, rows.data(), rows.size(), static_cast<std::size_t>(r0),
-                      static_cast<std::size_t>(r1), static_cast<std::size_t>(d), write, stream);
+                      static_cast<std::size_t>(r1), static_cast<std::size_t>(d), write, stream, done);
   });
 }
 
@@ -125,8 +126,33 @@ void embedding_backward(TensorSpan grad_token_table, TensorSpan grad_position_ta
     // or left as they are. No float table of vocab_size rows.
     thread_local SparseRowGrad sums;
     zero_grad(sums);
-    backward_sparse(sums, position_sums, grad_out, input_ids, position_ids, shape, dropout, mode, mask_bits);
-    narrow_rows(grad_token_table, sums.values.data(), false, sums.rows, shape.vocab_size, shape.embed_dim, mode);
+    // A fresh gradient of grad_out's dtype: a row that one token alone
+    // touches (most rows, at a large vocabulary) has that token's masked row
+    // for its sum, so the walk rounds it straight into the table; only the
+    // rows of several tokens go through float sums (written and read back).
+    thread_local std::vector<std::uint64_t> once, twice;
+    thread_local std::vector<std::uint8_t> single;
+    const bool direct = mode == GradMode::write && grad_out.dtype == grad_token_table.dtype;
+    if (direct) {
+      once.assign((static_cast<std::size_t>(shape.vocab_size) + 63) / 64, 0);
+      twice.assign(once.size(), 0);
+      for (const std::int64_t id : input_ids) {
+        const auto w = static_cast<std::size_t>(id) >> 6;
+        const std::uint64_t bit = std::uint64_t{1} << (id & 63);
+        twice[w] |= once[w] & bit;
+        once[w] |= bit;
+      }
+      single.resize(input_ids.size());
+      for (std::size_t t = 0; t < input_ids.size(); ++t) {
+        const auto id = static_cast<std::size_t>(input_ids[t]);
+        single[t] = (twice[id >> 6] >> (id & 63) & 1) == 0;
+      }
+      for (std::size_t w = 0; w < once.size(); ++w) once[w] &= ~twice[w];  // the single rows
+    }
+    backward_sparse(sums, position_sums, grad_out, input_ids, position_ids, shape, dropout, mode, mask_bits,
+                    direct ? grad_token_table.data : nullptr, direct ? single.data() : nullptr);
+    narrow_rows(grad_token_table, sums.values.data(), false, sums.rows, shape.vocab_size, shape.embed_dim, mode,
+                direct ? once.data() : nullptr);
   }
   narrow_position_sums(grad_position_table, position_sums, position_ids, shape, mode);
 }

@@ -81,9 +81,14 @@ void backward_dense(std::span<float> grad_token_table, std::span<float> grad_pos
                     ConstTensorSpan grad_out, std::span<const std::int64_t> input_ids,
                     std::span<const std::int64_t> position_ids, const EmbeddingShape& shape,
                     const DropoutSpec& dropout, GradMode mode, std::span<const std::uint64_t> mask_bits);
+// single_rows: null, or (for a fresh half token gradient of grad_out's dtype,
+// grad freshly zeroed) a byte per token, 1 where the token is its row's only
+// one: the walk rounds that row straight into `half_table`
+// (simd::GradTable::single), and its values in `grad` are left unwritten.
 void backward_sparse(SparseRowGrad& grad, std::span<float> grad_position_table, ConstTensorSpan grad_out,
                      std::span<const std::int64_t> input_ids, std::span<const std::int64_t> position_ids,
                      const EmbeddingShape& shape, const DropoutSpec& dropout, GradMode position_mode,
-                     std::span<const std::uint64_t> mask_bits);
+                     std::span<const std::uint64_t> mask_bits, void* half_table = nullptr,
+                     const std::uint8_t* single_rows = nullptr);
 
 }  // namespace posembed::detail

@@ -117,6 +117,14 @@ struct GradTable {
   const std::uint8_t* owner = nullptr;  // (table rows) or null: the thread that owns each row and
                                         // adds its tokens to it (null: every row is the caller's)
   bool stream = false;  // those first writes go past the cache (a table much larger than it)
+  // A fresh half token gradient (backward_rows_half only; null otherwise):
+  // where single[t] is set, token t is the only token of its row, so its
+  // masked grad_out row is that row's whole sum: it is rounded once (0 + v, as
+  // a first write) straight into row half_rows[t] of `half`, a table of
+  // grad_out's dtype, and not written to `grad`.
+  void* half = nullptr;
+  const std::int64_t* half_rows = nullptr;  // (n)
+  const std::uint8_t* single = nullptr;     // (n)
 };
 
 // The order of backward_rows' adds: the tokens by position id, and tokens
@@ -154,11 +162,14 @@ void backward_rows_half(const GradTable& token, const GradTable& position, const
 // listed row rows[k] in the range gets its float values rounded once (RNE),
 // added in float to what it holds unless `write`: row k of `values`, or row
 // rows[k] where `by_row` (values a dense float table). With `write`, every
-// row of the range not listed is set to zeros. stream: past the cache
-// (non-temporal stores, then a store fence).
-// out: (table rows, d), values: (count, d) or (table rows, d), rows: (count), ascending
+// row of the range not listed is set to zeros. A listed row whose bit is set
+// in `done` (null: none) is left as it is (GradTable::single wrote it).
+// stream: past the cache (non-temporal stores, then a store fence).
+// out: (table rows, d), values: (count, d) or (table rows, d), rows: (count), ascending,
+// done: (table rows / 64)
 void narrow_rows(void* out, Dtype dtype, const float* values, bool by_row, const std::int64_t* rows,
-                 std::size_t count, std::size_t r0, std::size_t r1, std::size_t d, bool write, bool stream);
+                 std::size_t count, std::size_t r0, std::size_t r1, std::size_t d, bool write, bool stream,
+                 const std::uint64_t* done);
 
 // out[j] = 0, j < n, with non-temporal stores past the cache, then a store fence.
 void stream_zeros(float* out, std::size_t n);

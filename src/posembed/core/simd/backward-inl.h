@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "posembed/core/simd.h"
 
@@ -52,6 +53,26 @@ void AddInto(float* HWY_RESTRICT row, const G* HWY_RESTRICT grad, std::size_t n,
     // the store to reach memory).
     if (stream && row_is_zero && count == lanes) return hn::Stream(sum, df, row + j);  // aligned: after the head
     StorePart(sum, df, row + j, count);
+  });
+}
+
+// The row of a fresh half token gradient that token t, its row's only token,
+// is rounded into (GradTable::single).
+template <class G>
+HWY_INLINE G* SingleRow(const GradTable& token, std::size_t t, std::size_t d) {
+  return static_cast<G*>(token.half) + static_cast<std::size_t>(token.half_rows[t]) * d;
+}
+
+// row[j] = round(0 + grad[j] * mask(j)), j < n: a single token's half row
+// (GradTable::single), the bits of its float sum (a first write) rounded once.
+template <bool kMasked, class G>
+void RoundInto(G* HWY_RESTRICT row, const G* HWY_RESTRICT grad, std::size_t n, KeepSpan keep, float scale) {
+  const hn::ScalableTag<float> df;
+  const std::size_t lanes = hn::Lanes(df);
+  ForEachVector<false>(n, nullptr, 0, n, KeepRule{}, nullptr, lanes, [&](std::size_t j, std::size_t count, std::uint32_t) {
+    auto v = LoadWide(df, grad + j, count);
+    if constexpr (kMasked) v = ApplyKeep(df, v, keep.At(j), scale);
+    StoreNarrow(df, hn::Add(hn::Zero(df), v), row + j, count);
   });
 }
 
@@ -111,14 +132,16 @@ struct RowsAhead {
 };
 
 // One block of a group's members (AddGroup) over n columns: grad, token_row
-// (null: another thread's), token_is_zero, token_stream, keep: per member, kCount
+// (null: another thread's, or a single row), single_row (GradTable::single:
+// the half row it is rounded into; null: none), token_is_zero, token_stream,
+// keep: per member, kCount
 // of them (a constant, so that the compiler unrolls the members and keeps the
 // position row's vectors in registers across them). ahead: null, or rows to
 // ask for a line at a time, column block c0.
 template <bool kMasked, std::size_t kCount, class G>
 HWY_INLINE void GroupBlock(const float* aligned, float* HWY_RESTRICT row, bool row_is_zero,
                            std::size_t n, float scale, const G* const* grad,
-                           float* const* token_row, const bool* token_is_zero,
+                           float* const* token_row, G* const* single_row, const bool* token_is_zero,
                            const bool* token_stream, const KeepSpan* keep, const RowsAhead<G>* ahead,
                            std::size_t c0) {
   const hn::ScalableTag<float> df;
@@ -161,6 +184,8 @@ HWY_INLINE void GroupBlock(const float* aligned, float* HWY_RESTRICT row, bool r
           } else {
             store(to, token_row[k] + c);
           }
+        } else if constexpr (!std::is_same_v<G, float>) {
+          if (single_row[k]) StoreNarrow(df, hn::Add(hn::Zero(df), v), single_row[k] + c, kFull ? lanes : n_j);
         }
         sum[i] = hn::Add(sum[i], v);
       }
@@ -219,13 +244,16 @@ void AddGroup(const GradTable& token, const GradTable& position, const std::uint
       const std::size_t c1 = std::min(d, c0 + kTile);
       const G* grad[kGroupBlock];
       float* token_row[kGroupBlock];
+      G* single_row[kGroupBlock];
       bool token_is_zero[kGroupBlock], token_stream[kGroupBlock];
       KeepSpan keep[kGroupBlock];
       const float* aligned = nullptr;
       for (std::size_t k = 0; k < block; ++k) {
         const std::size_t t = members[m0 + k];
         grad[k] = grad_out + t * d + c0;
-        token_row[k] = owns_token(t) ? token.grad + static_cast<std::size_t>(token.rows[t]) * d + c0 : nullptr;
+        const bool owned = owns_token(t), single = token.single && token.single[t];
+        token_row[k] = owned && !single ? token.grad + static_cast<std::size_t>(token.rows[t]) * d + c0 : nullptr;
+        single_row[k] = owned && single ? SingleRow<G>(token, t, d) + c0 : nullptr;
         token_is_zero[k] = token.first && token.first[t];
         if (token.stream && token_is_zero[k] && token_row[k] && !aligned) aligned = token_row[k];
         if constexpr (kMasked) keep[k] = SpanOf(cursor, t * d + c0, c1 - c0);
@@ -245,6 +273,7 @@ void AddGroup(const GradTable& token, const GradTable& position, const std::uint
       GroupBlockOf<kMasked>(
           block, aligned, row + c0, row_is_zero, c1 - c0, scale,
           static_cast<const G* const*>(grad), static_cast<float* const*>(token_row),
+          static_cast<G* const*>(single_row),
           static_cast<const bool*>(token_is_zero), static_cast<const bool*>(token_stream),
           static_cast<const KeepSpan*>(keep), lines, c0);
     }
@@ -284,7 +313,7 @@ void BackwardWalk(const GradTable& token, const GradTable& position, const Backw
       if (!whole && !tok) continue;
       rows.read[rows.reads++] = grad_out + m * d;
       if (kMasked && keep) rows.keep[rows.keeps++] = reinterpret_cast<const unsigned char*>(keep) + m * d / 8;
-      if (!tok) continue;
+      if (!tok || (token.single && token.single[m])) continue;  // a single row: plain stores
       float* to = token.grad + static_cast<std::size_t>(token.rows[m]) * d;
       if (token.stream && token.first && token.first[m]) {
         rows.edges[rows.edged++] = to;
@@ -308,6 +337,17 @@ void BackwardWalk(const GradTable& token, const GradTable& position, const Backw
     for (std::size_t k = 0; k < count; ++k) {
       const std::size_t t = members[k];
       if (!owns(token, t)) continue;
+      if constexpr (!std::is_same_v<G, float>) {
+        if (token.single && token.single[t]) {
+          G* HWY_RESTRICT to = SingleRow<G>(token, t, d);
+          for (std::size_t c0 = 0; c0 < d; c0 += kTile) {
+            const std::size_t c1 = std::min(d, c0 + kTile);
+            RoundInto<kMasked>(to + c0, grad_out + t * d + c0, c1 - c0,
+                               kMasked ? SpanOf(cursor, t * d + c0, c1 - c0) : KeepSpan{}, scale);
+          }
+          continue;
+        }
+      }
       float* HWY_RESTRICT row = token.grad + static_cast<std::size_t>(token.rows[t]) * d;
       const bool row_is_zero = token.first && token.first[t];
       for (std::size_t c0 = 0; c0 < d; c0 += kTile) {

@@ -65,7 +65,11 @@ HWY_INLINE void NarrowRow(T* HWY_RESTRICT to, const float* HWY_RESTRICT values, 
 // narrow_rows (simd.h).
 void NarrowRows(void* HWY_RESTRICT out, Dtype dtype, const float* HWY_RESTRICT values, bool by_row,
                 const std::int64_t* HWY_RESTRICT rows, std::size_t count, std::size_t r0, std::size_t r1,
-                std::size_t d, bool write, bool stream) {
+                std::size_t d, bool write, bool stream, const std::uint64_t* HWY_RESTRICT done) {
+  const auto is_done = [&](std::size_t k) {
+    const auto r = static_cast<std::size_t>(rows[k]);
+    return done && (done[r >> 6] >> (r & 63) & 1) != 0;
+  };
   const auto values_of = [&](std::size_t k) {
     return values + (by_row ? static_cast<std::size_t>(rows[k]) : k) * d;
   };
@@ -75,7 +79,7 @@ void NarrowRows(void* HWY_RESTRICT out, Dtype dtype, const float* HWY_RESTRICT v
         std::lower_bound(rows, rows + count, static_cast<std::int64_t>(r0)) - rows);
     if (!write) {
       for (; k < count && static_cast<std::size_t>(rows[k]) < r1; ++k) {
-        NarrowRow(table + static_cast<std::size_t>(rows[k]) * d, values_of(k), d, true);
+        if (!is_done(k)) NarrowRow(table + static_cast<std::size_t>(rows[k]) * d, values_of(k), d, true);
       }
       return;
     }
@@ -98,6 +102,11 @@ void NarrowRows(void* HWY_RESTRICT out, Dtype dtype, const float* HWY_RESTRICT v
           std::fill_n(table + r * d, (next - r) * d, T{});  // bf16 and fp16 zeros: all bits clear
         }
         r = next;
+        continue;
+      }
+      if (is_done(k)) {
+        ++k;
+        ++r;
         continue;
       }
       const float* from = values_of(k);
@@ -139,8 +148,9 @@ void backward_rows_half(const GradTable& token, const GradTable& position, const
 }
 
 void narrow_rows(void* out, Dtype dtype, const float* values, bool by_row, const std::int64_t* rows,
-                 std::size_t count, std::size_t r0, std::size_t r1, std::size_t d, bool write, bool stream) {
-  HWY_DYNAMIC_DISPATCH(NarrowRows)(out, dtype, values, by_row, rows, count, r0, r1, d, write, stream);
+                 std::size_t count, std::size_t r0, std::size_t r1, std::size_t d, bool write, bool stream,
+                 const std::uint64_t* done) {
+  HWY_DYNAMIC_DISPATCH(NarrowRows)(out, dtype, values, by_row, rows, count, r0, r1, d, write, stream, done);
 }
 
 }  // namespace posembed::simd
