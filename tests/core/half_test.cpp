@@ -388,11 +388,22 @@ void expect_backward_is_float_backward_rounded_once() {
           for_each_target([&] {
             for (const int threads : {1, 2}) {
               set_num_threads(threads);
-              std::vector<T> token = old_token, position = old_position;
-              embedding_backward(std::span(token), std::span(position), std::span<const G>(grad_out), c.input_ids,
-                                 c.position_ids, c.shape, dropout, mode);
-              EXPECT_EQ(bits(token), bits(want_token)) << "d " << d << " p " << p << " threads " << threads;
-              EXPECT_EQ(bits(position), bits(want_position)) << "d " << d << " p " << p;
+              std::vector<T> position = old_position;
+              // The token gradient at 0, 1 and 8 elements past a line: rows
+              // whose vectors are aligned (written past the cache) or not.
+              for (const std::size_t skip : {std::size_t{0}, std::size_t{1}, std::size_t{8}}) {
+                std::vector<T> storage(vocab + 64);
+                const auto address = reinterpret_cast<std::uintptr_t>(storage.data());
+                T* const start = storage.data() + (64 - address % 64) % 64 / sizeof(T) + skip;
+                std::copy(old_token.begin(), old_token.end(), start);
+                position = old_position;
+                embedding_backward(std::span(start, vocab), std::span(position), std::span<const G>(grad_out),
+                                   c.input_ids, c.position_ids, c.shape, dropout, mode);
+                const std::vector<T> token(start, start + vocab);
+                EXPECT_EQ(bits(token), bits(want_token))
+                    << "d " << d << " p " << p << " threads " << threads << " skip " << skip;
+                EXPECT_EQ(bits(position), bits(want_position)) << "d " << d << " p " << p;
+              }
               // Row-sparse: the float sums of the touched rows, the position gradient as above.
               SparseRowGrad sparse;
               position = old_position;

@@ -18,6 +18,7 @@
 #include "core/hwy_targets.h"
 #include "core/test_util.h"
 #include "posembed/core/embedding.h"
+#include "posembed/core/half.h"
 #include "posembed/core/parallel.h"
 #include "posembed/core/philox.h"
 #include "posembed/core/simd.h"
@@ -78,7 +79,9 @@ TEST(SimdDropout, AddMatchesTheMaskDefinitionBitForBit) {
 // them, long enough for the draws to run ahead of the walk through several tie
 // batches; widths of whole vectors (768), with row tails (100, 520, 1030) and
 // below a vector (8); thresholds that tie chosen elements' high bytes. Words
-// outside a call's rows are left as they are.
+// outside a call's rows are left as they are. The bf16 walk (forward_rows_half)
+// too, ahead or not: the same words, and each element the float one of the
+// widened tables rounded once.
 TEST(SimdForward, RunningAheadMatchesTheMaskDefinition) {
   const std::uint64_t seed = 77, step = 4;
   struct Shape {
@@ -92,6 +95,9 @@ TEST(SimdForward, RunningAheadMatchesTheMaskDefinition) {
     const auto position_ids = test::random_ids(n, static_cast<std::int64_t>(positions), 6);
     const auto token_table = test::random_floats(vocab * d, 7),
                position_table = test::random_floats(positions * d, 8);
+    std::vector<bf16> token_half(token_table.size()), position_half(position_table.size());
+    for (std::size_t i = 0; i < token_table.size(); ++i) token_half[i] = to_bf16(token_table[i]);
+    for (std::size_t i = 0; i < position_table.size(); ++i) position_half[i] = to_bf16(position_table[i]);
     // Splits on mask words, as embedding_forward's blocks fall: thirds of the
     // batch rounded to whole words.
     const std::size_t word_rows = 64 / std::gcd(d, std::size_t{64});
@@ -106,6 +112,7 @@ TEST(SimdForward, RunningAheadMatchesTheMaskDefinition) {
     for (const std::uint32_t threshold : thresholds) {
       const simd::KeepRule mask{philox_key(seed), step, threshold, 1.25f, true};
       std::vector<float> want(n * d);
+      std::vector<std::uint16_t> want_half(n * d);
       std::vector<std::uint64_t> want_words(words, 0);
       for (std::size_t r = 0; r < n; ++r) {
         const auto t = static_cast<std::size_t>(tokens[r]),
@@ -114,6 +121,8 @@ TEST(SimdForward, RunningAheadMatchesTheMaskDefinition) {
           const std::size_t i = r * d + j;
           const bool keep = dropout_draw(seed, step, i) >= threshold;
           want[i] = keep ? (token_table[t * d + j] + position_table[q * d + j]) * mask.scale : 0.0f;
+          want_half[i] = to_bf16(keep ? (widen(token_half[t * d + j]) + widen(position_half[q * d + j])) * mask.scale
+                                      : 0.0f).bits;
           want_words[i / 64] |= std::uint64_t{keep} << (i % 64);
         }
       }
@@ -140,6 +149,20 @@ TEST(SimdForward, RunningAheadMatchesTheMaskDefinition) {
             // The bits of elements past the batch in its last word are not specified.
             if (n * d % 64 != 0) kept[words - 1] &= (std::uint64_t{1} << (n * d % 64)) - 1;
             ASSERT_EQ(std::vector<std::uint64_t>(kept.begin(), kept.end() - 1), want_words);
+            if (stream) continue;  // the bf16 walk has no streamed plan
+            std::vector<bf16> out_half(n * d, to_bf16(42.0f));
+            std::vector<std::uint64_t> kept_half(words + 1, 0x5A5A5A5A5A5A5A5Aull);
+            for (std::size_t k = 0; k + 1 < split.size(); ++k) {
+              simd::forward_rows_half(out_half.data(), Dtype::bf16, token_half.data(), position_half.data(),
+                                      Dtype::bf16, tokens.data(), position_ids.data(), d, split[k], split[k + 1],
+                                      mask, kept_half.data(), ahead);
+            }
+            std::vector<std::uint16_t> got_half(n * d);
+            for (std::size_t i = 0; i < n * d; ++i) got_half[i] = out_half[i].bits;
+            ASSERT_EQ(got_half, want_half) << "bf16 walk";
+            ASSERT_EQ(kept_half.back(), 0x5A5A5A5A5A5A5A5Aull) << "bf16 walk wrote past the words";
+            if (n * d % 64 != 0) kept_half[words - 1] &= (std::uint64_t{1} << (n * d % 64)) - 1;
+            ASSERT_EQ(std::vector<std::uint64_t>(kept_half.begin(), kept_half.end() - 1), want_words) << "bf16 walk";
           }
         }
       });

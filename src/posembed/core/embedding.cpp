@@ -22,10 +22,6 @@ using namespace detail;  // embedding_internal.h: defined below, used throughout
 
 namespace {
 
-// A forward with an output from this size on waits on memory: its walk then
-// runs ahead (simd::ForwardPlan::ahead); below it, running ahead is slower.
-constexpr std::size_t kAheadBytes = std::size_t{8} << 20;
-
 std::string where(std::size_t flat, std::int64_t seq_len) {
   const auto t = static_cast<std::size_t>(seq_len);
   return "batch row " + std::to_string(flat / t) + ", token " + std::to_string(flat % t);

@@ -12,6 +12,7 @@
 #include "posembed/core/embedding.h"
 #include "posembed/core/embedding_internal.h"
 #include "posembed/core/error.h"
+#include "posembed/core/layer.h"
 #include "posembed/core/parallel_for.h"
 #include "posembed/core/simd.h"
 
@@ -28,7 +29,11 @@ std::string dtype_text(Dtype dtype) { return std::string(dtype_name(dtype)); }
 std::span<float> float_sums(TensorSpan grad, GradMode mode) {
   if (grad.dtype == Dtype::f32 || grad.empty()) return {static_cast<float*>(grad.data), grad.size};
   thread_local std::vector<float> scratch;
-  scratch.resize(grad.size);
+  if (scratch.capacity() < grad.size) {
+    assign_zeros_huge(scratch, grad.size);
+  } else {
+    scratch.resize(grad.size);
+  }
   if (mode == GradMode::accumulate) zero_grad(scratch);
   return scratch;
 }
@@ -101,12 +106,21 @@ void embedding_forward(TensorSpan out, std::span<const std::int64_t> input_ids,
   const std::int64_t rows = forward_block_rows(d);
   const simd::KeepRule mask = dropout_mask(dropout);
   std::uint64_t* keep = mask.active && !mask_bits.empty() ? mask_bits.data() : nullptr;
-  parallel_for((n + rows - 1) / rows, [&](std::int64_t block) {
+  // A walk that waits on memory draws its keep words ahead of it, over each
+  // thread's share of the blocks (as the float forward).
+  const bool ahead = out.size * dtype_bytes(out.dtype) >= kAheadBytes;
+  const auto walk = [&](std::int64_t first, std::int64_t last) {
     simd::forward_rows_half(out.data, out.dtype, token_table.data, position_table.data, token_table.dtype,
                             input_ids.data(), position_ids.data(), static_cast<std::size_t>(d),
-                            static_cast<std::size_t>(block * rows),
-                            static_cast<std::size_t>(std::min(n, (block + 1) * rows)), mask, keep);
-  });
+                            static_cast<std::size_t>(first * rows),
+                            static_cast<std::size_t>(std::min(n, last * rows)), mask, keep, ahead);
+  };
+  const std::int64_t blocks = (n + rows - 1) / rows;
+  if (ahead) {
+    parallel_ranges(blocks, walk);
+  } else {
+    parallel_for(blocks, [&](std::int64_t block) { walk(block, block + 1); });
+  }
 }
 
 void embedding_backward(TensorSpan grad_token_table, TensorSpan grad_position_table, ConstTensorSpan grad_out,

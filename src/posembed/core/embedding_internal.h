@@ -22,6 +22,10 @@ namespace posembed::detail {
 // past the cache (embedding_forward, zero_grad).
 inline constexpr std::size_t kStreamBytes = std::size_t{16} << 20;
 
+// A forward with an output from this size on waits on memory: its walk then
+// runs ahead (simd::ForwardPlan::ahead); below it, running ahead is slower.
+inline constexpr std::size_t kAheadBytes = std::size_t{8} << 20;
+
 // shape: what needs `expected` values, as text or as a function that makes it,
 // called only on error: a check that passes allocates nothing (the trainer runs
 // these in every micro-batch).

@@ -99,11 +99,12 @@ void forward_rows(float* out, const float* token_table, const std::int64_t* inpu
 // and scaled in float as forward_rows does, then rounded once (RNE) to the
 // output's dtype. keep: null (the words are drawn as the walk reaches them),
 // or the batch's keep words, of which the call writes those of its rows (as
-// ForwardPlan::keep) and reads them in place.
+// ForwardPlan::keep) and reads them in place; ahead: as ForwardPlan::ahead,
+// those words drawn a step at a time between the walk's vectors.
 // out: (n, d), token_table: (V, d), position_table: (max_seq_len, d), ids: (n)
 void forward_rows_half(void* out, Dtype output, const void* token_table, const void* position_table, Dtype table,
                        const std::int64_t* input_ids, const std::int64_t* position_ids, std::size_t d,
-                       std::size_t r0, std::size_t r1, const KeepRule& mask, std::uint64_t* keep);
+                       std::size_t r0, std::size_t r1, const KeepRule& mask, std::uint64_t* keep, bool ahead);
 
 // simd/backward.cpp: the backward into both tables, and fresh gradients' zeros.
 

@@ -131,6 +131,18 @@ struct RowsAhead {
   }
 };
 
+// The row that a pass's vectors are aligned to: `at` (column 0), of elements
+// of `bytes` each (a float row, or a half row of GradTable::single).
+struct AlignTo {
+  std::uintptr_t at = 0;
+  std::size_t bytes = sizeof(float);
+  // Columns from column j to the next boundary of `columns` elements.
+  HWY_INLINE std::size_t Before(std::size_t j, std::size_t columns) const {
+    const std::size_t boundary = columns * bytes;
+    return (boundary - (at + j * bytes) % boundary) % boundary / bytes;
+  }
+};
+
 // One block of a group's members (AddGroup) over n columns: grad, token_row
 // (null: another thread's, or a single row), single_row (GradTable::single:
 // the half row it is rounded into; null: none), token_is_zero, token_stream,
@@ -139,7 +151,7 @@ struct RowsAhead {
 // position row's vectors in registers across them). ahead: null, or rows to
 // ask for a line at a time, column block c0.
 template <bool kMasked, std::size_t kCount, class G>
-HWY_INLINE void GroupBlock(const float* aligned, float* HWY_RESTRICT row, bool row_is_zero,
+HWY_INLINE void GroupBlock(const AlignTo& aligned, float* HWY_RESTRICT row, bool row_is_zero,
                            std::size_t n, float scale, const G* const* grad,
                            float* const* token_row, G* const* single_row, const bool* token_is_zero,
                            const bool* token_stream, const KeepSpan* keep, const RowsAhead<G>* ahead,
@@ -185,21 +197,31 @@ HWY_INLINE void GroupBlock(const float* aligned, float* HWY_RESTRICT row, bool r
             store(to, token_row[k] + c);
           }
         } else if constexpr (!std::is_same_v<G, float>) {
-          if (single_row[k]) StoreNarrow(df, hn::Add(hn::Zero(df), v), single_row[k] + c, kFull ? lanes : n_j);
+          if (single_row[k]) {
+            // Streamed where its half vector is aligned (a single row is
+            // written once, and read next by the optimizer).
+            const auto value = hn::Add(hn::Zero(df), v);
+            const bool stream = kStreamsNarrow && kFull &&
+                                reinterpret_cast<std::uintptr_t>(single_row[k] + c) % (lanes * sizeof(G)) == 0;
+            if constexpr (kStreamsNarrow) {
+              if (stream) StreamNarrow(df, value, single_row[k] + c);
+            }
+            if (!stream) StoreNarrow(df, value, single_row[k] + c, kFull ? lanes : n_j);
+          }
         }
         sum[i] = hn::Add(sum[i], v);
       }
     }
     for (std::size_t i = 0; i < kVectors; ++i) store(sum[i], row + j + i * lanes);
   };
-  // Full vectors are taken a line at a time from the first line boundary of
-  // `aligned` on.
-  constexpr std::size_t kLine = 64 / sizeof(float);
+  // Full vectors are taken a line of G at a time from the first such boundary
+  // of `aligned` on.
+  constexpr std::size_t kLine = 64 / sizeof(G);
   constexpr std::size_t kLineVectors = kLine > HWY_LANES(float) ? kLine / HWY_LANES(float) : 1;
-  const std::size_t head = std::min(n, ElementsBeforeVectorBoundary(aligned, lanes));
+  const std::size_t head = std::min(n, aligned.Before(0, lanes));
   if (head > 0) columns.template operator()<false, 1>(0, head);
   std::size_t j = head;
-  const std::size_t to_line = ElementsBeforeVectorBoundary(aligned + j, kLine);
+  const std::size_t to_line = aligned.Before(j, kLine);
   for (const std::size_t j1 = std::min(n, j + to_line); j + lanes <= j1; j += lanes) {
     columns.template operator()<true, 1>(j, lanes);
   }
@@ -248,6 +270,7 @@ void AddGroup(const GradTable& token, const GradTable& position, const std::uint
       bool token_is_zero[kGroupBlock], token_stream[kGroupBlock];
       KeepSpan keep[kGroupBlock];
       const float* aligned = nullptr;
+      const G* aligned_single = nullptr;
       for (std::size_t k = 0; k < block; ++k) {
         const std::size_t t = members[m0 + k];
         grad[k] = grad_out + t * d + c0;
@@ -256,22 +279,27 @@ void AddGroup(const GradTable& token, const GradTable& position, const std::uint
         single_row[k] = owned && single ? SingleRow<G>(token, t, d) + c0 : nullptr;
         token_is_zero[k] = token.first && token.first[t];
         if (token.stream && token_is_zero[k] && token_row[k] && !aligned) aligned = token_row[k];
+        if (single_row[k] && !aligned_single) aligned_single = single_row[k];
         if constexpr (kMasked) keep[k] = SpanOf(cursor, t * d + c0, c1 - c0);
       }
-      if (!aligned) aligned = row + c0;
+      // Else to the first single row (its rounded vectors streamed), else to
+      // the position row.
+      AlignTo align{reinterpret_cast<std::uintptr_t>(aligned ? aligned : row + c0), sizeof(float)};
+      if (!aligned && aligned_single) align = {reinterpret_cast<std::uintptr_t>(aligned_single), sizeof(G)};
       // Streamed: a fresh row's write, aligned to the vectors, unless a later
       // member adds to the same row in this pass (its load would wait for the
       // streamed store to reach memory: a frequent token at one position in
       // several sequences).
       for (std::size_t k = 0; k < block; ++k) {
-        const auto offset = reinterpret_cast<std::uintptr_t>(token_row[k]) - reinterpret_cast<std::uintptr_t>(aligned);
-        token_stream[k] = token.stream && token_row[k] && token_is_zero[k] && offset % vector_bytes == 0;
+        const auto offset = reinterpret_cast<std::uintptr_t>(token_row[k]) - align.at;
+        token_stream[k] = token.stream && token_row[k] && token_is_zero[k] && align.bytes == sizeof(float) &&
+                          offset % vector_bytes == 0;
         for (std::size_t later = k + 1; later < block && token_stream[k]; ++later) {
           token_stream[k] = token_row[later] != token_row[k];
         }
       }
       GroupBlockOf<kMasked>(
-          block, aligned, row + c0, row_is_zero, c1 - c0, scale,
+          block, align, row + c0, row_is_zero, c1 - c0, scale,
           static_cast<const G* const*>(grad), static_cast<float* const*>(token_row),
           static_cast<G* const*>(single_row),
           static_cast<const bool*>(token_is_zero), static_cast<const bool*>(token_stream),
@@ -313,7 +341,8 @@ void BackwardWalk(const GradTable& token, const GradTable& position, const Backw
       if (!whole && !tok) continue;
       rows.read[rows.reads++] = grad_out + m * d;
       if (kMasked && keep) rows.keep[rows.keeps++] = reinterpret_cast<const unsigned char*>(keep) + m * d / 8;
-      if (!tok || (token.single && token.single[m])) continue;  // a single row: plain stores
+      // A single row: its one token writes it whole, past the cache where aligned.
+      if (!tok || (token.single && token.single[m])) continue;
       float* to = token.grad + static_cast<std::size_t>(token.rows[m]) * d;
       if (token.stream && token.first && token.first[m]) {
         rows.edges[rows.edged++] = to;
@@ -358,7 +387,9 @@ void BackwardWalk(const GradTable& token, const GradTable& position, const Backw
       }
     }
   }
-  if (token.stream || position.stream) hwy::FlushStream();
+  // Streaming stores are weakly ordered: make them visible before the
+  // caller's threads join (single half rows are streamed at any size).
+  if (token.stream || position.stream || token.half) hwy::FlushStream();
 }
 
 // Thread `self`'s share of the backward over a grad_out of G (backward_rows).

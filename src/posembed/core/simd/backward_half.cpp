@@ -92,7 +92,8 @@ void NarrowRows(void* HWY_RESTRICT out, Dtype dtype, const float* HWY_RESTRICT v
     const std::size_t row_floats = d * sizeof(T) / sizeof(float);
     const auto floats_at = [&](std::size_t r) { return reinterpret_cast<float*>(table + r * d); };
     constexpr std::size_t kBuffer = 2048;  // elements of T, an even count: whole floats
-    HWY_ALIGN T buffer[kBuffer];
+    HWY_ALIGN std::uint16_t bits_buffer[kBuffer];  // not zeroed: T's constructor would
+    T* buffer = reinterpret_cast<T*>(bits_buffer);
     for (std::size_t r = r0; r < r1;) {
       const std::size_t next = k < count ? std::min(r1, static_cast<std::size_t>(rows[k])) : r1;
       if (next > r) {  // rows r .. next - 1 are not listed

@@ -26,11 +26,14 @@ namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 // Rows [r0, r1): out row r = round((token row + position row) * mask), the
-// sum and the scale in float, one rounding to O.
-template <class T, class O, bool kMasked>
+// sum and the scale in float, one rounding to O. The keep bits come in steps
+// of kStepElements: drawn ahead of the walk between its vectors (`drawing`),
+// else read from the cursor (words drawn first, or drawn as it goes).
+template <class T, class O, bool kMasked, class Ahead>
 void ForwardRowsOf(O* HWY_RESTRICT out, const T* HWY_RESTRICT token_table, const T* HWY_RESTRICT position_table,
                    const std::int64_t* HWY_RESTRICT input_ids, const std::int64_t* HWY_RESTRICT position_ids,
-                   std::size_t d, std::size_t r0, std::size_t r1, const KeepRule& mask, KeepCursor& cursor) {
+                   std::size_t d, std::size_t r0, std::size_t r1, const KeepRule& mask, KeepCursor& cursor,
+                   Ahead* drawing) {
   const hn::ScalableTag<float> df;
   const std::size_t lanes = hn::Lanes(df);
   const auto row = [&](const T* table, std::int64_t id) { return table + static_cast<std::size_t>(id) * d; };
@@ -44,34 +47,56 @@ void ForwardRowsOf(O* HWY_RESTRICT out, const T* HWY_RESTRICT token_table, const
     const T* HWY_RESTRICT a = row(token_table, input_ids[r]);
     const T* HWY_RESTRICT b = row(position_table, position_ids[r]);
     O* HWY_RESTRICT o = out + r * d;
-    // Vectors from the row's start (null `aligned`): with 16-bit elements a
-    // float vector's worth is half a vector of bytes, so no alignment of the
-    // stores to whole vectors is to be had.
-    ForEachVector<kMasked>(d, nullptr, r * d, r1 * d, mask, &cursor, lanes,
-                           [&](std::size_t j, std::size_t count, std::uint32_t bits) {
-                             if (ahead && j % (64 / sizeof(T)) < lanes) __builtin_prefetch(ahead + j, 0, 1);
-                             auto v = hn::Add(LoadWide(df, a + j, count), LoadWide(df, b + j, count));
-                             if constexpr (kMasked) v = ApplyKeep(df, v, bits, mask.scale);
-                             StoreNarrow(df, v, o + j, count);
-                           });
+    // Vectors from the row's start: with 16-bit elements a float vector's
+    // worth is half a vector of bytes, so no alignment of the stores to whole
+    // vectors is to be had.
+    for (std::size_t g = 0; g < d; g += kStepElements) {
+      const std::size_t g1 = std::min(d, g + kStepElements), e = r * d + g;
+      KeepSpan keep{};
+      if constexpr (kMasked) {
+        if (drawing) {
+          DrawAhead(*drawing, e);
+          ReadyThrough(*drawing, e, g1 - g);
+        } else {
+          DrawThrough(cursor, e, r * d + g1, r1 * d, mask);
+        }
+        keep = SpanOf(cursor, e, g1 - g);
+      }
+      for (std::size_t j = g; j < g1; j += lanes) {
+        const std::size_t count = std::min(lanes, g1 - j);
+        if (ahead && j % (64 / sizeof(T)) < lanes) __builtin_prefetch(ahead + j, 0, 1);
+        auto v = hn::Add(LoadWide(df, a + j, count), LoadWide(df, b + j, count));
+        if constexpr (kMasked) v = ApplyKeep(df, v, keep.At(j - g), mask.scale);
+        StoreNarrow(df, v, o + j, count);
+      }
+    }
   }
 }
 
 template <class T, class O>
 void ForwardRowsTyped(void* out, const void* token_table, const void* position_table,
                       const std::int64_t* input_ids, const std::int64_t* position_ids, std::size_t d,
-                      std::size_t r0, std::size_t r1, const KeepRule& mask, std::uint64_t* keep) {
+                      std::size_t r0, std::size_t r1, const KeepRule& mask, std::uint64_t* keep, bool ahead) {
   KeepCursor cursor;
+  KeepAhead<hn::ScalableTag<std::uint64_t>> ahead_words;
+  decltype(ahead_words)* drawing = nullptr;
   if (mask.active && keep) {
-    // Drawn first, in one batch, into the caller's words, and read in place.
     const std::size_t w0 = r0 * d / 64, w1 = (r1 * d + 63) / 64;
-    DropoutKeepWords(keep + w0, w0, w1 - w0, mask);
-    GiveKeep(cursor, keep, w0, w1);
+    if (ahead) {
+      // A step at a time, between the walk's vectors, so that the draws'
+      // multiplies run while its loads wait on memory.
+      StartAhead(ahead_words, keep, w0, w1, mask, cursor);
+      drawing = &ahead_words;
+    } else {
+      // Drawn first, in one batch, into the caller's words, and read in place.
+      DropoutKeepWords(keep + w0, w0, w1 - w0, mask);
+      GiveKeep(cursor, keep, w0, w1);
+    }
   }
   const auto rows = [&]<bool kMasked> {
     ForwardRowsOf<T, O, kMasked>(static_cast<O*>(out), static_cast<const T*>(token_table),
                                  static_cast<const T*>(position_table), input_ids, position_ids, d, r0, r1,
-                                 mask, cursor);
+                                 mask, cursor, drawing);
   };
   if (mask.active) {
     rows.template operator()<true>();
@@ -84,12 +109,13 @@ void ForwardRowsTyped(void* out, const void* token_table, const void* position_t
 // and output the same or f32.
 void ForwardRowsHalf(void* out, Dtype output, const void* token_table, const void* position_table, Dtype table,
                      const std::int64_t* input_ids, const std::int64_t* position_ids, std::size_t d,
-                     std::size_t r0, std::size_t r1, const KeepRule& mask, std::uint64_t* keep) {
+                     std::size_t r0, std::size_t r1, const KeepRule& mask, std::uint64_t* keep, bool ahead) {
   const auto typed = [&]<class T>(T) {
     if (output == Dtype::f32) {
-      ForwardRowsTyped<T, float>(out, token_table, position_table, input_ids, position_ids, d, r0, r1, mask, keep);
+      ForwardRowsTyped<T, float>(out, token_table, position_table, input_ids, position_ids, d, r0, r1, mask, keep,
+                                 ahead);
     } else {
-      ForwardRowsTyped<T, T>(out, token_table, position_table, input_ids, position_ids, d, r0, r1, mask, keep);
+      ForwardRowsTyped<T, T>(out, token_table, position_table, input_ids, position_ids, d, r0, r1, mask, keep, ahead);
     }
   };
   if (table == Dtype::bf16) {
@@ -114,9 +140,9 @@ namespace {
 
 void forward_rows_half(void* out, Dtype output, const void* token_table, const void* position_table, Dtype table,
                        const std::int64_t* input_ids, const std::int64_t* position_ids, std::size_t d,
-                       std::size_t r0, std::size_t r1, const KeepRule& mask, std::uint64_t* keep) {
+                       std::size_t r0, std::size_t r1, const KeepRule& mask, std::uint64_t* keep, bool ahead) {
   HWY_DYNAMIC_DISPATCH(ForwardRowsHalf)
-  (out, output, token_table, position_table, table, input_ids, position_ids, d, r0, r1, mask, keep);
+  (out, output, token_table, position_table, table, input_ids, position_ids, d, r0, r1, mask, keep, ahead);
 }
 
 }  // namespace posembed::simd

@@ -123,6 +123,20 @@ HWY_INLINE hn::Vec<DF> LoadWide(DF df, const T* HWY_RESTRICT p, std::size_t coun
   }
 }
 
+// v rounded once to T, as 16-bit lanes (a vector of half df's bytes).
+template <class T, class DF>
+HWY_INLINE hn::Vec<hn::Rebind<std::uint16_t, DF>> NarrowBits(DF df, hn::Vec<DF> v) {
+  const hn::Rebind<std::uint16_t, DF> d16;
+  if constexpr (std::is_same_v<T, fp16> && kHasF16C) {
+    return hn::BitCast(d16, hn::DemoteTo(hn::Rebind<hwy::float16_t, DF>(), v));
+  } else {
+    const hn::RebindToSigned<DF> di;
+    const auto bits = std::is_same_v<T, bf16> ? NarrowBf16(df, v) : NarrowF16Integer(df, v);
+    // Each lane holds at most 0xFFFF: the saturating demotion keeps it as is.
+    return hn::DemoteTo(d16, hn::BitCast(di, bits));
+  }
+}
+
 // The first count (<= Lanes(df)) lanes of v, rounded once to T, to p.
 template <class T, class DF>
 HWY_INLINE void StoreNarrow(DF df, hn::Vec<DF> v, T* HWY_RESTRICT p, std::size_t count) {
@@ -130,16 +144,21 @@ HWY_INLINE void StoreNarrow(DF df, hn::Vec<DF> v, T* HWY_RESTRICT p, std::size_t
     StorePart(v, df, p, count);
   } else {
     const hn::Rebind<std::uint16_t, DF> d16;
-    auto* to = reinterpret_cast<std::uint16_t*>(p);
-    if constexpr (std::is_same_v<T, fp16> && kHasF16C) {
-      StorePart(hn::BitCast(d16, hn::DemoteTo(hn::Rebind<hwy::float16_t, DF>(), v)), d16, to, count);
-    } else {
-      const hn::RebindToSigned<DF> di;
-      const auto bits = std::is_same_v<T, bf16> ? NarrowBf16(df, v) : NarrowF16Integer(df, v);
-      // Each lane holds at most 0xFFFF: the saturating demotion keeps it as is.
-      StorePart(hn::DemoteTo(d16, hn::BitCast(di, bits)), d16, to, count);
-    }
+    StorePart(NarrowBits<T>(df, v), d16, reinterpret_cast<std::uint16_t*>(p), count);
   }
+}
+
+// Whether a full float vector rounded to 16 bits fills a whole 16-byte or
+// wider vector, which x86 can stream (AVX2 and up; not SSE's 8 bytes).
+constexpr bool kStreamsNarrow = HWY_LANES(float) * sizeof(std::uint16_t) >= 16;
+
+// All lanes of v rounded once to T, streamed past the cache to p (aligned to
+// the half-width vector: Lanes(df) elements of T). Where kStreamsNarrow.
+template <class T, class DF>
+HWY_INLINE void StreamNarrow(DF df, hn::Vec<DF> v, T* HWY_RESTRICT p) {
+  static_assert(kStreamsNarrow && sizeof(T) == 2, "x86 streams whole vectors of 16 bytes or more");
+  const hn::Rebind<std::uint16_t, DF> d16;
+  hn::Stream(NarrowBits<T>(df, v), d16, reinterpret_cast<std::uint16_t*>(p));
 }
 
 }  // namespace HWY_NAMESPACE

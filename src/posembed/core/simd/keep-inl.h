@@ -312,6 +312,97 @@ HWY_INLINE void ForEachVector(std::size_t n, const float* aligned, std::uint64_t
   }
 }
 
+// Keep words drawn into place a step at a time, just ahead of a walk that
+// reads them there (a training forward that keeps its mask): the walk takes a
+// step between its vectors, with a few lines of the row it fetches, so the
+// draws' multiplies run while its loads wait on memory (the stitched walk of
+// AVX-512 and AVX2; the row walk of other targets draws ahead a row at a
+// time). Drawn all before a block's walk, or a batch whenever the walk reached
+// one, they did not overlap the loads. Ties are listed from the first word not
+// yet final (`ready`) and resolved kTiesResolved at a time, as
+// DropoutKeepWords resolves them.
+// A step: 512 elements, 32 Philox blocks (four AVX-512 vectors side by side);
+// shorter and longer steps both took longer.
+constexpr std::size_t kStepWords = 8;
+static_assert(kStepWords <= kChunkWords, "a step's ties fit the list");
+static_assert(64 * (kTieBatchWords + kStepWords) <= 65536, "tie offsets fit 16 bits");
+constexpr std::size_t kStepElements = 64 * kStepWords;
+// How far the draws run ahead of the walk: words become final up to a tie
+// batch after they are drawn, and a span of the walk reads up to kTailWords.
+constexpr std::size_t kLeadWords = kTieBatchWords + 2 * kTailWords;
+template <class D64>
+struct KeepAhead {
+  std::uint64_t* out = nullptr;  // the keep words, out[w] word w
+  const KeepRule* mask = nullptr;
+  KeepCursor* cursor = nullptr;             // reads them in place; GiveKeep once all are final
+  std::uint64_t w0 = 0, next = 0, end = 0;  // words [w0, end), [next, end) not drawn yet
+  std::uint64_t ready = 0;                  // words before it are final; ties count from it
+  Ties ties;
+  hn::Vec<D64> k0[10], k1[10], c2, c3;  // round keys and the dropout stream's counter words
+};
+
+template <class D64>
+HWY_INLINE void ResolveAhead(KeepAhead<D64>& a) {
+  ResolveTies(a.out + a.ready, a.ready, a.ties, *a.mask);
+  a.ready = a.next;
+  if (a.next == a.end) GiveKeep(*a.cursor, a.out, a.w0, a.end);
+}
+
+// Draws kStepWords words at `next` (fewer at the end).
+template <class D64>
+HWY_INLINE void DrawStep(KeepAhead<D64>& a) {
+  const std::size_t words =
+      static_cast<std::size_t>(std::min<std::uint64_t>(kStepWords, a.end - a.next));
+  HWY_ALIGN std::uint32_t draws[kStepWords * 16];  // 4 blocks of 4 words per keep word
+  PhiloxBlocksKeyed(D64(), draws, 4 * a.next, a.c2, a.c3, a.k0, a.k1, 4 * words);
+  KeepFromDraws(a.out + a.next, reinterpret_cast<const std::uint8_t*>(draws), words, *a.mask,
+                a.ties, 64 * static_cast<std::size_t>(a.next - a.ready));
+  a.next += words;
+  if (a.ties.count >= kTiesResolved || a.next - a.ready >= kTieBatchWords || a.next == a.end)
+    ResolveAhead(a);
+}
+
+// Draws steps until the words drawn reach kLeadWords past the walk's element
+// `at` (or the end): one step per kStepElements walked, so the lead holds
+// whatever the widths of the walk's pieces.
+template <class D64>
+HWY_INLINE void DrawAhead(KeepAhead<D64>& a, std::uint64_t at) {
+  while (a.next < a.end && a.next < at / 64 + kLeadWords) DrawStep(a);
+}
+
+// Makes words w0 .. w1 - 1 of `keep` drawn ahead into place, and the cursor
+// read them there; draws the first kLeadWords.
+template <class D64>
+HWY_INLINE void StartAhead(KeepAhead<D64>& a, std::uint64_t* HWY_RESTRICT keep, std::uint64_t w0,
+                           std::uint64_t w1, const KeepRule& mask, KeepCursor& cursor) {
+  const D64 d64;
+  a.out = keep;
+  a.mask = &mask;
+  a.cursor = &cursor;
+  a.w0 = a.next = a.ready = w0;
+  a.end = w1;
+  PhiloxRoundKeys(d64, mask.key, a.k0, a.k1);
+  const PhiloxCounter stream = philox_counter(0, mask.step, RandomStream::dropout);
+  a.c2 = hn::Set(d64, stream[2]);
+  a.c3 = hn::Set(d64, stream[3]);
+  cursor.given = keep;
+  cursor.given_bytes = w1 * sizeof(std::uint64_t);
+  DrawAhead(a, 64 * w0);
+}
+
+// Makes final every word that a KeepSpan of elements e .. e + n - 1 reads (its
+// 4-byte loads reach bit 31 past the byte of element e + n - 1). Where those
+// loads would pass the last word, the words through it are final, so GiveKeep
+// has copied the tail that SpanOf then reads. A guard: the lead (DrawAhead)
+// keeps the walk's words final before it gets there.
+template <class D64>
+HWY_INLINE void ReadyThrough(KeepAhead<D64>& a, std::uint64_t e, std::size_t n) {
+  const std::uint64_t last_bit = ((e + n - 1) & ~std::uint64_t{7}) + 31;
+  const std::uint64_t w = std::min(a.end - 1, last_bit >> 6);
+  while (a.next <= w) DrawStep(a);
+  if (a.ready <= w) ResolveAhead(a);
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace posembed::simd
 HWY_AFTER_NAMESPACE();
