@@ -175,6 +175,8 @@ HWY_INLINE void GroupBlock(const AlignTo& aligned, float* HWY_RESTRICT row, bool
         StorePart(v, df, p, n_j);
       }
     };
+    // Whether these columns are a whole line of a row of G (64 bytes).
+    constexpr bool kWholeLine = kFull && kVectors * HWY_LANES(float) * sizeof(G) == 64;
     V sum[kVectors];
     for (std::size_t i = 0; i < kVectors; ++i) {
       if (ahead) ahead->Lines(c0, j + i * lanes, lanes);
@@ -198,11 +200,12 @@ HWY_INLINE void GroupBlock(const AlignTo& aligned, float* HWY_RESTRICT row, bool
           }
         } else if constexpr (!std::is_same_v<G, float>) {
           if (single_row[k]) {
-            // Streamed where its half vector is aligned (a single row is
-            // written once, and read next by the optimizer).
+            // Streamed where these vectors fill a whole line of its row (a
+            // single row is written once, and read next by the optimizer); a
+            // streamed part of a line costs more than a plain store's read.
             const auto value = hn::Add(hn::Zero(df), v);
-            const bool stream = kStreamsNarrow && kFull &&
-                                reinterpret_cast<std::uintptr_t>(single_row[k] + c) % (lanes * sizeof(G)) == 0;
+            const bool stream = kStreamsNarrow && kWholeLine &&
+                                reinterpret_cast<std::uintptr_t>(single_row[k] + j) % 64 == 0;
             if constexpr (kStreamsNarrow) {
               if (stream) StreamNarrow(df, value, single_row[k] + c);
             }
@@ -279,7 +282,10 @@ void AddGroup(const GradTable& token, const GradTable& position, const std::uint
         single_row[k] = owned && single ? SingleRow<G>(token, t, d) + c0 : nullptr;
         token_is_zero[k] = token.first && token.first[t];
         if (token.stream && token_is_zero[k] && token_row[k] && !aligned) aligned = token_row[k];
-        if (single_row[k] && !aligned_single) aligned_single = single_row[k];
+        // A single row on a line (as PyTorch's tensors are): its vectors streamed.
+        if (single_row[k] && !aligned_single && reinterpret_cast<std::uintptr_t>(single_row[k]) % 64 == 0) {
+          aligned_single = single_row[k];
+        }
         if constexpr (kMasked) keep[k] = SpanOf(cursor, t * d + c0, c1 - c0);
       }
       // Else to the first single row (its rounded vectors streamed), else to
