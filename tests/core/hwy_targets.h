@@ -13,6 +13,7 @@
 #include <hwy/targets.h>
 
 #include "posembed/core/simd.h"
+#include "posembed/core/simd/dispatch.h"
 
 namespace posembed::test {
 
@@ -30,13 +31,22 @@ void for_each_hwy_target(Body&& body) {
   hwy::SetSupportedTargetsForTest(0);
 }
 
-// body() once per target, after checking that the dispatcher runs that target.
+// body() once per target, after checking that the dispatcher runs that target;
+// on AVX-512 twice where the CPU has avx512_bf16: with its instructions
+// (simd::bf16_instructions) and without.
 template <class Body>
 void for_each_target(Body&& body) {
+  const bool bf16_instructions = simd::bf16_instructions;
   for_each_hwy_target([&](std::int64_t target) {
     ASSERT_EQ(std::string(simd::target_name()), hwy::TargetName(target));
-    body();
+    for (const bool with_bf16 : {false, true}) {
+      if (with_bf16 && (target > HWY_AVX3 || !simd::set_bf16_instructions(true))) continue;
+      simd::set_bf16_instructions(with_bf16);
+      SCOPED_TRACE(with_bf16 ? "with avx512_bf16's instructions" : "");
+      body();
+    }
   });
+  simd::set_bf16_instructions(bf16_instructions);
 }
 
 // Lengths that leave every vector remainder, around a span of the kernels'

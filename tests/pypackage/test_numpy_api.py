@@ -301,7 +301,7 @@ def test_config_defaults_come_from_the_cpp_config_struct():
 TARGETS = ["AVX3_SPR", "AVX3_ZEN4", "AVX3_DL", "AVX3", "AVX2", "SSE4", "SSSE3", "SSE2", "EMU128",
            "SCALAR"]
 
-# A forward that keeps its mask and both backwards, at widths that are no whole number of
+# A forward that keeps its mask and both backwards, in float32 and bf16, at widths that are no whole number of
 # vectors (so that rows end inside one), small and large (an output of 17 MB and a token table
 # of 17 MB: past the forward's and the backward's thresholds for running ahead and streaming);
 # prints the SIMD target and a digest of every output's bits.
@@ -324,7 +324,14 @@ for b, t, d, V in [(3, 17, 23, 301), (8, 1024, 523, 8192)]:
     posembed.backward(g, ids, pids, grad_token_table=grads[0], grad_position_table=grads[1],
                       accumulate=False, **common)
     rows, values = posembed.backward_sparse(g, ids, pids, **common)
-    for a in [out, mask, grads[0], grads[1], rows, values]:
+    # bf16 (uint16 bits): the rounding of avx512_bf16's instructions, or of integer ops.
+    bf16 = lambda a: (a.view(np.uint32) >> 16).astype(np.uint16)
+    out_bf = posembed.forward(ids, pids, bf16(tok), bf16(pos), dropout=0.1, seed=5, step=2,
+                              dtype="bfloat16")
+    grads_bf = [np.empty_like(bf16(tok)), np.empty_like(bf16(pos))]
+    posembed.backward(bf16(g), ids, pids, grad_token_table=grads_bf[0],
+                      grad_position_table=grads_bf[1], accumulate=False, dtype="bfloat16", **common)
+    for a in [out, mask, grads[0], grads[1], rows, values, out_bf, grads_bf[0], grads_bf[1]]:
         digest.update(a.tobytes())
 print(posembed.simd_target(), digest.hexdigest())
 """
@@ -345,7 +352,8 @@ def run_with_capability(value):
 
 def test_cpu_capability_caps_the_instruction_set_and_keeps_the_bits():
     best, bits, _ = run_with_capability(None)
-    assert run_with_capability("avx512")[:2] == (best, bits)
+    assert run_with_capability("avx512_bf16")[:2] == (best, bits)
+    assert run_with_capability("avx512")[:2] == (best, bits)  # bf16 by integer ops
 
     def capped(cap):  # what a cap gives on this CPU: the cap, or the CPU's best if lower
         return TARGETS[max(TARGETS.index(cap), TARGETS.index(best))]
@@ -360,4 +368,4 @@ def test_cpu_capability_caps_the_instruction_set_and_keeps_the_bits():
     # A value it does not know: a warning that names it, and the best instruction set.
     target, digest, warning = run_with_capability("avx1024")
     assert (target, digest) == (best, bits)
-    assert "ignoring POSEMBED_CPU_CAPABILITY=avx1024: not one of avx512, avx2, sse4, default" in warning
+    assert "ignoring POSEMBED_CPU_CAPABILITY=avx1024: not one of avx512_bf16, avx512, avx2, sse4, default" in warning

@@ -30,8 +30,18 @@ HWY_AFTER_NAMESPACE();
 namespace posembed::simd {
 namespace {
 
+bool CpuHasBf16Instructions() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512bf16");
+#else
+  return false;
+#endif
+}
+
 bool CapInstructionSet() {
   const char* value = std::getenv("POSEMBED_CPU_CAPABILITY");
+  bf16_instructions = CpuHasBf16Instructions();
   if (value == nullptr || *value == '\0') return false;
   // Highway's targets are bits, better ones lower: the targets a cap disables
   // are the bits below its own. default: all of them (Highway keeps the static,
@@ -39,13 +49,18 @@ bool CapInstructionSet() {
   struct Cap {
     const char* name;
     std::int64_t better_than_cap;
+    bool bf16_instructions;
   };
-  constexpr Cap kCaps[] = {
-      {"avx512", 0}, {"avx2", HWY_AVX2 - 1}, {"sse4", HWY_SSE4 - 1}, {"default", ~std::int64_t{0}}};
+  constexpr Cap kCaps[] = {{"avx512_bf16", 0, true},
+                           {"avx512", 0, false},
+                           {"avx2", HWY_AVX2 - 1, false},
+                           {"sse4", HWY_SSE4 - 1, false},
+                           {"default", ~std::int64_t{0}, false}};
   for (const Cap& cap : kCaps) {
     if (std::strcmp(value, cap.name) != 0) continue;
+    bf16_instructions = bf16_instructions && cap.bf16_instructions;
     if (cap.better_than_cap != 0) hwy::DisableTargets(cap.better_than_cap);
-    return cap.better_than_cap != 0;
+    return !cap.bf16_instructions;
   }
   std::fprintf(stderr, "posembed: ignoring POSEMBED_CPU_CAPABILITY=%s: not one of ", value);
   const char* separator = "";
@@ -59,9 +74,16 @@ bool CapInstructionSet() {
 
 }  // namespace
 
+bool bf16_instructions = false;  // constant-initialized: set by cap_instruction_set
+
 bool cap_instruction_set() {
   static const bool capped = CapInstructionSet();
   return capped;
+}
+
+bool set_bf16_instructions(bool on) {
+  bf16_instructions = on && CpuHasBf16Instructions();
+  return bf16_instructions;
 }
 
 HWY_EXPORT(TargetName);

@@ -4,18 +4,23 @@
 //
 // Why not Highway's: Debian 12's Highway (1.0.3) demotes float to bf16 by
 // dropping the low half (truncation, not RNE), and on targets without F16C
-// its fp16 demotion truncates too. avx512_bf16's vcvtneps2bf16 rounds to
-// nearest even but flushes subnormal inputs to zero, so it would give other
-// bits than AVX2 and plain AVX-512 for them; bf16 is rounded with integer ops
-// on every target instead (a handful per vector, hidden under the loads of a
-// memory-bound walk). fp16 uses F16C (vcvtps2ph / vcvtph2ps, which round to
-// nearest even and keep subnormals, as core/half.h) where the target has it:
-// every x86 target from AVX2 on; below that, integer ops.
+// its fp16 demotion truncates too. bf16 is rounded with integer ops (about ten
+// a vector), or on AVX-512 CPUs with avx512_bf16 (dispatch.h:
+// bf16_instructions) by its vcvtneps2bf16, one instruction, which rounds to
+// nearest even and quiets NaNs as the integer ops do, but reads subnormal
+// inputs as zeros: a vector holding one takes the integer ops. Highway 1.0.3
+// has no such op, and its AVX-512 target is compiled without avx512_bf16, so
+// the instruction is inline assembly (the assembler knows it; the compiler
+// needs no target flag), run only where the CPU has it. fp16 uses F16C
+// (vcvtps2ph / vcvtph2ps, which round to nearest even and keep subnormals, as
+// core/half.h) where the target has it: every x86 target from AVX2 on; below
+// that, integer ops.
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
 #include "posembed/core/half.h"
+#include "posembed/core/simd/dispatch.h"
 
 // Per-target include guard: foreach_target.h includes this once per target.
 #if defined(POSEMBED_CORE_SIMD_HALF_INL_H_) == defined(HWY_TARGET_TOGGLE)
@@ -127,6 +132,16 @@ HWY_INLINE hn::Vec<DF> LoadWide(DF df, const T* HWY_RESTRICT p, std::size_t coun
 template <class T, class DF>
 HWY_INLINE hn::Vec<hn::Rebind<std::uint16_t, DF>> NarrowBits(DF df, hn::Vec<DF> v) {
   const hn::Rebind<std::uint16_t, DF> d16;
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  if constexpr (std::is_same_v<T, bf16> && hn::MaxLanes(DF()) == 16) {
+    // 0x20: subnormal lanes (vfpclassps), which the instruction reads as zeros.
+    if (bf16_instructions && _mm512_fpclass_ps_mask(v.raw, 0x20) == 0) {
+      __m256i bits;
+      asm("vcvtneps2bf16 %1, %0" : "=v"(bits) : "v"(v.raw));
+      return hn::Vec<decltype(d16)>{bits};
+    }
+  }
+#endif
   if constexpr (std::is_same_v<T, fp16> && kHasF16C) {
     return hn::BitCast(d16, hn::DemoteTo(hn::Rebind<hwy::float16_t, DF>(), v));
   } else {
