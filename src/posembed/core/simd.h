@@ -172,6 +172,10 @@ void narrow_rows(void* out, Dtype dtype, const float* values, bool by_row, const
                  std::size_t count, std::size_t r0, std::size_t r1, std::size_t d, bool write, bool stream,
                  const std::uint64_t* done);
 
+// out[i] = in[i] rounded once (RNE) to dtype (bf16 or f16), i < n: the
+// trainer's bf16 copies of weights and activations.
+void narrow(void* out, Dtype dtype, const float* in, std::size_t n);
+
 // out[j] = 0, j < n, with non-temporal stores past the cache, then a store fence.
 void stream_zeros(float* out, std::size_t n);
 

@@ -1,5 +1,6 @@
 // The backward over a bf16 or fp16 grad_out, and the rounding of float sums
-// into bf16 or fp16 gradient rows (simd.h: backward_rows_half, narrow_rows),
+// into bf16 or fp16 gradient rows or arrays (simd.h: backward_rows_half,
+// narrow_rows, narrow),
 // compiled once per x86 target by foreach_target.h and chosen at run time by
 // HWY_DYNAMIC_DISPATCH. The walk is the float backward's (backward-inl.h)
 // with each grad_out vector widened as it is loaded, so its sums are the bits
@@ -60,6 +61,11 @@ HWY_INLINE void NarrowRow(T* HWY_RESTRICT to, const float* HWY_RESTRICT values, 
     if (accumulate) v = hn::Add(LoadWide(df, to + j, count), v);
     StoreNarrow(df, v, to + j, count);
   }
+}
+
+// narrow (simd.h).
+void Narrow(void* HWY_RESTRICT out, Dtype dtype, const float* HWY_RESTRICT in, std::size_t n) {
+  WithHalfType(dtype, [&]<class T>(T) { NarrowRow(static_cast<T*>(out), in, n, false); });
 }
 
 // narrow_rows (simd.h).
@@ -137,6 +143,7 @@ namespace posembed::simd {
 
 HWY_EXPORT(BackwardRowsHalf);
 HWY_EXPORT(NarrowRows);
+HWY_EXPORT(Narrow);
 
 namespace {
 [[maybe_unused]] const bool kCapped = cap_instruction_set();  // dispatch.h
@@ -146,6 +153,10 @@ void backward_rows_half(const GradTable& token, const GradTable& position, const
                         std::uint8_t self, const void* grad_out, Dtype grad_dtype, std::size_t d, std::size_t n,
                         const KeepRule& mask, const std::uint64_t* keep) {
   HWY_DYNAMIC_DISPATCH(BackwardRowsHalf)(token, position, plan, self, grad_out, grad_dtype, d, n, mask, keep);
+}
+
+void narrow(void* out, Dtype dtype, const float* in, std::size_t n) {
+  HWY_DYNAMIC_DISPATCH(Narrow)(out, dtype, in, n);
 }
 
 void narrow_rows(void* out, Dtype dtype, const float* values, bool by_row, const std::int64_t* rows,
