@@ -204,18 +204,7 @@ void ForwardRows(float* HWY_RESTRICT out, const float* HWY_RESTRICT token_table,
   std::uint64_t* HWY_RESTRICT keep = plan.keep;
   KeepCursor cursor;
   KeepAhead<hn::ScalableTag<std::uint64_t>> ahead_words;
-  decltype(ahead_words)* drawing = nullptr;
-  if (mask.active && keep) {
-    const std::size_t w0 = r0 * d / 64, w1 = (r1 * d + 63) / 64;
-    if (ahead) {
-      StartAhead(ahead_words, keep, w0, w1, mask, cursor);
-      drawing = &ahead_words;
-    } else {
-      // Drawn first, in one batch, and read in place by the walk.
-      DropoutKeepWords(keep + w0, w0, w1 - w0, mask);
-      GiveKeep(cursor, keep, w0, w1);
-    }
-  }
+  auto* drawing = StartKeepWords(ahead_words, cursor, keep, r0, r1, d, mask, ahead);
   const auto rows = [&]<bool kMasked> {
     if constexpr (kFloatMaskedLoadsNeverFault) {
       if (d >= hn::Lanes(hn::ScalableTag<float>())) {

@@ -79,20 +79,7 @@ void ForwardRowsTyped(void* out, const void* token_table, const void* position_t
                       std::size_t r0, std::size_t r1, const KeepRule& mask, std::uint64_t* keep, bool ahead) {
   KeepCursor cursor;
   KeepAhead<hn::ScalableTag<std::uint64_t>> ahead_words;
-  decltype(ahead_words)* drawing = nullptr;
-  if (mask.active && keep) {
-    const std::size_t w0 = r0 * d / 64, w1 = (r1 * d + 63) / 64;
-    if (ahead) {
-      // A step at a time, between the walk's vectors, so that the draws'
-      // multiplies run while its loads wait on memory.
-      StartAhead(ahead_words, keep, w0, w1, mask, cursor);
-      drawing = &ahead_words;
-    } else {
-      // Drawn first, in one batch, into the caller's words, and read in place.
-      DropoutKeepWords(keep + w0, w0, w1 - w0, mask);
-      GiveKeep(cursor, keep, w0, w1);
-    }
-  }
+  auto* drawing = StartKeepWords(ahead_words, cursor, keep, r0, r1, d, mask, ahead);
   const auto rows = [&]<bool kMasked> {
     ForwardRowsOf<T, O, kMasked>(static_cast<O*>(out), static_cast<const T*>(token_table),
                                  static_cast<const T*>(position_table), input_ids, position_ids, d, r0, r1,

@@ -390,6 +390,26 @@ HWY_INLINE void StartAhead(KeepAhead<D64>& a, std::uint64_t* HWY_RESTRICT keep, 
   DrawAhead(a, 64 * w0);
 }
 
+// The keep words of rows [r0, r1), d wide, of a training forward that keeps
+// them in `keep` (null, or no mask: none): drawn a step at a time between the
+// walk's vectors (ahead: returns `a`, which the walk advances with DrawAhead
+// and ReadyThrough), so that the draws' multiplies run while its loads wait on
+// memory; else all drawn first, in one batch, and read in place (returns null).
+template <class D64>
+HWY_INLINE KeepAhead<D64>* StartKeepWords(KeepAhead<D64>& a, KeepCursor& cursor, std::uint64_t* HWY_RESTRICT keep,
+                                          std::size_t r0, std::size_t r1, std::size_t d, const KeepRule& mask,
+                                          bool ahead) {
+  if (!mask.active || !keep) return nullptr;
+  const std::size_t w0 = r0 * d / 64, w1 = (r1 * d + 63) / 64;
+  if (ahead) {
+    StartAhead(a, keep, w0, w1, mask, cursor);
+    return &a;
+  }
+  DropoutKeepWords(keep + w0, w0, w1 - w0, mask);
+  GiveKeep(cursor, keep, w0, w1);
+  return nullptr;
+}
+
 // Makes final every word that a KeepSpan of elements e .. e + n - 1 reads (its
 // 4-byte loads reach bit 31 past the byte of element e + n - 1). Where those
 // loads would pass the last word, the words through it are final, so GiveKeep
