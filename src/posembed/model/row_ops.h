@@ -29,7 +29,7 @@ void layernorm_row_backward(float* dx, const float* g, const float* x, const flo
 
 // b (cols, rows) = a (rows, cols)^T, a's rows lda >= cols apart, in 4 x 4 tiles
 // of 128-bit vectors (a plain loop on a one-lane target). For the products that
-// would otherwise multiply by a transposed operand (ops.cpp).
+// would otherwise multiply by a transposed operand (ops_internal.h: transposed).
 void transpose(float* b, const float* a, std::size_t rows, std::size_t cols, std::size_t lda);
 
 }  // namespace posembed::model

@@ -1,0 +1,275 @@
+// The model's matrix products (ops.h: matmul_*): GEMM calls over fixed row
+// pieces, with their bias, GELU and bf16 variants, and one backward for all.
+#include <algorithm>
+#include <cassert>
+#include <cstdint>
+#include <span>
+#include <stdexcept>
+#include <string>
+
+#include "posembed/core/sizes.h"
+#include "posembed/model/bf16.h"
+#include "posembed/model/gemm.h"
+#include "posembed/model/ops.h"
+#include "posembed/model/ops_internal.h"
+#include "posembed/model/row_ops.h"
+
+namespace posembed::model {
+using namespace detail;  // ops_internal.h
+namespace {
+
+// acc (j1 - j0) += the column sums of rows [0, N) of m (N, ld) over columns
+// [j0, j1); j1 - j0 <= kColStrip.
+VECTOR_CLONES void column_sums(float* acc, const float* m, std::int64_t N, std::int64_t ld,
+                               std::int64_t j0, std::int64_t j1) {
+  StripPartials<1> part = {};
+  const std::int64_t width = j1 - j0;
+  const auto rows = [&](std::int64_t n0, std::int64_t n1, std::int64_t w) {
+    for (std::int64_t n = n0; n < n1; ++n) {
+      const float* row = m + n * ld + j0;
+      for (std::int64_t j = 0; j < w; ++j) part[0][n % kRowLanes][j] += row[j];
+    }
+  };
+  // Full strips with a compile-time width, so the partials stay in registers.
+  const std::int64_t body = width == kColStrip ? N / kRowLanes * kRowLanes : 0;
+  for (std::int64_t n = 0; n < body; n += kRowLanes) rows(n, n + kRowLanes, kColStrip);
+  rows(body, N, width);
+  add_partials<1>({acc}, part, width);
+}
+
+// o (rows, OC) += bias (OC) on every row.
+VECTOR_CLONES void add_bias(float* o, const float* bias, std::int64_t rows, std::int64_t OC) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t j = 0; j < OC; ++j) o[r * OC + j] += bias[j];
+  }
+}
+
+// w^T as the second GEMM operand of `row_pieces` row-piece products, w (rows,
+// cols): with several pieces a transposed copy, the caller's w_t (cols, rows)
+// if it has one, else transposed(); with one, w itself, which the GEMM
+// transposes. So the bits never depend on whether the caller had w_t.
+struct Operand {
+  const float* data;
+  Trans trans;
+  std::int64_t ld;
+};
+Operand transposed_operand(const float* w, std::int64_t rows, std::int64_t cols,
+                           std::int64_t row_pieces, std::span<const float> w_t) {
+  assert(w_t.empty() || w_t.size() == static_cast<std::size_t>(rows * cols));
+  if (row_pieces > 1) {
+    return {w_t.empty() ? transposed(w, rows, cols, cols) : w_t.data(), Trans::no, rows};
+  }
+  return {w, Trans::yes, cols};
+}
+
+// One pass over a product's row piece o (rows, OC): y = o + bias (OC), then
+// act = gelu(y) and o = gelu'(y), the derivative kept in place of the
+// pre-activation for the backward (which then multiplies instead of computing
+// the exponential and division again: they made GELU's backward 1.5% of a
+// training step). The same bits as add_bias, gelu_piece and gelu_grad.
+VECTOR_CLONES void bias_gelu_piece(float* act, float* o, const float* bias, std::int64_t rows,
+                                   std::int64_t OC) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t j = 0; j < OC; ++j) {
+      const float y = o[r * OC + j] + bias[j], e = exp_minus_2u(y), s = 1.0f / (1.0f + e);
+      act[r * OC + j] = y * s;
+      o[r * OC + j] = gelu_grad(y, e, s);
+    }
+  }
+}
+
+// x[i] *= by[i]: a gradient through an elementwise op whose derivative `by` is known.
+VECTOR_CLONES void multiply_piece(float* x, const float* by, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) x[i] = by[i] * x[i];
+}
+
+// A product on N rows of up to `width` columns needs N * width values in each
+// half of its bf16 scratch; the ops' callers size it (make_activations).
+void check_bf16_scratch(std::size_t half, std::int64_t N, std::int64_t width) {
+  if (half < sz(N * width)) {
+    throw std::logic_error("bf16 scratch of 2 x " + std::to_string(half) +
+                           " values for a product of " + std::to_string(N) + " rows of " +
+                           std::to_string(width) + " columns");
+  }
+}
+
+// How a product's weight is stored: (in, out) as GPT-2's Conv1D, or (out, in)
+// as the token table that the tied output layer reuses.
+enum class WeightLayout { in_out, out_in };
+
+// The VJP of out (N, OC) = inp (N, C) @ W + bias, W (C, OC) stored in `layout`,
+// in one parallel region: dinp (N, C) += dout @ W^T by row pieces; dweight
+// (stored like weight) += inp^T @ dout, or dout^T @ inp for (out, in), a sum over
+// all N rows, so split by the output's rows, each piece the whole sum in one GEMM
+// call; dbias (OC, may be empty) += the column sums of dout by column strips.
+// With gelu_grad (N, C), the product's input was gelu(pre) and gelu_grad holds
+// gelu'(pre): each dinp piece, written fresh, is multiplied by it while in cache.
+// Every public backward function of a product is this one.
+void matmul_backward_any(std::span<float> dinp, std::span<float> dweight, std::span<float> dbias,
+                         std::span<const float> dout, std::span<const float> inp,
+                         std::span<const float> weight, std::int64_t N, std::int64_t C,
+                         std::int64_t OC, WeightLayout layout, GradMode dinp_mode,
+                         GradMode param_mode, std::span<const float> gelu_grad,
+                         std::span<const float> weight_t, const Bf16Operands& bf16) {
+  const bool in_out = layout == WeightLayout::in_out;
+  // bf16: dout and inp are rounded whole first (the weight gradient's pieces
+  // each read all their rows), dout into the scratch's first half.
+  const std::uint16_t* dout_b = nullptr;
+  const std::uint16_t* inp_b = nullptr;
+  if (bf16.enabled()) {
+    const std::size_t half = bf16.scratch.size() / 2;
+    check_bf16_scratch(half, N, std::max(C, OC));
+    const std::span<std::uint16_t> dout_s = bf16.scratch.first(half),
+                                   inp_s = bf16.scratch.subspan(half);
+    parallel_pieces(pieces(N, kRowPiece), double(N) * double(C + OC), [&](std::int64_t p) {
+      const std::int64_t r0 = p * kRowPiece, rows = std::min(N - r0, kRowPiece);
+      round_to_bf16(dout_s.subspan(sz(r0 * OC), sz(rows * OC)),
+                    dout.subspan(sz(r0 * OC), sz(rows * OC)));
+      round_to_bf16(inp_s.subspan(sz(r0 * C), sz(rows * C)), inp.subspan(sz(r0 * C), sz(rows * C)));
+    });
+    dout_b = dout_s.data();
+    inp_b = inp_s.data();
+  }
+  const float beta = beta_of(dinp_mode);
+  const std::int64_t dinp_pieces = pieces(N, kRowPiece);
+  // dout @ W^T: (in, out) weights are transposed; (out, in) ones already are W^T.
+  // (bf16 products take W^T from bf16.)
+  const Operand w = bf16.enabled() ? Operand{nullptr, Trans::no, 0}
+                    : in_out       ? transposed_operand(weight.data(), C, OC, dinp_pieces, weight_t)
+                                   : Operand{weight.data(), Trans::no, C};
+  // dweight (R, K) += a^T @ b over all N rows.
+  constexpr std::int64_t kOutPiece = 32;
+  const float* a = in_out ? inp.data() : dout.data();
+  const float* b = in_out ? dout.data() : inp.data();
+  const std::int64_t R = in_out ? C : OC, K = in_out ? OC : C;
+  const std::int64_t dweight_pieces = pieces(R, kOutPiece);
+  const std::int64_t bias_strips = dbias.empty() ? 0 : pieces(OC, kColStrip);
+  const double work = 2 * double(N) * double(C) * double(OC);
+  const auto dinp_piece = [&](std::int64_t p) {
+    const std::int64_t r0 = p * kRowPiece, rows = std::min(N - r0, kRowPiece);
+    float* d = dinp.data() + r0 * C;
+    if (bf16.enabled()) {  // W^T: the (in, out) weight's rounded transpose, or the (out, in) one
+      gemm_bf16(Trans::no, Trans::no, rows, C, OC, dout_b + r0 * OC, OC,
+                (in_out ? bf16.weight_t : bf16.weight).data(), C, beta, d, C);
+    } else {
+      gemm(Trans::no, w.trans, rows, C, OC, 1.0f, dout.data() + r0 * OC, OC, w.data, w.ld, beta, d,
+           C);
+    }
+    if (!gelu_grad.empty()) multiply_piece(d, gelu_grad.data() + r0 * C, rows * C);
+  };
+  parallel_rows_then_tasks(
+      dinp_pieces, dweight_pieces + bias_strips, work, dinp_piece, [&](std::int64_t t) {
+        if (t < dweight_pieces) {
+          const std::int64_t r0 = t * kOutPiece, rows = std::min(R - r0, kOutPiece);
+          if (bf16.enabled()) {
+            gemm_bf16(Trans::yes, Trans::no, rows, K, N, (in_out ? inp_b : dout_b) + r0, R,
+                      in_out ? dout_b : inp_b, K, beta_of(param_mode), dweight.data() + r0 * K, K);
+          } else {
+            gemm(Trans::yes, Trans::no, rows, K, N, 1.0f, a + r0, R, b, K, beta_of(param_mode),
+                 dweight.data() + r0 * K, K);
+          }
+          return;
+        }
+        const std::int64_t j0 = strip_begin(t - dweight_pieces),
+                           j1 = strip_end(t - dweight_pieces, OC);
+        float acc[kColStrip] = {};
+        column_sums(acc, dout.data(), N, OC, j0, j1);
+        store_sums(dbias.data(), acc, j0, j1, param_mode);
+      });
+}
+
+// out (N, OC) = inp @ weight + bias by row pieces; with act, each piece goes on
+// through bias_gelu_piece (out then holds gelu').
+void matmul_forward_any(std::span<float> out, std::span<const float> inp,
+                        std::span<const float> weight, std::span<const float> bias, std::int64_t N,
+                        std::int64_t C, std::int64_t OC, std::span<float> act,
+                        const Bf16Operands& bf16) {
+  if (bf16.enabled()) check_bf16_scratch(bf16.scratch.size() / 2, N, C);
+  assert(out.size() >= static_cast<std::size_t>(N * OC));
+  assert(inp.size() >= static_cast<std::size_t>(N * C));
+  assert(weight.size() == static_cast<std::size_t>(C * OC) && (act.empty() || !bias.empty()));
+  parallel_pieces(pieces(N, kRowPiece), double(N) * double(C) * double(OC), [&](std::int64_t p) {
+    const std::int64_t r0 = p * kRowPiece, rows = std::min(N - r0, kRowPiece);
+    float* o = out.data() + r0 * OC;
+    if (bf16.enabled()) {
+      const std::span<std::uint16_t> a = bf16.scratch.subspan(sz(r0 * C), sz(rows * C));
+      round_to_bf16(a, inp.subspan(sz(r0 * C), sz(rows * C)));
+      gemm_bf16(Trans::no, Trans::no, rows, OC, C, a.data(), C, bf16.weight.data(), OC, 0.0f, o,
+                OC);
+    } else {
+      gemm(Trans::no, Trans::no, rows, OC, C, 1.0f, inp.data() + r0 * C, C, weight.data(), OC, 0.0f,
+           o, OC);
+    }
+    if (!act.empty()) {
+      bias_gelu_piece(act.data() + r0 * OC, o, bias.data(), rows, OC);
+    } else if (!bias.empty()) {
+      add_bias(o, bias.data(), rows, OC);
+    }
+  });
+}
+}  // namespace
+
+void matmul_forward(std::span<float> out, std::span<const float> inp, std::span<const float> weight,
+                    std::span<const float> bias, std::int64_t N, std::int64_t C, std::int64_t OC,
+                    const Bf16Operands& bf16) {
+  matmul_forward_any(out, inp, weight, bias, N, C, OC, {}, bf16);
+}
+
+void matmul_gelu_forward(std::span<float> act, std::span<float> dact, std::span<const float> inp,
+                         std::span<const float> weight, std::span<const float> bias, std::int64_t N,
+                         std::int64_t C, std::int64_t OC, const Bf16Operands& bf16) {
+  matmul_forward_any(dact, inp, weight, bias, N, C, OC, act, bf16);
+}
+
+void matmul_backward(std::span<float> dinp, std::span<float> dweight, std::span<float> dbias,
+                     std::span<const float> dout, std::span<const float> inp,
+                     std::span<const float> weight, std::int64_t N, std::int64_t C, std::int64_t OC,
+                     GradMode dinp_mode, GradMode param_mode, std::span<const float> weight_t,
+                     const Bf16Operands& bf16) {
+  matmul_backward_any(dinp, dweight, dbias, dout, inp, weight, N, C, OC, WeightLayout::in_out,
+                      dinp_mode, param_mode, {}, weight_t, bf16);
+}
+
+void matmul_gelu_backward(std::span<float> dpre, std::span<float> dweight, std::span<float> dbias,
+                          std::span<const float> dout, std::span<const float> inp,
+                          std::span<const float> weight, std::span<const float> dact,
+                          std::int64_t N, std::int64_t C, std::int64_t OC, GradMode param_mode,
+                          std::span<const float> weight_t, const Bf16Operands& bf16) {
+  matmul_backward_any(dpre, dweight, dbias, dout, inp, weight, N, C, OC, WeightLayout::in_out,
+                      GradMode::write, param_mode, dact.first(static_cast<std::size_t>(N * C)),
+                      weight_t, bf16);
+}
+
+void matmul_tied_forward(std::span<float> out, std::span<const float> inp,
+                         std::span<const float> table, std::int64_t N, std::int64_t C,
+                         std::int64_t V, std::span<const float> table_t, const Bf16Operands& bf16) {
+  if (bf16.enabled()) {  // inp @ table^T: the table's rounded transpose (C, V)
+    check_bf16_scratch(bf16.scratch.size() / 2, N, C);
+    parallel_pieces(pieces(N, kRowPiece), double(N) * double(C) * double(V), [&](std::int64_t p) {
+      const std::int64_t r0 = p * kRowPiece, rows = std::min(N - r0, kRowPiece);
+      const std::span<std::uint16_t> a = bf16.scratch.subspan(sz(r0 * C), sz(rows * C));
+      round_to_bf16(a, inp.subspan(sz(r0 * C), sz(rows * C)));
+      gemm_bf16(Trans::no, Trans::no, rows, V, C, a.data(), C, bf16.weight_t.data(), V, 0.0f,
+                out.data() + r0 * V, V);
+    });
+    return;
+  }
+  const Operand rhs =
+      transposed_operand(table.data(), V, C, pieces(N, kRowPiece), table_t);  // (C, V)
+  parallel_pieces(pieces(N, kRowPiece), double(N) * double(C) * double(V), [&](std::int64_t p) {
+    const std::int64_t r0 = p * kRowPiece, rows = std::min(N - r0, kRowPiece);
+    gemm(Trans::no, rhs.trans, rows, V, C, 1.0f, inp.data() + r0 * C, C, rhs.data,
+         rhs.ld, 0.0f, out.data() + r0 * V, V);
+  });
+}
+
+void matmul_tied_backward(std::span<float> dinp, std::span<float> dtable,
+                          std::span<const float> dout, std::span<const float> inp,
+                          std::span<const float> table, std::int64_t N, std::int64_t C,
+                          std::int64_t V, GradMode dinp_mode, GradMode param_mode,
+                          const Bf16Operands& bf16) {
+  matmul_backward_any(dinp, dtable, {}, dout, inp, table, N, C, V, WeightLayout::out_in, dinp_mode,
+                      param_mode, {}, {}, bf16);
+}
+
+}  // namespace posembed::model
