@@ -67,7 +67,11 @@ double reference_loss(const Gpt& model, const Vd& w, const std::vector<std::int6
     ref::layernorm_forward(ln, x, t(h + "ln_1.weight"), t(h + "ln_1.bias"), N, C, kLayerNormEps);
     ref::matmul_forward(qkv, r(ln), r(t(h + "attn.c_attn.weight")), t(h + "attn.c_attn.bias"), N, C,
                         3 * C);
-    ref::attention_forward(y, qkv, B, T, C, H);
+    if (bf16_products) {
+      ref::attention_forward(y, qkv, B, T, C, H, [](double v) { return ref::bf16_nearest(v); });
+    } else {
+      ref::attention_forward(y, qkv, B, T, C, H);
+    }
     ref::matmul_forward(proj, r(y), r(t(h + "attn.c_proj.weight")), t(h + "attn.c_proj.bias"), N, C,
                         C);
     drop(proj, static_cast<std::uint64_t>(2 * l));

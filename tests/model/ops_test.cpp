@@ -7,10 +7,15 @@
 #include <bit>
 #include <functional>
 #include <limits>
+#include <map>
+#include <string>
 
 #include "posembed/core/parallel.h"
 #include "posembed/model/ops.h"
+#include "posembed/core/simd.h"
 #include "posembed/model/reference.h"
+#include "core/hwy_targets.h"
+#include "core/test_util.h"
 #include "test_util.h"
 
 namespace posembed::model {
@@ -346,14 +351,18 @@ TEST(LayerNorm, MatchesReferenceAndFiniteDifferences) {
 // Per-element rounding bounds of attention_forward and attention_backward (BLAS
 // products and fp32 softmax loops in ops.cpp), to first order in u, from the exact
 // scores and probabilities of each head in double; dqkv0 is dqkv's start value.
+// operand_u: the relative error of each product's operands as rounded before it
+// multiplies (0 for fp32; bf16's 2^-8), which adds 2 operand_u of each term's
+// magnitude to that product's bound.
 struct AttentionBounds {
   Vd out, dqkv;
 };
 AttentionBounds attention_bounds(const Vd& qkv, const Vd& dout, double dqkv0, std::int64_t B,
-                                 std::int64_t T, std::int64_t C, std::int64_t H) {
+                                 std::int64_t T, std::int64_t C, std::int64_t H,
+                                 double operand_u = 0) {
   const auto at = [](std::int64_t v) { return static_cast<std::size_t>(v); };
   const std::int64_t hd = C / H;
-  const double scale = 1 / std::sqrt(double(hd)), u = gamma32(1);
+  const double scale = 1 / std::sqrt(double(hd)), u = gamma32(1), ou = 2 * operand_u;
   AttentionBounds r{Vd(dout.size()), Vd(qkv.size(), gamma32(double(T + 4)) * std::abs(dqkv0))};
   Vd p(at(T * T)), rho(at(T));
   for (std::int64_t b = 0; b < B; ++b) {
@@ -376,7 +385,7 @@ AttentionBounds attention_bounds(const Vd& qkv, const Vd& dout, double dqkv0, st
           }
           z[at(v)] = scale * dot;
           // hd products, then * scale, itself rounded twice (sqrt, 1/.): gamma(hd + 3).
-          z_err = std::max(z_err, scale * gamma32(double(hd + 3)) * mag);
+          z_err = std::max(z_err, scale * (gamma32(double(hd + 3)) + ou) * mag);
           mx = std::max(mx, z[at(v)]);
           mn = std::min(mn, z[at(v)]);
         }
@@ -389,7 +398,7 @@ AttentionBounds attention_bounds(const Vd& qkv, const Vd& dout, double dqkv0, st
         for (std::int64_t i = 0; i < hd; ++i) {
           double mag = 0;
           for (std::int64_t v = 0; v <= t; ++v) mag += p[at(t * T + v)] * std::abs(qkv[x(v, 2, i)]);
-          r.out[y(t, i)] = (rho[at(t)] + gamma32(double(T))) * mag;  // sum p v over T columns
+          r.out[y(t, i)] = (rho[at(t)] + gamma32(double(T)) + ou) * mag;  // sum p v over T columns
         }
       }
       for (std::int64_t t = 0; t < T; ++t) {
@@ -401,7 +410,7 @@ AttentionBounds attention_bounds(const Vd& qkv, const Vd& dout, double dqkv0, st
             da[at(v)] += dout[y(t, i)] * qkv[x(v, 2, i)];
             mag += std::abs(dout[y(t, i)] * qkv[x(v, 2, i)]);
           }
-          da_err[at(v)] = gamma32(double(hd)) * mag;  // datt = dy . v: hd products
+          da_err[at(v)] = (gamma32(double(hd)) + ou) * mag;  // datt = dy . v: hd products
           dot += p[at(t * T + v)] * da[at(v)];
         }
         // dot = sum p datt over t + 1 terms: each term's errors, and gamma(t + 1) of the sizes.
@@ -415,12 +424,12 @@ AttentionBounds attention_bounds(const Vd& qkv, const Vd& dout, double dqkv0, st
           const double ds_err = pv * (da_err[at(v)] + dot_err + (rho[at(t)] + gamma32(2)) * spread);
           // dq, dk: scale * sums of T products onto the start value (scale rounded twice, alpha,
           // beta): gamma(T + 4) of the magnitudes, plus each dscore's error. dv: T products p dy.
-          const double ds = ds_err + gamma32(double(T + 4)) * pv * spread;
+          const double ds = ds_err + (gamma32(double(T + 4)) + ou) * pv * spread;
           for (std::int64_t i = 0; i < hd; ++i) {
             r.dqkv[x(t, 0, i)] += scale * ds * std::abs(qkv[x(v, 1, i)]);
             r.dqkv[x(v, 1, i)] += scale * ds * std::abs(qkv[x(t, 0, i)]);
             r.dqkv[x(v, 2, i)] +=
-                pv * std::abs(dout[y(t, i)]) * (rho[at(t)] + gamma32(double(T + 1)));
+                pv * std::abs(dout[y(t, i)]) * (rho[at(t)] + gamma32(double(T + 1)) + ou);
           }
         }
       }
@@ -460,6 +469,55 @@ TEST(Attention, MatchesReferenceAndFiniteDifferences) {
     Vd g(xd.size()), o(dd.size());
     ref::attention_backward(g, dd, xd, c.B, c.T, c.C, c.H);
     check_fd([&](const Vd& x) { ref::attention_forward(o, x, c.B, c.T, c.C, c.H); return dot(o, dd); }, xd, g, "attention");
+  }
+}
+
+// Precision bf16's attention (its products on bf16 operands): within the
+// same first-order bounds with bf16's 2^-8 on every product's operands, on
+// every target; with avx512_bf16's instruction the same bits as without it; and
+// not the fp32 attention. Odd T and head widths pad their last pair; T = 128,
+// hd 32 is the trainer's.
+TEST(Attention, Bf16WithinBf16BoundsOnEveryTarget) {
+  struct Case { std::int64_t B, T, C, H; };
+  for (const Case c : {Case{1, 1, 4, 1}, Case{2, 5, 12, 4}, Case{1, 9, 8, 2}, Case{3, 33, 16, 4},
+                       Case{1, 40, 64, 2}, Case{2, 19, 40, 2}, Case{1, 128, 64, 2}}) {
+    SCOPED_TRACE("B " + std::to_string(c.B) + ", T " + std::to_string(c.T) + ", C " +
+                 std::to_string(c.C) + ", H " + std::to_string(c.H));
+    const auto n = [](std::int64_t v) { return static_cast<std::size_t>(v); };
+    const auto qkv = random_floats(n(c.B * c.T * 3 * c.C), 12, 1.0);
+    const auto dout = random_floats(n(c.B * c.T * c.C), 13);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    const AttentionBounds bound =
+        attention_bounds(to_double(qkv), to_double(dout), 0.5, c.B, c.T, c.C, c.H, 0x1p-8);
+    Vd out_ref(n(c.B * c.T * c.C)), dqkv_ref(qkv.size(), 0.5);
+    ref::attention_forward(out_ref, to_double(qkv), c.B, c.T, c.C, c.H);
+    ref::attention_backward(dqkv_ref, to_double(dout), to_double(qkv), c.B, c.T, c.C, c.H);
+    std::map<std::string, std::vector<std::uint32_t>> bits_by_target;
+    test::for_each_target([&] {
+      std::vector<float> out(out_ref.size()), att(n(c.B * c.H * c.T * c.T), nan),
+          scratch(att.size(), nan), dqkv(qkv.size(), 0.5f);
+      attention_forward(out, att, qkv, c.B, c.T, c.C, c.H, true);
+      attention_backward(dqkv, scratch, dout, qkv, att, c.B, c.T, c.C, c.H,
+                         GradMode::accumulate, true);
+      expect_all_near(out, out_ref, bound.out, "bf16 attention forward");
+      expect_all_near(dqkv, dqkv_ref, bound.dqkv, "bf16 attention dqkv");
+      if (bits_by_target.empty()) {
+        // Not the fp32 attention: its operands really are rounded.
+        std::vector<float> out32(out.size()), dqkv32(qkv.size(), 0.5f);
+        attention_forward(out32, att, qkv, c.B, c.T, c.C, c.H);
+        attention_backward(dqkv32, scratch, dout, qkv, att, c.B, c.T, c.C, c.H);
+        EXPECT_NE(out32, out);
+        EXPECT_NE(dqkv32, dqkv);
+      }
+      // The softmax rows' sums run in each target's vector width, so the bits
+      // compared are those of one target with and without the instruction.
+      std::vector<std::uint32_t> bits = test::as_bits(out), dbits = test::as_bits(dqkv);
+      bits.insert(bits.end(), dbits.begin(), dbits.end());
+      const auto [seen, first] = bits_by_target.emplace(simd::target_name(), bits);
+      if (!first) {
+        EXPECT_EQ(bits, seen->second) << simd::target_name();
+      }
+    });
   }
 }
 

@@ -2,17 +2,22 @@
 // loop in double, on every instruction set Highway built, over row and column
 // counts around each tile and vector size, a transposed first operand (by
 // strides), both alpha and accumulate; and its bit claim: an element's bits do
-// not depend on the shape of the product it is computed in.
+// not depend on the shape of the product it is computed in. small_gemm_bf16
+// (bf16 pairs) against its plain loop in float bit for bit on every target,
+// with and without avx512_bf16's instruction, and in double; its packing
+// against to_bf16 element by element.
 #include "posembed/model/small_gemm.h"
 
 #include <gtest/gtest.h>
 
 #include <bit>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
 #include "core/hwy_targets.h"
+#include "posembed/core/half.h"
 #include "test_util.h"
 
 namespace posembed::model {
@@ -108,6 +113,122 @@ TEST(SmallGemm, AnElementsBitsDoNotDependOnTheShape) {
           const auto i = static_cast<std::size_t>(m * p.ld() + n);
           ASSERT_EQ(std::bit_cast<std::uint32_t>(whole[i]), std::bit_cast<std::uint32_t>(part[i]))
               << "(" << m << ", " << n << ")" << (transposed ? ", a transposed" : "");
+        }
+      }
+    }
+  });
+}
+
+// bf16 pairs: a (M, 2 * K2) or, transposed by strides, pairs (K2, M); b (K2
+// pairs, N). Values of a few bf16 steps each: random floats rounded.
+struct PairProduct {
+  std::int64_t M, N, K2;
+  bool transposed;
+  std::vector<std::uint16_t> a, b;
+  std::vector<float> c0;
+  std::int64_t a_row() const { return transposed ? 2 : 2 * K2 + 2; }
+  std::int64_t a_col() const { return transposed ? 2 * M + 2 : 2; }
+  std::int64_t ldb() const { return 2 * N + 4; }
+  std::int64_t ldc() const { return N + 1; }
+};
+
+std::vector<std::uint16_t> random_bf16(std::size_t n, std::uint64_t seed) {
+  const std::vector<float> x = random_floats(n, seed);
+  std::vector<std::uint16_t> bits(n);
+  for (std::size_t i = 0; i < n; ++i) bits[i] = to_bf16(x[i]).bits;
+  return bits;
+}
+
+PairProduct make_pair_product(std::int64_t M, std::int64_t N, std::int64_t K2, bool transposed) {
+  PairProduct p{M, N, K2, transposed, {}, {}, {}};
+  const auto n = [](std::int64_t v) { return static_cast<std::size_t>(v); };
+  p.a = random_bf16(n(transposed ? K2 * p.a_col() : M * p.a_row()), 41);
+  p.b = random_bf16(n(K2 * p.ldb()), 42);
+  p.c0 = random_floats(n(M * p.ldc()), 43);
+  for (std::int64_t m = 0; m < M; ++m) p.c0[n(m * p.ldc() + N)] = kSentinel;
+  return p;
+}
+
+TEST(SmallGemmBf16, EqualsItsPlainLoopBitForBitOnEveryTarget) {
+  test::for_each_target([&] {
+    for (const std::int64_t M : {1, 5, 6, 8, 9, 17}) {
+      for (const std::int64_t N : {1, 3, 16, 17, 32, 35}) {
+        for (const std::int64_t K2 : {1, 4, 16, 35}) {
+          for (const bool transposed : {false, true}) {
+            for (const bool accumulate : {false, true}) {
+              SCOPED_TRACE("M " + std::to_string(M) + ", N " + std::to_string(N) + ", K2 " +
+                           std::to_string(K2) + (transposed ? ", a transposed" : "") +
+                           (accumulate ? ", accumulate" : ""));
+              const PairProduct p = make_pair_product(M, N, K2, transposed);
+              const float alpha = 0.625f;
+              std::vector<float> c = p.c0, want = p.c0;
+              small_gemm_bf16(c.data(), p.ldc(), p.a.data(), p.a_row(), p.a_col(), p.b.data(),
+                              p.ldb(), M, N, K2, alpha, accumulate);
+              small_gemm_bf16_reference(want.data(), p.ldc(), p.a.data(), p.a_row(), p.a_col(),
+                                        p.b.data(), p.ldb(), M, N, K2, alpha, accumulate);
+              // In double: the same sums within gamma(2 K2 + 2) of |a| |b|.
+              std::vector<double> exact = to_double(p.c0), mag(exact.size(), 0.0);
+              small_gemm_bf16_reference(exact.data(), p.ldc(), p.a.data(), p.a_row(), p.a_col(),
+                                        p.b.data(), p.ldb(), M, N, K2, double(alpha), accumulate);
+              std::vector<std::uint16_t> abs_a = p.a, abs_b = p.b;
+              for (auto& x : abs_a) x &= 0x7FFF;
+              for (auto& x : abs_b) x &= 0x7FFF;
+              small_gemm_bf16_reference(mag.data(), p.ldc(), abs_a.data(), p.a_row(), p.a_col(),
+                                        abs_b.data(), p.ldb(), M, N, K2, double(alpha), false);
+              const double gamma = double(2 * K2 + 2) * kEps32 / (1 - double(2 * K2 + 2) * kEps32);
+              for (std::int64_t m = 0; m < M; ++m) {
+                for (std::int64_t n = 0; n <= N; ++n) {
+                  const auto i = static_cast<std::size_t>(m * p.ldc() + n);
+                  ASSERT_EQ(std::bit_cast<std::uint32_t>(c[i]), std::bit_cast<std::uint32_t>(want[i]))
+                      << "(" << m << ", " << n << ")";
+                  if (n == N) continue;  // the spare column: kSentinel, checked above
+                  const double tol = gamma * (mag[i] + (accumulate ? std::abs(double(p.c0[i])) : 0.0));
+                  ASSERT_NEAR(double(c[i]), exact[i], tol) << "(" << m << ", " << n << ")";
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
+TEST(SmallGemmBf16, PackingRoundsEachValueOnceIntoItsPair) {
+  test::for_each_target([&] {
+    for (const std::int64_t rows : {1, 2, 7, 8, 33}) {
+      for (const std::int64_t cols : {1, 2, 15, 16, 17, 40}) {
+        SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(cols));
+        const std::int64_t ldi = cols + 3, pair_cols = (cols + 1) / 2;
+        std::vector<float> in = random_floats(static_cast<std::size_t>(rows * ldi), 51);
+        in[0] = std::numeric_limits<float>::quiet_NaN();
+        in[static_cast<std::size_t>(ldi * rows - 4)] = 0x1.8p-134f;  // a subnormal tie
+        const auto at = [](std::int64_t i) { return static_cast<std::size_t>(i); };
+        const auto bits = [&](std::int64_t r, std::int64_t j) -> std::uint16_t {
+          return r < rows && j < cols ? to_bf16(in[at(r * ldi + j)]).bits : 0;
+        };
+        const std::int64_t ldo_rows = 2 * pair_cols + 2;
+        std::vector<std::uint16_t> along(at(rows * ldo_rows), 0xAAAA);
+        pack_bf16_rows(along.data(), ldo_rows, in.data(), ldi, rows, cols);
+        for (std::int64_t r = 0; r < rows; ++r) {
+          for (std::int64_t j = 0; j < ldo_rows; ++j) {
+            const std::uint16_t want = j < 2 * pair_cols ? bits(r, j) : 0xAAAA;
+            ASSERT_EQ(along[at(r * ldo_rows + j)], want) << "along rows, (" << r << ", " << j << ")";
+          }
+        }
+        const std::int64_t pair_rows = (rows + 1) / 2, ldo_pairs = 2 * cols + 2;
+        std::vector<std::uint16_t> across(at(pair_rows * ldo_pairs), 0xAAAA);
+        pack_bf16_row_pairs(across.data(), ldo_pairs, in.data(), ldi, rows, cols);
+        for (std::int64_t p = 0; p < pair_rows; ++p) {
+          for (std::int64_t j = 0; j < ldo_pairs / 2; ++j) {
+            const std::uint16_t* got = &across[at(p * ldo_pairs + 2 * j)];
+            if (j == cols) {
+              ASSERT_EQ(got[0], 0xAAAA);
+              continue;
+            }
+            ASSERT_EQ(got[0], bits(2 * p, j)) << "across rows, pair (" << p << ", " << j << ")";
+            ASSERT_EQ(got[1], bits(2 * p + 1, j)) << "across rows, pair (" << p << ", " << j << ")";
+          }
         }
       }
     }

@@ -41,12 +41,17 @@ std::int64_t bf16_scratch_half(const GptConfig& c, std::int64_t N) {
   return N * std::max(4 * c.embedding.embed_dim, c.embedding.vocab_size);
 }
 
+// Whether the products run in bf16: transposed weights made for it.
+bool bf16_products(const TransposedWeights* t) {
+  return t != nullptr && t->precision == Precision::bf16;
+}
+
 // The bf16 operands of a product by `weight` (a view into model.params) and
 // `weight_t`, its transpose (a view into t->memory): the same places in their
 // rounded copies. None (fp32 products) without bf16 weights.
 Bf16Operands bf16_operands(const Gpt& model, const TransposedWeights* t, Activations& a,
                            std::span<const float> weight, std::span<const float> weight_t) {
-  if (t == nullptr || t->precision != Precision::bf16) return {};
+  if (!bf16_products(t)) return {};
   const auto same_place = [](const std::vector<std::uint16_t>& copy, const float* base,
                              std::span<const float> view) {
     return std::span<const std::uint16_t>(copy.data() + (view.data() - base), view.size());
@@ -57,7 +62,7 @@ Bf16Operands bf16_operands(const Gpt& model, const TransposedWeights* t, Activat
 
 // Throws unless bf16 weights come with activations that have the bf16 scratch.
 void check_precision(const TransposedWeights* t, const Activations& a) {
-  if (t != nullptr && t->precision == Precision::bf16 && a.bf16_scratch.empty()) {
+  if (bf16_products(t) && a.bf16_scratch.empty()) {
     throw Error(
         "the transposed weights were made for bf16 products but the activations for "
         "fp32; make the activations with Precision::bf16 too");
@@ -446,7 +451,7 @@ double gpt_forward(const Gpt& model, Activations& a, std::span<const std::int64_
     layernorm_forward(L.ln_1, L.ln_1_mean, L.ln_1_rstd, residual, w.ln_1_w, w.ln_1_b, N, C);
     matmul_forward(L.qkv, L.ln_1, w.c_attn_w, w.c_attn_b, N, C, 3 * C,
                    bf16_operands(model, transposed, a, w.c_attn_w, wt.c_attn_w));
-    attention_forward(L.atty, L.att, L.qkv, B, T, C, H);
+    attention_forward(L.atty, L.att, L.qkv, B, T, C, H, bf16_products(transposed));
     matmul_forward(L.attproj, L.atty, w.attn_proj_w, w.attn_proj_b, N, C, C,
                    bf16_operands(model, transposed, a, w.attn_proj_w, wt.attn_proj_w));
     dropout_forward(L.attproj.first(nc), L.attproj.first(nc), dropout,
@@ -552,7 +557,8 @@ void gpt_backward(const Gpt& model, ParamViews& g, Activations& a,
     matmul_backward(a.d_atty, dw.attn_proj_w, dw.attn_proj_b, d_attproj, L.atty, w.attn_proj_w, N,
                     C, C, write, param_mode, wt.attn_proj_w,
                     bf16_operands(model, transposed, a, w.attn_proj_w, wt.attn_proj_w));
-    attention_backward(a.d_qkv, a.d_att, a.d_atty, L.qkv, L.att, B, T, C, H, write);
+    attention_backward(a.d_qkv, a.d_att, a.d_atty, L.qkv, L.att, B, T, C, H, write,
+                       bf16_products(transposed));
     matmul_backward(a.d_ln, dw.c_attn_w, dw.c_attn_b, a.d_qkv, L.ln_1, w.c_attn_w, N, C, 3 * C,
                     write, param_mode, wt.c_attn_w,
                     bf16_operands(model, transposed, a, w.c_attn_w, wt.c_attn_w));

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <vector>
 
 #include "posembed/core/philox.h"
 #include "posembed/core/sizes.h"
@@ -121,10 +123,99 @@ void for_query_blocks(std::int64_t T, Body&& body) {
   for (std::int64_t i0 = 0; i0 < T; i0 += kQueryBlock) body(i0, std::min(kQueryBlock, T - i0));
 }
 
+// Precision bf16's heads: the same blocks with small_gemm_bf16's pairs. Each
+// product's operands are packed once per head (or per block, for the rows the
+// block's softmax just wrote) into per-thread buffers, allocated on the first
+// call and reused: pairs along a row of q, dy, att and ds (the first
+// operands of row blocks), pairs across rows of k^T, v^T (their second
+// operands, pairs along hd), of v, k, dy, q (pairs along keys or queries), and
+// of att and ds (the transposed first operands of the key blocks).
+struct HeadPairs {
+  std::vector<std::uint16_t> rows, along_hd, along_t, block, att, ds, dy, q;
+};
+std::uint16_t* sized(std::vector<std::uint16_t>& v, std::int64_t n) {
+  if (v.size() < sz(n)) v.resize(sz(n));
+  return v.data();
+}
+
+void attention_head_forward_bf16(float* y, float* a, const float* q, std::int64_t T,
+                                 std::int64_t C, std::int64_t hd, float scale) {
+  const std::int64_t C3 = 3 * C, hp = (hd + 1) / 2, Tp = (T + 1) / 2;
+  const float* k = q + C;
+  const float* v = q + 2 * C;
+  thread_local HeadPairs s;
+  std::uint16_t* qp = sized(s.rows, T * 2 * hp);
+  std::uint16_t* kt = sized(s.along_hd, hp * 2 * T);
+  std::uint16_t* vp = sized(s.along_t, Tp * 2 * hd);
+  std::uint16_t* ap = sized(s.block, kQueryBlock * 2 * Tp);
+  pack_bf16_rows(qp, 2 * hp, q, C3, T, hd);
+  pack_bf16_row_pairs(kt, 2 * T, transposed(k, T, hd, C3), T, hd, T);
+  pack_bf16_row_pairs(vp, 2 * hd, v, C3, T, hd);
+  for_query_blocks(T, [&](std::int64_t i0, std::int64_t rows) {
+    const std::int64_t keys = i0 + rows;
+    small_gemm_bf16(a + i0 * T, T, qp + i0 * 2 * hp, 2 * hp, 2, kt, 2 * T, rows,
+                    score_columns(keys, T), hp, scale, false);
+    for (std::int64_t t = i0; t < keys; ++t) {
+      float max = 0;
+      softmax_row(a + t * T, a + t * T, sz(t + 1), sz(keys), &max);
+    }
+    pack_bf16_rows(ap, 2 * Tp, a + i0 * T, T, rows, keys);
+    small_gemm_bf16(y + i0 * C, C, ap, 2 * Tp, 2, vp, 2 * hd, rows, hd, (keys + 1) / 2, 1.0f,
+                    false);
+  });
+}
+
+void attention_head_backward_bf16(float* dq, float* ds, const float* dy, const float* q,
+                                  const float* a, std::int64_t T, std::int64_t C, std::int64_t hd,
+                                  float scale, bool accumulate) {
+  const std::int64_t C3 = 3 * C, hp = (hd + 1) / 2, Tp = (T + 1) / 2;
+  const float* k = q + C;
+  const float* v = q + 2 * C;
+  float* dk = dq + C;
+  float* dv = dq + 2 * C;
+  thread_local HeadPairs s;
+  std::uint16_t* dyp = sized(s.rows, T * 2 * hp);
+  std::uint16_t* vt = sized(s.along_hd, hp * 2 * T);
+  std::uint16_t* kp = sized(s.along_t, Tp * 2 * hd);
+  std::uint16_t* dsp = sized(s.block, kQueryBlock * 2 * Tp);
+  std::uint16_t* att_t = sized(s.att, Tp * 2 * T);
+  std::uint16_t* ds_t = sized(s.ds, Tp * 2 * T);
+  pack_bf16_rows(dyp, 2 * hp, dy, C, T, hd);
+  pack_bf16_row_pairs(vt, 2 * T, transposed(v, T, hd, C3), T, hd, T);
+  pack_bf16_row_pairs(kp, 2 * hd, k, C3, T, hd);
+  for_query_blocks(T, [&](std::int64_t i0, std::int64_t rows) {
+    const std::int64_t keys = i0 + rows;
+    small_gemm_bf16(ds + i0 * T, T, dyp + i0 * 2 * hp, 2 * hp, 2, vt, 2 * T, rows,
+                    score_columns(keys, T), hp, 1.0f, false);
+    for (std::int64_t t = i0; t < keys; ++t) {
+      softmax_row_backward(ds + t * T, a + t * T, sz(t + 1), sz(keys));
+    }
+    pack_bf16_rows(dsp, 2 * Tp, ds + i0 * T, T, rows, keys);
+    small_gemm_bf16(dq + i0 * C3, C3, dsp, 2 * Tp, 2, kp, 2 * hd, rows, hd, (keys + 1) / 2, scale,
+                    accumulate);
+    // The key blocks' first operands, att^T and dscore^T: this block's rows
+    // paired across queries (i0 is even), over the keys they hold.
+    pack_bf16_row_pairs(att_t + i0 * T, 2 * T, a + i0 * T, T, rows, keys);
+    pack_bf16_row_pairs(ds_t + i0 * T, 2 * T, ds + i0 * T, T, rows, keys);
+  });
+  std::uint16_t* dy_t = sized(s.dy, Tp * 2 * hd);
+  std::uint16_t* q_t = sized(s.q, Tp * 2 * hd);
+  pack_bf16_row_pairs(dy_t, 2 * hd, dy, C, T, hd);
+  pack_bf16_row_pairs(q_t, 2 * hd, q, C3, T, hd);
+  // Key block [j0, j0 + rows) meets queries [j0, T): pair rows from j0 / 2.
+  for_query_blocks(T, [&](std::int64_t j0, std::int64_t rows) {
+    const std::int64_t pairs = (T - j0 + 1) / 2;
+    small_gemm_bf16(dv + j0 * C3, C3, att_t + j0 * T + 2 * j0, 2, 2 * T, dy_t + j0 * hd, 2 * hd,
+                    rows, hd, pairs, 1.0f, accumulate);
+    small_gemm_bf16(dk + j0 * C3, C3, ds_t + j0 * T + 2 * j0, 2, 2 * T, q_t + j0 * hd, 2 * hd,
+                    rows, hd, pairs, scale, accumulate);
+  });
+}
+
 }  // namespace
 
 void attention_forward(std::span<float> out, std::span<float> att, std::span<const float> qkv,
-                       std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t H) {
+                       std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t H, bool bf16) {
   const std::int64_t hd = C / H, C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   parallel_pieces(B * H, double(B * H) * double(T * T) * double(C / H), [&](std::int64_t bh) {
@@ -134,6 +225,7 @@ void attention_forward(std::span<float> out, std::span<float> att, std::span<con
     const float* v = q + 2 * C;
     float* a = att.data() + bh * T * T;  // (T, T)
     float* y = out.data() + b * T * C + h * hd;
+    if (bf16) return attention_head_forward_bf16(y, a, q, T, C, hd, scale);
     const float* kt = transposed(k, T, hd, C3);  // (hd, T)
     for_query_blocks(T, [&](std::int64_t i0, std::int64_t rows) {
       // scores = scale * q k^T, softmax over keys [0, t], then y = att @ v.
@@ -152,7 +244,7 @@ void attention_forward(std::span<float> out, std::span<float> att, std::span<con
 void attention_backward(std::span<float> dqkv, std::span<float> scratch,
                         std::span<const float> dout, std::span<const float> qkv,
                         std::span<const float> att, std::int64_t B, std::int64_t T, std::int64_t C,
-                        std::int64_t H, GradMode dinp_mode) {
+                        std::int64_t H, GradMode dinp_mode, bool bf16) {
   const std::int64_t hd = C / H, C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   // Each row of dq, dk and dv is one product, so writing needs no zeroing.
@@ -168,6 +260,7 @@ void attention_backward(std::span<float> dqkv, std::span<float> scratch,
     const float* a = att.data() + bh * T * T;
     const float* dy = dout.data() + b * T * C + h * hd;
     float* ds = scratch.data() + bh * T * T;
+    if (bf16) return attention_head_backward_bf16(dq, ds, dy, q, a, T, C, hd, scale, accumulate);
     const float* vt = transposed(v, T, hd, C3);  // (hd, T)
     // Query blocks: datt = dy v^T, dscore = the softmax's VJP of datt (in
     // place), dq (+)= scale * dscore @ k.

@@ -108,14 +108,20 @@ void layernorm_backward(std::span<float> dinp, std::span<float> dweight, std::sp
 // rows (column min(t | 7, T - 1)); entries further right are never read (some
 // hold scores, the rest whatever the buffer held). qkv
 // (B, T, 3C): q, k, v side by side, head h in columns [h*hd, (h+1)*hd) of each third.
+// bf16 (precision bf16): the four products of the forward and backward
+// multiply bf16 copies of their operands (q, k, v, att, dout and the scores'
+// gradient, each rounded once) with fp32 sums (small_gemm_bf16); the softmax,
+// its gradient and att stay fp32. The same blocks either way.
 void attention_forward(std::span<float> out, std::span<float> att, std::span<const float> qkv,
-                       std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t H);
+                       std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t H,
+                       bool bf16 = false);
 // dqkv (B, T, 3C) += VJP of dout (B, T, C); scratch (B, H, T, T) is overwritten
 // where att is written.
 void attention_backward(std::span<float> dqkv, std::span<float> scratch,
                         std::span<const float> dout, std::span<const float> qkv,
                         std::span<const float> att, std::int64_t B, std::int64_t T, std::int64_t C,
-                        std::int64_t H, GradMode dinp_mode = GradMode::accumulate);
+                        std::int64_t H, GradMode dinp_mode = GradMode::accumulate,
+                        bool bf16 = false);
 
 // GELU, tanh approximation (GPT-2's gelu_new). out, inp: (N)
 void gelu_forward(std::span<float> out, std::span<const float> inp);

@@ -113,10 +113,19 @@ void layernorm_backward(Vec<T>& dinp, Vec<T>& dw, Vec<T>& db, const Vec<T>& dout
   }
 }
 
-// out (B, T, C) from qkv (B, T, 3C); causal softmax per head.
-template <class T>
+// The identity: attention_forward's operands as they are.
+struct Exact {
+  template <class T>
+  T operator()(T x) const {
+    return x;
+  }
+};
+// out (B, T, C) from qkv (B, T, 3C); causal softmax per head. round: applied
+// to each operand of the two products (q, k, the softmax weights and v), the
+// identity unless given; precision bf16's tests pass rounding to bf16.
+template <class T, class Round = Exact>
 void attention_forward(Vec<T>& out, const Vec<T>& qkv, std::int64_t B, std::int64_t Tn,
-                       std::int64_t C, std::int64_t H) {
+                       std::int64_t C, std::int64_t H, Round round = {}) {
   const std::int64_t hd = C / H;
   const T scale = T(1) / std::sqrt(T(hd));
   Vec<T> p(at(Tn));
@@ -128,7 +137,7 @@ void attention_forward(Vec<T>& out, const Vec<T>& qkv, std::int64_t B, std::int6
         for (std::int64_t u = 0; u <= t; ++u) {
           const T* k = &qkv[at((b * Tn + u) * 3 * C + C + h * hd)];
           T s = 0;
-          for (std::int64_t i = 0; i < hd; ++i) s += q[i] * k[i];
+          for (std::int64_t i = 0; i < hd; ++i) s += round(q[i]) * round(k[i]);
           p[at(u)] = s * scale;
           if (p[at(u)] > mx) mx = p[at(u)];
         }
@@ -136,7 +145,7 @@ void attention_forward(Vec<T>& out, const Vec<T>& qkv, std::int64_t B, std::int6
         for (std::int64_t i = 0; i < hd; ++i) {
           T y = 0;
           for (std::int64_t u = 0; u <= t; ++u)
-            y += p[at(u)] / sum * qkv[at((b * Tn + u) * 3 * C + 2 * C + h * hd + i)];
+            y += round(p[at(u)] / sum) * round(qkv[at((b * Tn + u) * 3 * C + 2 * C + h * hd + i)]);
           out[at((b * Tn + t) * C + h * hd + i)] = y;
         }
       }

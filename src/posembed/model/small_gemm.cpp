@@ -3,13 +3,19 @@
 // run time by HWY_DYNAMIC_DISPATCH.
 #include "posembed/model/small_gemm.h"
 
+#include <bit>
 #include <cstddef>
+#include <cstring>
+
+#include "posembed/core/simd/dispatch.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "posembed/model/small_gemm.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
 // After foreach_target.h, which includes this file once per target:
 #include <hwy/highway.h>
+
+#include "posembed/core/simd/half-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace posembed::model {
@@ -113,6 +119,161 @@ void SmallGemm(float* HWY_RESTRICT c, std::size_t ldc, const float* HWY_RESTRICT
   RowRemainder<kMaxRows - 1>(o, N, M - m);
 }
 
+
+// small_gemm_bf16: the same tiles over pairs of bf16 values (small_gemm.h).
+struct PairOperands {
+  float* HWY_RESTRICT c;
+  std::size_t ldc;
+  const std::uint16_t* HWY_RESTRICT a;
+  std::size_t a_row, a_col;
+  const std::uint16_t* HWY_RESTRICT b;
+  std::size_t ldb, K2;
+  float alpha;
+  bool accumulate;
+};
+
+HWY_INLINE std::uint32_t LoadPair(const std::uint16_t* p) {
+  std::uint32_t pair;
+  std::memcpy(&pair, p, sizeof pair);
+  return pair;
+}
+
+// acc += the pair products of b's lanes (pairs) and the broadcast pair at a,
+// high halves first (small_gemm.h). With avx512_bf16 one vdpbf16ps, its pair
+// broadcast from memory; elsewhere two multiply-adds on the widened halves.
+template <class D>
+HWY_INLINE hn::Vec<D> PairMulAdd(D d, hn::Vec<hn::RebindToUnsigned<D>> b, const std::uint16_t* a,
+                                 hn::Vec<D> acc) {
+  const hn::RebindToUnsigned<D> du;
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  if constexpr (hn::MaxLanes(D()) == 16) {
+    if (simd::bf16_instructions) {
+      // The assembler knows the instruction; Highway 1.0.3 has no op for it
+      // (core/simd/half-inl.h says why the same holds for the rounding).
+      asm("vdpbf16ps %[a]%{1to16%}, %[b], %[acc]"
+          : [acc] "+v"(acc.raw)
+          : [b] "v"(b.raw), [a] "m"(*reinterpret_cast<const std::uint32_t*>(a)));
+      return acc;
+    }
+  }
+#endif
+  const std::uint32_t pair = LoadPair(a);
+  const auto high = hn::BitCast(d, hn::And(b, hn::Set(du, 0xFFFF0000u)));
+  const auto low = hn::BitCast(d, hn::ShiftLeft<16>(b));
+  acc = hn::MulAdd(hn::Set(d, std::bit_cast<float>(pair & 0xFFFF0000u)), high, acc);
+  return hn::MulAdd(hn::Set(d, std::bit_cast<float>(pair << 16)), low, acc);
+}
+
+template <std::size_t kRows, std::size_t kVecs, class D>
+HWY_INLINE void PairTile(D d, const PairOperands& o) {
+  using V = hn::Vec<D>;
+  const hn::RebindToUnsigned<D> du;
+  const std::size_t lanes = hn::Lanes(d);
+  V acc[kRows][kVecs];
+  for (std::size_t r = 0; r < kRows; ++r) {
+    for (std::size_t v = 0; v < kVecs; ++v) acc[r][v] = hn::Zero(d);
+  }
+  for (std::size_t p = 0; p < o.K2; ++p) {
+    hn::Vec<decltype(du)> bp[kVecs];
+    for (std::size_t v = 0; v < kVecs; ++v) {
+      bp[v] = hn::LoadU(du, reinterpret_cast<const std::uint32_t*>(o.b + p * o.ldb) + v * lanes);
+    }
+    for (std::size_t r = 0; r < kRows; ++r) {
+      const std::uint16_t* a = o.a + r * o.a_row + p * o.a_col;
+      for (std::size_t v = 0; v < kVecs; ++v) acc[r][v] = PairMulAdd(d, bp[v], a, acc[r][v]);
+    }
+  }
+  const V alpha = hn::Set(d, o.alpha);
+  for (std::size_t r = 0; r < kRows; ++r) {
+    for (std::size_t v = 0; v < kVecs; ++v) {
+      float* out = o.c + r * o.ldc + v * lanes;
+      const V scaled = hn::Mul(acc[r][v], alpha);
+      hn::StoreU(o.accumulate ? hn::Add(hn::LoadU(d, out), scaled) : scaled, d, out);
+    }
+  }
+}
+
+template <std::size_t kRows>
+HWY_NOINLINE void PairRowTile(const PairOperands o, std::size_t N) {
+  const hn::ScalableTag<float> d;
+  const hn::CappedTag<float, 1> d1;
+  const std::size_t lanes = hn::Lanes(d);
+  const auto at = [&](std::size_t col) {
+    PairOperands p = o;
+    p.c += col;
+    p.b += 2 * col;
+    return p;
+  };
+  std::size_t j = 0;
+  for (; j + 2 * lanes <= N; j += 2 * lanes) PairTile<kRows, 2>(d, at(j));
+  for (; j + lanes <= N; j += lanes) PairTile<kRows, 1>(d, at(j));
+  for (; j < N; ++j) PairTile<kRows, 1>(d1, at(j));
+}
+
+template <std::size_t kRows>
+HWY_INLINE void PairRowRemainder(const PairOperands& o, std::size_t N, std::size_t rows) {
+  if constexpr (kRows > 0) {
+    if (rows == kRows) return PairRowTile<kRows>(o, N);
+    PairRowRemainder<kRows - 1>(o, N, rows);
+  }
+}
+
+void SmallGemmBf16(float* HWY_RESTRICT c, std::size_t ldc, const std::uint16_t* HWY_RESTRICT a,
+                   std::size_t a_row, std::size_t a_col, const std::uint16_t* HWY_RESTRICT b,
+                   std::size_t ldb, std::size_t M, std::size_t N, std::size_t K2, float alpha,
+                   bool accumulate) {
+  PairOperands o{c, ldc, a, a_row, a_col, b, ldb, K2, alpha, accumulate};
+  std::size_t m = 0;
+  for (; m + kMaxRows <= M; m += kMaxRows) {
+    PairRowTile<kMaxRows>(o, N);
+    o.c += kMaxRows * ldc;
+    o.a += kMaxRows * a_row;
+  }
+  PairRowRemainder<kMaxRows - 1>(o, N, M - m);
+}
+
+void PackBf16Rows(std::uint16_t* HWY_RESTRICT out, std::size_t ldo, const float* HWY_RESTRICT in,
+                  std::size_t ldi, std::size_t rows, std::size_t cols) {
+  const hn::ScalableTag<float> d;
+  const hn::Rebind<std::uint16_t, decltype(d)> d16;
+  const std::size_t lanes = hn::Lanes(d);
+  for (std::size_t r = 0; r < rows; ++r) {
+    const float* x = in + r * ldi;
+    std::uint16_t* y = out + r * ldo;
+    std::size_t j = 0;
+    for (; j + lanes <= cols; j += lanes) {
+      hn::StoreU(simd::HWY_NAMESPACE::NarrowBits<bf16>(d, hn::LoadU(d, x + j)), d16, y + j);
+    }
+    for (; j < cols; ++j) y[j] = to_bf16(x[j]).bits;
+    if (cols % 2 == 1) y[cols] = 0;
+  }
+}
+
+void PackBf16RowPairs(std::uint16_t* HWY_RESTRICT out, std::size_t ldo,
+                      const float* HWY_RESTRICT in, std::size_t ldi, std::size_t rows,
+                      std::size_t cols) {
+  const hn::ScalableTag<float> d;
+  const hn::RebindToUnsigned<decltype(d)> du;
+  const std::size_t lanes = hn::Lanes(d);
+  const auto bits = [&](const float* x) {
+    return hn::PromoteTo(du, simd::HWY_NAMESPACE::NarrowBits<bf16>(d, hn::LoadU(d, x)));
+  };
+  for (std::size_t r = 0; r < rows; r += 2) {
+    const float* x0 = in + r * ldi;
+    const float* x1 = r + 1 < rows ? x0 + ldi : nullptr;
+    auto* y = reinterpret_cast<std::uint32_t*>(out + r / 2 * ldo);
+    std::size_t j = 0;
+    for (; j + lanes <= cols; j += lanes) {
+      const auto high = x1 != nullptr ? hn::ShiftLeft<16>(bits(x1 + j)) : hn::Zero(du);
+      hn::StoreU(hn::Or(bits(x0 + j), high), du, y + j);
+    }
+    for (; j < cols; ++j) {  // the buffer may be another type's: copied as bytes
+      const std::uint16_t pair[2] = {to_bf16(x0[j]).bits,
+                                     x1 != nullptr ? to_bf16(x1[j]).bits : std::uint16_t{0}};
+      std::memcpy(y + j, pair, sizeof pair);
+    }
+  }
+}
 }  // namespace HWY_NAMESPACE
 }  // namespace posembed::model
 HWY_AFTER_NAMESPACE();
@@ -121,6 +282,9 @@ HWY_AFTER_NAMESPACE();
 namespace posembed::model {
 
 HWY_EXPORT(SmallGemm);
+HWY_EXPORT(SmallGemmBf16);
+HWY_EXPORT(PackBf16Rows);
+HWY_EXPORT(PackBf16RowPairs);
 
 void small_gemm(float* c, std::int64_t ldc, const float* a, std::int64_t a_row, std::int64_t a_col,
                 const float* b, std::int64_t ldb, std::int64_t M, std::int64_t N, std::int64_t K,
@@ -128,6 +292,26 @@ void small_gemm(float* c, std::int64_t ldc, const float* a, std::int64_t a_row, 
   const auto z = [](std::int64_t v) { return static_cast<std::size_t>(v); };
   HWY_DYNAMIC_DISPATCH(SmallGemm)(c, z(ldc), a, z(a_row), z(a_col), b, z(ldb), z(M), z(N), z(K),
                                   alpha, accumulate);
+}
+
+void small_gemm_bf16(float* c, std::int64_t ldc, const std::uint16_t* a, std::int64_t a_row,
+                     std::int64_t a_col, const std::uint16_t* b, std::int64_t ldb, std::int64_t M,
+                     std::int64_t N, std::int64_t K2, float alpha, bool accumulate) {
+  const auto z = [](std::int64_t v) { return static_cast<std::size_t>(v); };
+  HWY_DYNAMIC_DISPATCH(SmallGemmBf16)(c, z(ldc), a, z(a_row), z(a_col), b, z(ldb), z(M), z(N),
+                                      z(K2), alpha, accumulate);
+}
+
+void pack_bf16_rows(std::uint16_t* out, std::int64_t ldo, const float* in, std::int64_t ldi,
+                    std::int64_t rows, std::int64_t cols) {
+  const auto z = [](std::int64_t v) { return static_cast<std::size_t>(v); };
+  HWY_DYNAMIC_DISPATCH(PackBf16Rows)(out, z(ldo), in, z(ldi), z(rows), z(cols));
+}
+
+void pack_bf16_row_pairs(std::uint16_t* out, std::int64_t ldo, const float* in, std::int64_t ldi,
+                         std::int64_t rows, std::int64_t cols) {
+  const auto z = [](std::int64_t v) { return static_cast<std::size_t>(v); };
+  HWY_DYNAMIC_DISPATCH(PackBf16RowPairs)(out, z(ldo), in, z(ldi), z(rows), z(cols));
 }
 
 }  // namespace posembed::model

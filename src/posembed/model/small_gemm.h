@@ -6,6 +6,9 @@
 #pragma once
 
 #include <cstdint>
+#include <cmath>
+
+#include "posembed/core/half.h"
 
 namespace posembed::model {
 
@@ -30,6 +33,57 @@ void small_gemm_reference(T* c, std::int64_t ldc, const T* a, std::int64_t a_row
     for (std::int64_t n = 0; n < N; ++n) {
       T sum = 0;
       for (std::int64_t k = 0; k < K; ++k) sum += a[m * a_row + k * a_col] * b[k * ldb + n];
+      c[m * ldc + n] = accumulate ? c[m * ldc + n] + alpha * sum : alpha * sum;
+    }
+  }
+}
+
+// The same products with bf16 operands (precision bf16's attention): the
+// operands come as pairs of bf16 bit patterns along K, element k = 2p in the
+// low half of pair p and 2p + 1 in the high half; pair p of a's row m starts at
+// a[m * a_row + p * a_col], of b's column n at b[p * ldb + n * 2] (strides in
+// 16-bit elements). K2 pairs (an odd K pads its last pair with a zero).
+//
+// Each element is one running fp32 sum over the pairs in order, two fused
+// multiply-adds a pair, the high (odd) product first: what avx512_bf16's
+// vdpbf16ps computes (it runs where the CPU has it; AMD EPYC Zen 4 gave its
+// bits in 3.2 million random pairs), so every target gives the same bits for
+// normal numbers. The instruction reads subnormal bf16 inputs as zeros and
+// flushes subnormal sums, which the other targets keep.
+void small_gemm_bf16(float* c, std::int64_t ldc, const std::uint16_t* a, std::int64_t a_row,
+                     std::int64_t a_col, const std::uint16_t* b, std::int64_t ldb, std::int64_t M,
+                     std::int64_t N, std::int64_t K2, float alpha, bool accumulate);
+
+// Operand packing for small_gemm_bf16, values rounded to bf16 (core/half.h's
+// to_bf16) on the way:
+// pairs along rows: out (rows, 2 * ceil(cols / 2)) = in (rows, cols), in's rows
+// ldi apart, out's ldo, a zero after an odd row's last value.
+void pack_bf16_rows(std::uint16_t* out, std::int64_t ldo, const float* in, std::int64_t ldi,
+                    std::int64_t rows, std::int64_t cols);
+// pairs across rows: pair (p, j) of out (ceil(rows / 2) rows of cols pairs,
+// ldo elements apart) = (in[2p][j], in[2p + 1][j]), zero for the missing row
+// 2p + 1 of an odd count.
+void pack_bf16_row_pairs(std::uint16_t* out, std::int64_t ldo, const float* in, std::int64_t ldi,
+                         std::int64_t rows, std::int64_t cols);
+
+// The plain loop small_gemm_bf16 computes, in any scalar type: in float with
+// fused multiply-adds it is the kernel's definition, bit for bit; tests run it
+// in double too.
+template <class T>
+void small_gemm_bf16_reference(T* c, std::int64_t ldc, const std::uint16_t* a, std::int64_t a_row,
+                               std::int64_t a_col, const std::uint16_t* b, std::int64_t ldb,
+                               std::int64_t M, std::int64_t N, std::int64_t K2, T alpha,
+                               bool accumulate) {
+  const auto value = [](std::uint16_t bits) { return T(to_float(bf16{bits})); };
+  for (std::int64_t m = 0; m < M; ++m) {
+    for (std::int64_t n = 0; n < N; ++n) {
+      T sum = 0;
+      for (std::int64_t p = 0; p < K2; ++p) {
+        const std::uint16_t* ap = a + m * a_row + p * a_col;
+        const std::uint16_t* bp = b + p * ldb + n * 2;
+        sum = std::fma(value(ap[1]), value(bp[1]), sum);
+        sum = std::fma(value(ap[0]), value(bp[0]), sum);
+      }
       c[m * ldc + n] = accumulate ? c[m * ldc + n] + alpha * sum : alpha * sum;
     }
   }
