@@ -120,8 +120,9 @@ Vd bound(Vd mag, double n) {
 
 // out, dinp, dweight, dbias of one bf16 product (accumulated onto a start
 // value), the tied layer's too; then against the double reference ops given
-// the bf16-rounded operands. Shapes cross the 128-row pieces and 32-row
-// weight pieces. Same bits on 1, 2 and 3 threads.
+// the bf16-rounded operands. Shapes cross the 128-row pieces and 64-row
+// weight pieces. Same bits on 1, 2 and 3 threads, and with the forward's
+// rounded input kept for the backward (Bf16Operands::input) as without.
 TEST(Bf16, ProductsMatchTheDoubleReferenceOnRoundedOperands) {
   struct Case {
     std::int64_t N, C, OC;
@@ -134,26 +135,33 @@ TEST(Bf16, ProductsMatchTheDoubleReferenceOnRoundedOperands) {
     const auto w_b = bits(w), w_t_b = bits(transpose_of(w, c.C, c.OC)),
                table_t_b = bits(transpose_of(w, c.OC, c.C));
     std::vector<std::uint16_t> scratch(2 * n(c.N * std::max(c.C, c.OC)));
-    const Bf16Operands as_in_out{w_b, w_t_b, scratch};
-    const auto run = [&](int threads) {
+    std::vector<std::uint16_t> kept(n(c.N * c.C)), kept_tied(kept.size());
+    const auto run = [&](int threads, bool keep_input) {
       set_num_threads(threads);
+      const Bf16Operands as_in_out{w_b, w_t_b, scratch,
+                                   keep_input ? std::span(kept) : std::span<std::uint16_t>()};
       std::vector<float> out(n(c.N * c.OC)), dinp(inp.size(), 0.5f), dw(w.size(), 0.25f),
           db(bias.size(), 0.125f), logits(n(c.N * c.OC)), dinp2(inp.size()), dtable(w.size());
       matmul_forward(out, inp, w, bias, c.N, c.C, c.OC, as_in_out);
       matmul_backward(dinp, dw, db, dout, inp, w, c.N, c.C, c.OC, GradMode::accumulate,
                       GradMode::accumulate, {}, as_in_out);
       // The tied layer: inp (N, C) @ table (OC, C)^T; table = w read as (OC, C).
-      const Bf16Operands tied{w_b, table_t_b, scratch};
+      const Bf16Operands tied{w_b, table_t_b, scratch,
+                              keep_input ? std::span(kept_tied) : std::span<std::uint16_t>()};
       matmul_tied_forward(logits, inp, w, c.N, c.C, c.OC, {}, tied);
       matmul_tied_backward(dinp2, dtable, dout, inp, w, c.N, c.C, c.OC, GradMode::write,
                            GradMode::write, tied);
       return std::vector<std::vector<float>>{out, dinp, dw, db, logits, dinp2, dtable};
     };
-    const auto one = run(1);
-    for (int threads : {2, 3}) {
-      const auto many = run(threads);
-      for (std::size_t k = 0; k < one.size(); ++k) {
-        ASSERT_EQ(one[k], many[k]) << "output " << k << " of N " << c.N << " on " << threads;
+    const auto one = run(1, false);
+    for (const bool keep_input : {false, true}) {
+      for (int threads : {1, 2, 3}) {
+        if (threads == 1 && !keep_input) continue;
+        const auto many = run(threads, keep_input);
+        for (std::size_t k = 0; k < one.size(); ++k) {
+          ASSERT_EQ(one[k], many[k]) << "output " << k << " of N " << c.N << " on " << threads
+                                     << (keep_input ? ", input kept" : "");
+        }
       }
     }
     set_num_threads(0);

@@ -46,18 +46,26 @@ bool bf16_products(const TransposedWeights* t) {
   return t != nullptr && t->precision == Precision::bf16;
 }
 
+// Values per token of Activations::bf16_inputs: each block's ln_1, atty, ln_2
+// (C each) and fch_gelu (4C), and ln_f.
+std::int64_t bf16_inputs_per_token(const GptConfig& c) {
+  return (8 * c.n_layer + 1) * c.embedding.embed_dim;
+}
+
 // The bf16 operands of a product by `weight` (a view into model.params) and
 // `weight_t`, its transpose (a view into t->memory): the same places in their
-// rounded copies. None (fp32 products) without bf16 weights.
+// rounded copies; `input`, where the product keeps its rounded input
+// (Activations::bf16_inputs). None (fp32 products) without bf16 weights.
 Bf16Operands bf16_operands(const Gpt& model, const TransposedWeights* t, Activations& a,
-                           std::span<const float> weight, std::span<const float> weight_t) {
+                           std::span<const float> weight, std::span<const float> weight_t,
+                           std::span<std::uint16_t> input) {
   if (!bf16_products(t)) return {};
   const auto same_place = [](const std::vector<std::uint16_t>& copy, const float* base,
                              std::span<const float> view) {
     return std::span<const std::uint16_t>(copy.data() + (view.data() - base), view.size());
   };
   return {same_place(t->params_bf16, model.params.data(), weight),
-          same_place(t->memory_bf16, t->memory.data(), weight_t), a.bf16_scratch};
+          same_place(t->memory_bf16, t->memory.data(), weight_t), a.bf16_scratch, input};
 }
 
 // Throws unless bf16 weights come with activations that have the bf16 scratch.
@@ -286,9 +294,11 @@ Activations make_activations(const GptConfig& c, std::int64_t B, std::int64_t T,
     if (pass == 0) {
       // Also the embedding's mask bits, and the batch's input and target ids
       // (int64) that callers hold beside them.
-      const double scratch = precision == Precision::bf16
-                                 ? 4.0 * static_cast<double>(bf16_scratch_half(c, 1)) * tokens
-                                 : 0.0;
+      const double scratch =
+          precision == Precision::bf16
+              ? 2.0 * tokens *
+                    static_cast<double>(2 * bf16_scratch_half(c, 1) + bf16_inputs_per_token(c))
+              : 0.0;
       const auto bytes = static_cast<std::uint64_t>(
           4.0 * k.counted + tokens * static_cast<double>(C) / 8.0 + 16.0 * tokens + scratch);
       char gib[32];
@@ -298,7 +308,23 @@ Activations make_activations(const GptConfig& c, std::int64_t B, std::int64_t T,
       assign_zeros_huge(a.memory, k.used);
     }
   }
-  if (precision == Precision::bf16) a.bf16_scratch.assign(2 * sz(bf16_scratch_half(c, N)), 0);
+  if (precision == Precision::bf16) {
+    a.bf16_scratch.assign(2 * sz(bf16_scratch_half(c, N)), 0);
+    a.bf16_inputs.assign(sz(N * bf16_inputs_per_token(c)), 0);
+    std::span<std::uint16_t> rest(a.bf16_inputs);
+    const auto take = [&](std::int64_t n) {
+      const std::span<std::uint16_t> part = rest.first(sz(n));
+      rest = rest.subspan(sz(n));
+      return part;
+    };
+    for (auto& l : a.layers) {
+      l.ln_1_bf16 = take(N * C);
+      l.atty_bf16 = take(N * C);
+      l.ln_2_bf16 = take(N * C);
+      l.fch_gelu_bf16 = take(N * 4 * C);
+    }
+    a.ln_f_bf16 = take(N * C);
+  }
   a.positions.resize(sz(N));
   positions_contiguous(a.positions, B, T, 0);
   a.embedding_mask.resize(
@@ -450,18 +476,18 @@ double gpt_forward(const Gpt& model, Activations& a, std::span<const std::int64_
     Activations::Layer& L = a.layers[sz(l)];
     layernorm_forward(L.ln_1, L.ln_1_mean, L.ln_1_rstd, residual, w.ln_1_w, w.ln_1_b, N, C);
     matmul_forward(L.qkv, L.ln_1, w.c_attn_w, w.c_attn_b, N, C, 3 * C,
-                   bf16_operands(model, transposed, a, w.c_attn_w, wt.c_attn_w));
+                   bf16_operands(model, transposed, a, w.c_attn_w, wt.c_attn_w, L.ln_1_bf16));
     attention_forward(L.atty, L.att, L.qkv, B, T, C, H, bf16_products(transposed));
     matmul_forward(L.attproj, L.atty, w.attn_proj_w, w.attn_proj_b, N, C, C,
-                   bf16_operands(model, transposed, a, w.attn_proj_w, wt.attn_proj_w));
+                   bf16_operands(model, transposed, a, w.attn_proj_w, wt.attn_proj_w, L.atty_bf16));
     dropout_forward(L.attproj.first(nc), L.attproj.first(nc), dropout,
                     static_cast<std::uint64_t>(l * kSitesPerLayer));
     residual_forward(L.residual2.first(nc), residual, L.attproj.first(nc));
     layernorm_forward(L.ln_2, L.ln_2_mean, L.ln_2_rstd, L.residual2, w.ln_2_w, w.ln_2_b, N, C);
     matmul_gelu_forward(L.fch_gelu, L.fch_dgelu, L.ln_2, w.c_fc_w, w.c_fc_b, N, C, 4 * C,
-                        bf16_operands(model, transposed, a, w.c_fc_w, wt.c_fc_w));
+                        bf16_operands(model, transposed, a, w.c_fc_w, wt.c_fc_w, L.ln_2_bf16));
     matmul_forward(L.mlpproj, L.fch_gelu, w.mlp_proj_w, w.mlp_proj_b, N, 4 * C, C,
-                   bf16_operands(model, transposed, a, w.mlp_proj_w, wt.mlp_proj_w));
+                   bf16_operands(model, transposed, a, w.mlp_proj_w, wt.mlp_proj_w, L.fch_gelu_bf16));
     dropout_forward(L.mlpproj.first(nc), L.mlpproj.first(nc), dropout,
                     static_cast<std::uint64_t>(l * kSitesPerLayer + 1));
     residual_forward(L.residual3.first(nc), L.residual2.first(nc), L.mlpproj.first(nc));
@@ -470,7 +496,7 @@ double gpt_forward(const Gpt& model, Activations& a, std::span<const std::int64_
   layernorm_forward(a.ln_f, a.ln_f_mean, a.ln_f_rstd, residual, p.ln_f_w, p.ln_f_b, N, C);
   const std::span<const float> wte_t = transposed ? transposed->wte : std::span<const float>();
   matmul_tied_forward(a.logits, a.ln_f, p.wte, N, C, V, wte_t,
-                      bf16_operands(model, transposed, a, p.wte, wte_t));
+                      bf16_operands(model, transposed, a, p.wte, wte_t, a.ln_f_bf16));
   crossentropy_forward(a.losses, a.probs, a.logits, targets, N, V);
   return gpt_loss_sum(a, N) / static_cast<double>(N);
 }
@@ -519,7 +545,8 @@ void gpt_backward(const Gpt& model, ParamViews& g, Activations& a,
   // embedding's backward adds to it last.
   matmul_tied_backward(a.d_ln, g.wte, a.d_logits, a.ln_f, p.wte, N, C, V, write, param_mode,
                        bf16_operands(model, transposed, a, p.wte,
-                                     transposed ? transposed->wte : std::span<const float>()));
+                                     transposed ? transposed->wte : std::span<const float>(),
+                                     a.ln_f_bf16));
   const std::span<const float> last =
       c.n_layer > 0 ? a.layers.back().residual3.first(nc) : a.encoded.first(nc);
   layernorm_backward(a.d_residual, g.ln_f_w, g.ln_f_b, a.d_ln, last, p.ln_f_w, a.ln_f_mean,
@@ -545,10 +572,10 @@ void gpt_backward(const Gpt& model, ParamViews& g, Activations& a,
         branch_grad(a.d_mlpproj, static_cast<std::uint64_t>(l * kSitesPerLayer + 1));
     matmul_gelu_backward(a.d_fch, dw.mlp_proj_w, dw.mlp_proj_b, d_mlpproj, L.fch_gelu, w.mlp_proj_w,
                          L.fch_dgelu, N, 4 * C, C, param_mode, wt.mlp_proj_w,
-                         bf16_operands(model, transposed, a, w.mlp_proj_w, wt.mlp_proj_w));
+                         bf16_operands(model, transposed, a, w.mlp_proj_w, wt.mlp_proj_w, L.fch_gelu_bf16));
     matmul_backward(a.d_ln, dw.c_fc_w, dw.c_fc_b, a.d_fch, L.ln_2, w.c_fc_w, N, C, 4 * C, write,
                     param_mode, wt.c_fc_w,
-                    bf16_operands(model, transposed, a, w.c_fc_w, wt.c_fc_w));
+                    bf16_operands(model, transposed, a, w.c_fc_w, wt.c_fc_w, L.ln_2_bf16));
     layernorm_backward(a.d_residual, dw.ln_2_w, dw.ln_2_b, a.d_ln, L.residual2, w.ln_2_w,
                        L.ln_2_mean, L.ln_2_rstd, N, C, GradMode::accumulate, param_mode);
     // residual2 = layer_in + dropout(attn_proj(attention(c_attn(ln_1(layer_in)))))
@@ -556,12 +583,12 @@ void gpt_backward(const Gpt& model, ParamViews& g, Activations& a,
         branch_grad(a.d_attproj, static_cast<std::uint64_t>(l * kSitesPerLayer));
     matmul_backward(a.d_atty, dw.attn_proj_w, dw.attn_proj_b, d_attproj, L.atty, w.attn_proj_w, N,
                     C, C, write, param_mode, wt.attn_proj_w,
-                    bf16_operands(model, transposed, a, w.attn_proj_w, wt.attn_proj_w));
+                    bf16_operands(model, transposed, a, w.attn_proj_w, wt.attn_proj_w, L.atty_bf16));
     attention_backward(a.d_qkv, a.d_att, a.d_atty, L.qkv, L.att, B, T, C, H, write,
                        bf16_products(transposed));
     matmul_backward(a.d_ln, dw.c_attn_w, dw.c_attn_b, a.d_qkv, L.ln_1, w.c_attn_w, N, C, 3 * C,
                     write, param_mode, wt.c_attn_w,
-                    bf16_operands(model, transposed, a, w.c_attn_w, wt.c_attn_w));
+                    bf16_operands(model, transposed, a, w.c_attn_w, wt.c_attn_w, L.ln_1_bf16));
     layernorm_backward(a.d_residual, dw.ln_1_w, dw.ln_1_b, a.d_ln, layer_in, w.ln_1_w,
                        L.ln_1_mean, L.ln_1_rstd, N, C, GradMode::accumulate, param_mode);
   }

@@ -145,6 +145,10 @@ struct Activations {
   // Precision::bf16: the products' bf16 copies of the activations they read
   // (ops.h's Bf16Operands::scratch), 2 * B*T * max(4C, V); empty for fp32.
   std::vector<std::uint16_t> bf16_scratch;
+  // Precision::bf16: the rounded inputs of the products whose backward reads
+  // them again (Bf16Operands::input), kept from the forward: the *_bf16 spans
+  // below, B*T * (8C * n_layer + C); empty for fp32.
+  std::vector<std::uint16_t> bf16_inputs;
   // Forward, per layer l at [l]: (B,T,C) unless noted.
   std::span<float> encoded;
   struct Layer {
@@ -158,9 +162,12 @@ struct Activations {
     std::span<float> fch_dgelu, fch_gelu;          // (B,T,4C): gelu'(fch), gelu(fch)
     std::span<float> mlpproj;                      // after dropout
     std::span<float> residual3;
+    // Precision::bf16: ln_1, atty, ln_2 and fch_gelu rounded (bf16_inputs).
+    std::span<std::uint16_t> ln_1_bf16, atty_bf16, ln_2_bf16, fch_gelu_bf16;
   };
   std::vector<Layer> layers;
   std::span<float> ln_f, ln_f_mean, ln_f_rstd;
+  std::span<std::uint16_t> ln_f_bf16;  // Precision::bf16: ln_f rounded (bf16_inputs)
   std::span<float> logits, probs;                  // (B,T,V)
   std::span<float> losses;                         // (B,T)
   // Backward scratch, shared by all layers.

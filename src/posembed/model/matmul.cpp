@@ -93,6 +93,17 @@ void check_bf16_scratch(std::size_t half, std::int64_t N, std::int64_t width) {
   }
 }
 
+// Where a product's rounded input (N, C) goes: Bf16Operands::input if given
+// (checked for size), else the scratch's second half (forward: its only use).
+std::span<std::uint16_t> bf16_input(const Bf16Operands& bf16, std::int64_t N, std::int64_t C) {
+  if (bf16.input.empty()) return bf16.scratch.subspan(bf16.scratch.size() / 2);
+  if (bf16.input.size() < sz(N * C)) {
+    throw std::logic_error("bf16 input copy of " + std::to_string(bf16.input.size()) +
+                           " values for " + std::to_string(N) + " rows of " + std::to_string(C));
+  }
+  return bf16.input;
+}
+
 // How a product's weight is stored: (in, out) as GPT-2's Conv1D, or (out, in)
 // as the token table that the tied output layer reuses.
 enum class WeightLayout { in_out, out_in };
@@ -113,19 +124,24 @@ void matmul_backward_any(std::span<float> dinp, std::span<float> dweight, std::s
                          std::span<const float> weight_t, const Bf16Operands& bf16) {
   const bool in_out = layout == WeightLayout::in_out;
   // bf16: dout and inp are rounded whole first (the weight gradient's pieces
-  // each read all their rows), dout into the scratch's first half.
+  // each read all their rows), dout into the scratch's first half; inp not
+  // where the forward left its rounded copy (Bf16Operands::input).
   const std::uint16_t* dout_b = nullptr;
   const std::uint16_t* inp_b = nullptr;
   if (bf16.enabled()) {
     const std::size_t half = bf16.scratch.size() / 2;
     check_bf16_scratch(half, N, std::max(C, OC));
     const std::span<std::uint16_t> dout_s = bf16.scratch.first(half),
-                                   inp_s = bf16.scratch.subspan(half);
+                                   inp_s = bf16_input(bf16, N, C);
+    const bool round_inp = bf16.input.empty();
     parallel_pieces(pieces(N, kRowPiece), double(N) * double(C + OC), [&](std::int64_t p) {
       const std::int64_t r0 = p * kRowPiece, rows = std::min(N - r0, kRowPiece);
       round_to_bf16(dout_s.subspan(sz(r0 * OC), sz(rows * OC)),
                     dout.subspan(sz(r0 * OC), sz(rows * OC)));
-      round_to_bf16(inp_s.subspan(sz(r0 * C), sz(rows * C)), inp.subspan(sz(r0 * C), sz(rows * C)));
+      if (round_inp) {
+        round_to_bf16(inp_s.subspan(sz(r0 * C), sz(rows * C)),
+                      inp.subspan(sz(r0 * C), sz(rows * C)));
+      }
     });
     dout_b = dout_s.data();
     inp_b = inp_s.data();
@@ -195,7 +211,7 @@ void matmul_forward_any(std::span<float> out, std::span<const float> inp,
     const std::int64_t r0 = p * kRowPiece, rows = std::min(N - r0, kRowPiece);
     float* o = out.data() + r0 * OC;
     if (bf16.enabled()) {
-      const std::span<std::uint16_t> a = bf16.scratch.subspan(sz(r0 * C), sz(rows * C));
+      const std::span<std::uint16_t> a = bf16_input(bf16, N, C).subspan(sz(r0 * C), sz(rows * C));
       round_to_bf16(a, inp.subspan(sz(r0 * C), sz(rows * C)));
       gemm_bf16(Trans::no, Trans::no, rows, OC, C, a.data(), C, bf16.weight.data(), OC, 0.0f, o,
                 OC);
@@ -250,7 +266,7 @@ void matmul_tied_forward(std::span<float> out, std::span<const float> inp,
     check_bf16_scratch(bf16.scratch.size() / 2, N, C);
     parallel_pieces(pieces(N, kRowPiece), double(N) * double(C) * double(V), [&](std::int64_t p) {
       const std::int64_t r0 = p * kRowPiece, rows = std::min(N - r0, kRowPiece);
-      const std::span<std::uint16_t> a = bf16.scratch.subspan(sz(r0 * C), sz(rows * C));
+      const std::span<std::uint16_t> a = bf16_input(bf16, N, C).subspan(sz(r0 * C), sz(rows * C));
       round_to_bf16(a, inp.subspan(sz(r0 * C), sz(rows * C)));
       gemm_bf16(Trans::no, Trans::no, rows, V, C, a.data(), C, bf16.weight_t.data(), V, 0.0f,
                 out.data() + r0 * V, V);

@@ -29,10 +29,14 @@ namespace posembed::model {
 // rounded once per optimizer step, in its stored layout, weight_t its
 // transpose rounded. scratch holds the bf16 copies of the activations the
 // product reads: at least 2 * N * max(C, OC) values (Activations::bf16_scratch).
+// input, if not empty, holds N * C values for the product's input rounded: its
+// forward writes it there instead of into scratch, and its backward reads it
+// from there instead of rounding the input again (the same bits).
 // Empty (the default): the products run in fp32.
 struct Bf16Operands {
   std::span<const std::uint16_t> weight, weight_t;
   std::span<std::uint16_t> scratch;
+  std::span<std::uint16_t> input = {};
   bool enabled() const { return !weight.empty(); }
 };
 
