@@ -32,18 +32,17 @@ void check_fits_in_memory(std::uint64_t bytes, std::string_view needs, std::stri
   }
 }
 
-void assign_zeros_huge(std::vector<float>& buffer, std::size_t n) {
-  buffer.clear();
-  buffer.reserve(n);  // allocated, not yet touched
+void advise_huge_pages(const void* begin, std::size_t bytes) {
 #ifdef MADV_HUGEPAGE
   constexpr std::uintptr_t kHuge = std::uintptr_t{2} << 20;
-  const auto begin = reinterpret_cast<std::uintptr_t>(buffer.data());
-  const std::uintptr_t first = (begin + kHuge - 1) / kHuge * kHuge;
-  const std::uintptr_t last = (begin + n * sizeof(float)) / kHuge * kHuge;
-  // Only whole 2 MiB pages inside the buffer; a refusal leaves plain pages.
+  const auto start = reinterpret_cast<std::uintptr_t>(begin);
+  const std::uintptr_t first = (start + kHuge - 1) / kHuge * kHuge;
+  const std::uintptr_t last = (start + bytes) / kHuge * kHuge;
   if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);
+#else
+  (void)begin;
+  (void)bytes;
 #endif
-  buffer.assign(n, 0.0f);
 }
 
 void check_tables_fit_in_memory(const EmbeddingConfig& config) {

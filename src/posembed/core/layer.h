@@ -40,7 +40,17 @@ void check_tables_fit_in_memory(const EmbeddingConfig& config);
 // (THP "madvise" mode, Debian's default). A training step walks tens of MB
 // of parameters and activations; with 4 KiB pages that is thousands of
 // pages, more than the TLB holds. Elsewhere, or when refused, plain pages.
-void assign_zeros_huge(std::vector<float>& buffer, std::size_t n);
+// The madvise of assign_zeros_huge over the whole 2 MiB pages inside [begin,
+// begin + bytes); a refusal leaves plain pages.
+void advise_huge_pages(const void* begin, std::size_t bytes);
+// Any allocator (the bench's line-aligned arrays).
+template <class Allocator>
+void assign_zeros_huge(std::vector<float, Allocator>& buffer, std::size_t n) {
+  buffer.clear();
+  buffer.reserve(n);  // allocated, not yet touched
+  advise_huge_pages(buffer.data(), n * sizeof(float));
+  buffer.assign(n, 0.0f);
+}
 
 EmbeddingShape layer_shape(const EmbeddingLayer& layer, std::int64_t batch, std::int64_t seq_len);
 

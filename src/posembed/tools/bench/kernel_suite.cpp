@@ -21,10 +21,31 @@
 namespace posembed::tools::bench {
 namespace {
 
-template <class To, class From>
-std::vector<To> cast(const std::vector<From>& v) {
+template <class To, class From, class Allocator>
+std::vector<To> cast(const std::vector<From, Allocator>& v) {
   return std::vector<To>(v.begin(), v.end());
 }
+
+// The bench's arrays start on a cache line (64 bytes), as PyTorch's CPU
+// allocator aligns every tensor. malloc's large blocks start 16 bytes past a
+// page, where no row of a table sits on a line; the backwards, which stream
+// fresh rows in whole lines where they can, took 1.15-1.3x the time there
+// (AMD EPYC Zen 4, docs/performance-log.md).
+template <class T>
+struct LineAllocator {
+  using value_type = T;
+  static constexpr std::align_val_t kLine{64};
+  LineAllocator() = default;
+  template <class U>
+  LineAllocator(const LineAllocator<U>&) {}  // NOLINT: allocators convert implicitly
+  T* allocate(std::size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), kLine)); }
+  void deallocate(T* p, std::size_t) { ::operator delete(p, kLine); }
+  template <class U>
+  bool operator==(const LineAllocator<U>&) const {
+    return true;
+  }
+};
+using Floats = std::vector<float, LineAllocator<float>>;
 
 void check(bool ok, const std::string& what) {
   if (!ok) throw Error("bench validation failed: " + what);
@@ -43,10 +64,10 @@ struct Workload {
   EmbeddingShape s;
   std::size_t n = 0, d = 0;
   std::vector<std::int64_t> tokens, positions;     // (B, T)
-  std::vector<float> token_table, position_table;  // (V, d), (max_seq_len, d)
-  std::vector<float> out, grad_out;                // (B, T, d)
-  std::vector<float> grad_tok, grad_pos;           // (V, d), (max_seq_len, d)
-  std::vector<float> m_tok, v_tok, m_pos, v_pos;   // AdamW moments
+  Floats token_table, position_table;  // (V, d), (max_seq_len, d)
+  Floats out, grad_out;                // (B, T, d)
+  Floats grad_tok, grad_pos;           // (V, d), (max_seq_len, d)
+  Floats m_tok, v_tok, m_pos, v_pos;   // AdamW moments
   SparseRowGrad sparse;
   // The training forward's dropout mask, kept for the backwards as PyTorch's
   // dropout keeps its own.
@@ -65,7 +86,7 @@ struct Workload {
     // Every array as posembed allocates its own (the layer's tables, the
     // trainer's memory): advised as huge pages (assign_zeros_huge), so that a
     // random token row costs no page walk. PyTorch keeps its defaults.
-    const auto fill = [&](std::vector<float>& v, std::size_t size) {
+    const auto fill = [&](Floats& v, std::size_t size) {
       assign_zeros_huge(v, size);
       for (auto& x : v)
         x = static_cast<float>(static_cast<double>(engine() >> 11) / 9007199254740992.0 - 0.5);
@@ -76,8 +97,8 @@ struct Workload {
     fill(position_table, P * d);
     fill(grad_out, n * d);
     assign_zeros_huge(out, n * d);
-    for (std::vector<float>* table : {&grad_tok, &m_tok, &v_tok}) assign_zeros_huge(*table, V * d);
-    for (std::vector<float>* table : {&grad_pos, &m_pos, &v_pos}) assign_zeros_huge(*table, P * d);
+    for (Floats* table : {&grad_tok, &m_tok, &v_tok}) assign_zeros_huge(*table, V * d);
+    for (Floats* table : {&grad_pos, &m_pos, &v_pos}) assign_zeros_huge(*table, P * d);
     mask_bits.assign(dropout_mask_words(s), 0);
     distinct_tokens = std::set<std::int64_t>(tokens.begin(), tokens.end()).size();
     distinct_positions = std::set<std::int64_t>(positions.begin(), positions.end()).size();
@@ -112,7 +133,8 @@ void validate_backward(Workload& w, const DropoutSpec& dropout) {
   zero_grad(w.sparse);
   std::vector<float> pos2(w.grad_pos.size(), 0.0f);
   embedding_backward(w.sparse, pos2, w.grad_out, w.tokens, w.positions, w.s, dropout);
-  check(pos2 == w.grad_pos, "position gradient differs between dense and sparse backward");
+  check(std::equal(pos2.begin(), pos2.end(), w.grad_pos.begin(), w.grad_pos.end()),
+        "position gradient differs between dense and sparse backward");
   // A fresh gradient written over other values: the same bits as zero + accumulate.
   std::vector<float> tok3(w.grad_tok.size(), 1.0f), pos3(w.grad_pos.size(), 1.0f);
   embedding_backward(tok3, pos3, w.grad_out, w.tokens, w.positions, w.s, dropout, GradMode::write);
@@ -141,7 +163,7 @@ void validate_backward(Workload& w, const DropoutSpec& dropout) {
     ++uses_pos[static_cast<std::size_t>(w.positions[r])];
   }
   constexpr double eps = std::numeric_limits<float>::epsilon();
-  const auto within = [&](const std::vector<float>& got, const std::vector<double>& ref,
+  const auto within = [&](const Floats& got, const std::vector<double>& ref,
                           const std::vector<double>& abs, const std::vector<double>& uses,
                           const char* what) {
     for (std::size_t i = 0; i < ref.size(); ++i) {
@@ -160,8 +182,9 @@ void validate_backward(Workload& w, const DropoutSpec& dropout) {
 
 // AdamW on a copy of the position table against the double-precision update.
 void validate_adamw(const Workload& w, const AdamWConfig& c) {
-  std::vector<float> p = w.position_table, m(p.size(), 0.0f), v(p.size(), 0.0f);
-  const std::vector<float>& g = w.grad_pos;
+  std::vector<float> p(w.position_table.begin(), w.position_table.end()), m(p.size(), 0.0f),
+      v(p.size(), 0.0f);
+  const Floats& g = w.grad_pos;
   adamw_step(p, g, m, v, 1, c);
   constexpr double eps = std::numeric_limits<float>::epsilon();
   for (std::size_t i = 0; i < p.size(); ++i) {
@@ -179,7 +202,7 @@ void validate_adamw(const Workload& w, const AdamWConfig& c) {
 // advised as huge pages (assign_zeros_huge), as the float arrays are, so that
 // both pay the same for a scattered row, and viewed as bf16.
 struct HalfWorkload {
-  std::vector<float> storage[6];
+  Floats storage[6];
   std::span<bf16> token_table, position_table, out, grad_out, grad_tok, grad_pos;
 
   explicit HalfWorkload(const Workload& w) {
@@ -193,7 +216,7 @@ struct HalfWorkload {
     grad_out = view(3, w.grad_out.size());
     grad_tok = view(4, w.grad_tok.size());
     grad_pos = view(5, w.grad_pos.size());
-    const auto round = [](std::span<bf16> to, const std::vector<float>& from) {
+    const auto round = [](std::span<bf16> to, const Floats& from) {
       std::transform(from.begin(), from.end(), to.begin(), to_bf16);
     };
     round(token_table, w.token_table);
@@ -211,7 +234,7 @@ void validate_half(Workload& w, HalfWorkload& h, const DropoutSpec& dropout) {
     std::transform(from.begin(), from.end(), to.begin(), [](bf16 x) { return to_float(x); });
     return to;
   };
-  const auto equal_rounded = [](std::span<const bf16> got, const std::vector<float>& want) {
+  const auto equal_rounded = [](std::span<const bf16> got, std::span<const float> want) {
     for (std::size_t i = 0; i < want.size(); ++i) {
       if (got[i].bits != to_bf16(want[i]).bits) return false;
     }
