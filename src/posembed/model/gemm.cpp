@@ -5,6 +5,7 @@
 #include <map>
 #include <stdexcept>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include "oneapi/dnnl/dnnl.h"
@@ -41,9 +42,13 @@ const dnnl::engine& cpu_engine() {
   return engine;
 }
 
+// A primitive with its memory objects and argument map, made once: each call
+// only points the memory objects at its operands (making them and the map
+// afresh allocated on every call).
 struct Bf16Matmul {
-  dnnl::memory::desc a, b, c, scratchpad;
   dnnl::matmul primitive;
+  dnnl::memory a, b, c, scratchpad;
+  std::unordered_map<int, dnnl::memory> args;
 };
 
 Bf16Matmul make_bf16_matmul(const Bf16Key& key) {
@@ -66,7 +71,19 @@ Bf16Matmul make_bf16_matmul(const Bf16Key& key) {
     attr.set_post_ops(ops);
   }
   const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), attr, cpu_engine());
-  return {a, b, c, pd.scratchpad_desc(), dnnl::matmul(pd)};
+  // Memory objects over no buffer yet (DNNL_MEMORY_NONE): gemm_bf16 sets them.
+  const dnnl::engine& engine = cpu_engine();
+  Bf16Matmul mm{dnnl::matmul(pd),
+                dnnl::memory(a, engine, DNNL_MEMORY_NONE),
+                dnnl::memory(b, engine, DNNL_MEMORY_NONE),
+                dnnl::memory(c, engine, DNNL_MEMORY_NONE),
+                dnnl::memory(pd.scratchpad_desc(), engine, DNNL_MEMORY_NONE),
+                {}};
+  mm.args = {{DNNL_ARG_SRC, mm.a},
+             {DNNL_ARG_WEIGHTS, mm.b},
+             {DNNL_ARG_DST, mm.c},
+             {DNNL_ARG_SCRATCHPAD, mm.scratchpad}};
+  return mm;
 }
 
 }  // namespace
@@ -101,19 +118,17 @@ void gemm_bf16(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t 
   const Bf16Key key{ta == Trans::yes, tb == Trans::yes, M, N, K, lda, ldb, ldc, beta != 0.0f};
   auto it = primitives.find(key);
   if (it == primitives.end()) it = primitives.emplace(key, make_bf16_matmul(key)).first;
-  const Bf16Matmul& mm = it->second;
-  const dnnl::engine& engine = cpu_engine();
+  Bf16Matmul& mm = it->second;
   // oneDNN's memory objects take non-const handles; the operands are only read.
-  const dnnl::memory am(mm.a, engine, const_cast<std::uint16_t*>(a));
-  const dnnl::memory bm(mm.b, engine, const_cast<std::uint16_t*>(b));
-  const dnnl::memory cm(mm.c, engine, c);
+  mm.a.set_data_handle(const_cast<std::uint16_t*>(a));
+  mm.b.set_data_handle(const_cast<std::uint16_t*>(b));
+  mm.c.set_data_handle(c);
   thread_local std::vector<std::uint8_t> scratch;  // grows to the largest once
-  if (scratch.size() < mm.scratchpad.get_size()) scratch.resize(mm.scratchpad.get_size());
-  const dnnl::memory sm(mm.scratchpad, engine, scratch.data());
-  thread_local dnnl::stream stream(engine);
-  mm.primitive.execute(
-      stream,
-      {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}, {DNNL_ARG_SCRATCHPAD, sm}});
+  const std::size_t scratch_bytes = mm.scratchpad.get_desc().get_size();
+  if (scratch.size() < scratch_bytes) scratch.resize(scratch_bytes);
+  mm.scratchpad.set_data_handle(scratch.data());
+  thread_local dnnl::stream stream(cpu_engine());
+  mm.primitive.execute(stream, mm.args);
   stream.wait();
 }
 
