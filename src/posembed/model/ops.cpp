@@ -127,15 +127,30 @@ void for_query_blocks(std::int64_t T, Body&& body) {
 // product's operands are packed once per head (or per block, for the rows the
 // block's softmax just wrote) into per-thread buffers, allocated on the first
 // call and reused: pairs along a row of q, dy, att and ds (the first
-// operands of row blocks), pairs across rows of k^T, v^T (their second
-// operands, pairs along hd), of v, k, dy, q (pairs along keys or queries), and
-// of att and ds (the transposed first operands of the key blocks).
+// operands of row blocks), of k and v transposed (their second operands,
+// pairs along hd), pairs across rows of v, k, dy, q (pairs along keys or
+// queries) and of att and ds (the transposed first operands of the key blocks).
+// The buffers are float-typed, bf16 values two to a word, so that transpose()
+// can move pairs as 32-bit words.
 struct HeadPairs {
-  std::vector<std::uint16_t> rows, along_hd, along_t, block, att, ds, dy, q;
+  std::vector<float> rows, words, along_hd, along_t, block, att, ds, dy, q;
 };
-std::uint16_t* sized(std::vector<std::uint16_t>& v, std::int64_t n) {
-  if (v.size() < sz(n)) v.resize(sz(n));
-  return v.data();
+std::uint16_t* sized(std::vector<float>& v, std::int64_t values) {
+  if (v.size() < sz((values + 1) / 2)) v.resize(sz((values + 1) / 2));
+  return reinterpret_cast<std::uint16_t*>(v.data());
+}
+
+// x^T (hd, T) in pairs along hd, x (T, hd) with rows ld apart: x's rows
+// rounded into pairs, then transposed as 32-bit words.
+const std::uint16_t* transposed_pairs(HeadPairs& s, const float* x, std::int64_t T,
+                                      std::int64_t hd, std::int64_t ld) {
+  const std::int64_t hp = (hd + 1) / 2;
+  std::uint16_t* x_rows = sized(s.words, T * 2 * hp);
+  std::uint16_t* x_t = sized(s.along_hd, hp * 2 * T);
+  pack_bf16_rows(x_rows, 2 * hp, x, ld, T, hd);
+  transpose(reinterpret_cast<float*>(x_t), reinterpret_cast<const float*>(x_rows), sz(T), sz(hp),
+            sz(hp));
+  return x_t;
 }
 
 void attention_head_forward_bf16(float* y, float* a, const float* q, std::int64_t T,
@@ -145,11 +160,10 @@ void attention_head_forward_bf16(float* y, float* a, const float* q, std::int64_
   const float* v = q + 2 * C;
   thread_local HeadPairs s;
   std::uint16_t* qp = sized(s.rows, T * 2 * hp);
-  std::uint16_t* kt = sized(s.along_hd, hp * 2 * T);
   std::uint16_t* vp = sized(s.along_t, Tp * 2 * hd);
   std::uint16_t* ap = sized(s.block, kQueryBlock * 2 * Tp);
   pack_bf16_rows(qp, 2 * hp, q, C3, T, hd);
-  pack_bf16_row_pairs(kt, 2 * T, transposed(k, T, hd, C3), T, hd, T);
+  const std::uint16_t* kt = transposed_pairs(s, k, T, hd, C3);
   pack_bf16_row_pairs(vp, 2 * hd, v, C3, T, hd);
   for_query_blocks(T, [&](std::int64_t i0, std::int64_t rows) {
     const std::int64_t keys = i0 + rows;
@@ -175,13 +189,12 @@ void attention_head_backward_bf16(float* dq, float* ds, const float* dy, const f
   float* dv = dq + 2 * C;
   thread_local HeadPairs s;
   std::uint16_t* dyp = sized(s.rows, T * 2 * hp);
-  std::uint16_t* vt = sized(s.along_hd, hp * 2 * T);
   std::uint16_t* kp = sized(s.along_t, Tp * 2 * hd);
   std::uint16_t* dsp = sized(s.block, kQueryBlock * 2 * Tp);
   std::uint16_t* att_t = sized(s.att, Tp * 2 * T);
   std::uint16_t* ds_t = sized(s.ds, Tp * 2 * T);
   pack_bf16_rows(dyp, 2 * hp, dy, C, T, hd);
-  pack_bf16_row_pairs(vt, 2 * T, transposed(v, T, hd, C3), T, hd, T);
+  const std::uint16_t* vt = transposed_pairs(s, v, T, hd, C3);
   pack_bf16_row_pairs(kp, 2 * hd, k, C3, T, hd);
   for_query_blocks(T, [&](std::int64_t i0, std::int64_t rows) {
     const std::int64_t keys = i0 + rows;

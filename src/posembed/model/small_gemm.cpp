@@ -244,8 +244,11 @@ void PackBf16Rows(std::uint16_t* HWY_RESTRICT out, std::size_t ldo, const float*
     for (; j + lanes <= cols; j += lanes) {
       hn::StoreU(simd::HWY_NAMESPACE::NarrowBits<bf16>(d, hn::LoadU(d, x + j)), d16, y + j);
     }
-    for (; j < cols; ++j) y[j] = to_bf16(x[j]).bits;
-    if (cols % 2 == 1) y[cols] = 0;
+    for (; j < cols; ++j) {  // the buffer may be another type's: copied as bytes
+      const std::uint16_t bits = to_bf16(x[j]).bits;
+      std::memcpy(y + j, &bits, sizeof bits);
+    }
+    if (cols % 2 == 1) std::memset(y + cols, 0, sizeof(std::uint16_t));
   }
 }
 
