@@ -22,112 +22,16 @@ namespace posembed::model {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
+// A product's operands: T float for small_gemm, or uint16_t bf16 values in
+// pairs along K for small_gemm_bf16 (K then counts pairs).
+template <class T>
 struct Operands {
   float* HWY_RESTRICT c;
   std::size_t ldc;
-  const float* HWY_RESTRICT a;
+  const T* HWY_RESTRICT a;
   std::size_t a_row, a_col;
-  const float* HWY_RESTRICT b;
+  const T* HWY_RESTRICT b;
   std::size_t ldb, K;
-  float alpha;
-  bool accumulate;
-};
-
-// Rows [0, kRows) by columns [0, kVecs * Lanes(d)) of c, at the operands'
-// origin. The accumulators stay in registers over all of K: per k, kVecs loads
-// of b's row and one broadcast of a per row feed kRows * kVecs multiply-adds.
-template <std::size_t kRows, std::size_t kVecs, class D>
-HWY_INLINE void Tile(D d, const Operands& o) {
-  using V = hn::Vec<D>;
-  const std::size_t lanes = hn::Lanes(d);
-  V acc[kRows][kVecs];
-  for (std::size_t r = 0; r < kRows; ++r) {
-    for (std::size_t v = 0; v < kVecs; ++v) acc[r][v] = hn::Zero(d);
-  }
-  for (std::size_t k = 0; k < o.K; ++k) {
-    V bk[kVecs];
-    for (std::size_t v = 0; v < kVecs; ++v) bk[v] = hn::LoadU(d, o.b + k * o.ldb + v * lanes);
-    for (std::size_t r = 0; r < kRows; ++r) {
-      const V ark = hn::Set(d, o.a[r * o.a_row + k * o.a_col]);
-      for (std::size_t v = 0; v < kVecs; ++v) acc[r][v] = hn::MulAdd(ark, bk[v], acc[r][v]);
-    }
-  }
-  const V alpha = hn::Set(d, o.alpha);
-  for (std::size_t r = 0; r < kRows; ++r) {
-    for (std::size_t v = 0; v < kVecs; ++v) {
-      float* out = o.c + r * o.ldc + v * lanes;
-      const V scaled = hn::Mul(acc[r][v], alpha);
-      hn::StoreU(o.accumulate ? hn::Add(hn::LoadU(d, out), scaled) : scaled, d, out);
-    }
-  }
-}
-
-// kRows rows by all N columns: pairs of full vectors, then one, then single
-// columns in one-lane vectors (the same operations on each element). The
-// operands come as separate arguments: passed as one struct, the call copied it
-// with a 64-byte load just after its fields were stored one by one, which no
-// store can forward (AMD EPYC Zen 4: the attention 2% faster without it).
-template <std::size_t kRows>
-HWY_NOINLINE void RowTile(float* HWY_RESTRICT c, std::size_t ldc, const float* HWY_RESTRICT a,
-                          std::size_t a_row, std::size_t a_col, const float* HWY_RESTRICT b,
-                          std::size_t ldb, std::size_t K, float alpha, bool accumulate,
-                          std::size_t N) {
-  const Operands o{c, ldc, a, a_row, a_col, b, ldb, K, alpha, accumulate};
-  const hn::ScalableTag<float> d;
-  const hn::CappedTag<float, 1> d1;
-  const std::size_t lanes = hn::Lanes(d);
-  std::size_t j = 0;
-  const auto at = [&](std::size_t col) {
-    Operands p = o;
-    p.c += col;
-    p.b += col;
-    return p;
-  };
-  for (; j + 2 * lanes <= N; j += 2 * lanes) Tile<kRows, 2>(d, at(j));
-  for (; j + lanes <= N; j += lanes) Tile<kRows, 1>(d, at(j));
-  for (; j < N; ++j) Tile<kRows, 1>(d1, at(j));
-}
-
-// Accumulator rows per tile: two vectors a row, plus b's two and a broadcast,
-// fill 32 registers with AVX-512 at 8 rows (16 + 3) and the 16 of AVX2 and SSE4 at 6.
-constexpr std::size_t kMaxRows = HWY_MAX_BYTES >= 64 ? 8 : 6;
-
-template <std::size_t kRows>
-HWY_INLINE void RowTile(const Operands& o, std::size_t N) {
-  RowTile<kRows>(o.c, o.ldc, o.a, o.a_row, o.a_col, o.b, o.ldb, o.K, o.alpha, o.accumulate, N);
-}
-
-// The last `rows` < kMaxRows rows, with a tile of exactly that height.
-template <std::size_t kRows>
-HWY_INLINE void RowRemainder(const Operands& o, std::size_t N, std::size_t rows) {
-  if constexpr (kRows > 0) {
-    if (rows == kRows) return RowTile<kRows>(o, N);
-    RowRemainder<kRows - 1>(o, N, rows);
-  }
-}
-
-void SmallGemm(float* HWY_RESTRICT c, std::size_t ldc, const float* HWY_RESTRICT a,
-               std::size_t a_row, std::size_t a_col, const float* HWY_RESTRICT b, std::size_t ldb,
-               std::size_t M, std::size_t N, std::size_t K, float alpha, bool accumulate) {
-  Operands o{c, ldc, a, a_row, a_col, b, ldb, K, alpha, accumulate};
-  std::size_t m = 0;
-  for (; m + kMaxRows <= M; m += kMaxRows) {
-    RowTile<kMaxRows>(o, N);
-    o.c += kMaxRows * ldc;
-    o.a += kMaxRows * a_row;
-  }
-  RowRemainder<kMaxRows - 1>(o, N, M - m);
-}
-
-
-// small_gemm_bf16: the same tiles over pairs of bf16 values (small_gemm.h).
-struct PairOperands {
-  float* HWY_RESTRICT c;
-  std::size_t ldc;
-  const std::uint16_t* HWY_RESTRICT a;
-  std::size_t a_row, a_col;
-  const std::uint16_t* HWY_RESTRICT b;
-  std::size_t ldb, K2;
   float alpha;
   bool accumulate;
 };
@@ -164,16 +68,27 @@ HWY_INLINE hn::Vec<D> PairMulAdd(D d, hn::Vec<hn::RebindToUnsigned<D>> b, const 
   return hn::MulAdd(hn::Set(d, std::bit_cast<float>(pair << 16)), low, acc);
 }
 
+// acc (kRows x kVecs vectors) += the tile's products over all of K: per k,
+// kVecs loads of b's row and one broadcast of a per row feed kRows * kVecs
+// multiply-adds (or pair dot products).
 template <std::size_t kRows, std::size_t kVecs, class D>
-HWY_INLINE void PairTile(D d, const PairOperands& o) {
-  using V = hn::Vec<D>;
+HWY_INLINE void Accumulate(D d, const Operands<float>& o, hn::Vec<D> (&acc)[kRows][kVecs]) {
+  const std::size_t lanes = hn::Lanes(d);
+  for (std::size_t k = 0; k < o.K; ++k) {
+    hn::Vec<D> bk[kVecs];
+    for (std::size_t v = 0; v < kVecs; ++v) bk[v] = hn::LoadU(d, o.b + k * o.ldb + v * lanes);
+    for (std::size_t r = 0; r < kRows; ++r) {
+      const auto ark = hn::Set(d, o.a[r * o.a_row + k * o.a_col]);
+      for (std::size_t v = 0; v < kVecs; ++v) acc[r][v] = hn::MulAdd(ark, bk[v], acc[r][v]);
+    }
+  }
+}
+template <std::size_t kRows, std::size_t kVecs, class D>
+HWY_INLINE void Accumulate(D d, const Operands<std::uint16_t>& o,
+                           hn::Vec<D> (&acc)[kRows][kVecs]) {
   const hn::RebindToUnsigned<D> du;
   const std::size_t lanes = hn::Lanes(d);
-  V acc[kRows][kVecs];
-  for (std::size_t r = 0; r < kRows; ++r) {
-    for (std::size_t v = 0; v < kVecs; ++v) acc[r][v] = hn::Zero(d);
-  }
-  for (std::size_t p = 0; p < o.K2; ++p) {
+  for (std::size_t p = 0; p < o.K; ++p) {
     hn::Vec<decltype(du)> bp[kVecs];
     for (std::size_t v = 0; v < kVecs; ++v) {
       bp[v] = hn::LoadU(du, reinterpret_cast<const std::uint32_t*>(o.b + p * o.ldb) + v * lanes);
@@ -183,6 +98,19 @@ HWY_INLINE void PairTile(D d, const PairOperands& o) {
       for (std::size_t v = 0; v < kVecs; ++v) acc[r][v] = PairMulAdd(d, bp[v], a, acc[r][v]);
     }
   }
+}
+
+// Rows [0, kRows) by columns [0, kVecs * Lanes(d)) of c, at the operands'
+// origin. The accumulators stay in registers over all of K.
+template <std::size_t kRows, std::size_t kVecs, class D, class T>
+HWY_INLINE void Tile(D d, const Operands<T>& o) {
+  using V = hn::Vec<D>;
+  const std::size_t lanes = hn::Lanes(d);
+  V acc[kRows][kVecs];
+  for (std::size_t r = 0; r < kRows; ++r) {
+    for (std::size_t v = 0; v < kVecs; ++v) acc[r][v] = hn::Zero(d);
+  }
+  Accumulate<kRows, kVecs>(d, o, acc);
   const V alpha = hn::Set(d, o.alpha);
   for (std::size_t r = 0; r < kRows; ++r) {
     for (std::size_t v = 0; v < kVecs; ++v) {
@@ -193,43 +121,74 @@ HWY_INLINE void PairTile(D d, const PairOperands& o) {
   }
 }
 
-template <std::size_t kRows>
-HWY_NOINLINE void PairRowTile(const PairOperands o, std::size_t N) {
+// kRows rows by all N columns: pairs of full vectors, then one, then single
+// columns in one-lane vectors (the same operations on each element). The
+// operands come as separate arguments: passed as one struct, the call copied it
+// with a 64-byte load just after its fields were stored one by one, which no
+// store can forward (AMD EPYC Zen 4: the attention 2% faster without it).
+template <std::size_t kRows, class T>
+HWY_NOINLINE void RowTile(float* HWY_RESTRICT c, std::size_t ldc, const T* HWY_RESTRICT a,
+                          std::size_t a_row, std::size_t a_col, const T* HWY_RESTRICT b,
+                          std::size_t ldb, std::size_t K, float alpha, bool accumulate,
+                          std::size_t N) {
+  // b's elements per column: a float, or a pair of bf16 values.
+  constexpr std::size_t kPerColumn = sizeof(float) / sizeof(T);
+  const Operands<T> o{c, ldc, a, a_row, a_col, b, ldb, K, alpha, accumulate};
   const hn::ScalableTag<float> d;
   const hn::CappedTag<float, 1> d1;
   const std::size_t lanes = hn::Lanes(d);
+  std::size_t j = 0;
   const auto at = [&](std::size_t col) {
-    PairOperands p = o;
+    Operands<T> p = o;
     p.c += col;
-    p.b += 2 * col;
+    p.b += kPerColumn * col;
     return p;
   };
-  std::size_t j = 0;
-  for (; j + 2 * lanes <= N; j += 2 * lanes) PairTile<kRows, 2>(d, at(j));
-  for (; j + lanes <= N; j += lanes) PairTile<kRows, 1>(d, at(j));
-  for (; j < N; ++j) PairTile<kRows, 1>(d1, at(j));
+  for (; j + 2 * lanes <= N; j += 2 * lanes) Tile<kRows, 2>(d, at(j));
+  for (; j + lanes <= N; j += lanes) Tile<kRows, 1>(d, at(j));
+  for (; j < N; ++j) Tile<kRows, 1>(d1, at(j));
 }
 
-template <std::size_t kRows>
-HWY_INLINE void PairRowRemainder(const PairOperands& o, std::size_t N, std::size_t rows) {
+// Accumulator rows per tile: two vectors a row, plus b's two and a broadcast,
+// fill 32 registers with AVX-512 at 8 rows (16 + 3) and the 16 of AVX2 and SSE4 at 6.
+constexpr std::size_t kMaxRows = HWY_MAX_BYTES >= 64 ? 8 : 6;
+
+template <std::size_t kRows, class T>
+HWY_INLINE void RowTile(const Operands<T>& o, std::size_t N) {
+  RowTile<kRows>(o.c, o.ldc, o.a, o.a_row, o.a_col, o.b, o.ldb, o.K, o.alpha, o.accumulate, N);
+}
+
+// The last `rows` < kMaxRows rows, with a tile of exactly that height.
+template <std::size_t kRows, class T>
+HWY_INLINE void RowRemainder(const Operands<T>& o, std::size_t N, std::size_t rows) {
   if constexpr (kRows > 0) {
-    if (rows == kRows) return PairRowTile<kRows>(o, N);
-    PairRowRemainder<kRows - 1>(o, N, rows);
+    if (rows == kRows) return RowTile<kRows>(o, N);
+    RowRemainder<kRows - 1>(o, N, rows);
   }
+}
+
+template <class T>
+HWY_INLINE void Product(Operands<T> o, std::size_t M, std::size_t N) {
+  std::size_t m = 0;
+  for (; m + kMaxRows <= M; m += kMaxRows) {
+    RowTile<kMaxRows>(o, N);
+    o.c += kMaxRows * o.ldc;
+    o.a += kMaxRows * o.a_row;
+  }
+  RowRemainder<kMaxRows - 1>(o, N, M - m);
+}
+
+void SmallGemm(float* HWY_RESTRICT c, std::size_t ldc, const float* HWY_RESTRICT a,
+               std::size_t a_row, std::size_t a_col, const float* HWY_RESTRICT b, std::size_t ldb,
+               std::size_t M, std::size_t N, std::size_t K, float alpha, bool accumulate) {
+  Product(Operands<float>{c, ldc, a, a_row, a_col, b, ldb, K, alpha, accumulate}, M, N);
 }
 
 void SmallGemmBf16(float* HWY_RESTRICT c, std::size_t ldc, const std::uint16_t* HWY_RESTRICT a,
                    std::size_t a_row, std::size_t a_col, const std::uint16_t* HWY_RESTRICT b,
                    std::size_t ldb, std::size_t M, std::size_t N, std::size_t K2, float alpha,
                    bool accumulate) {
-  PairOperands o{c, ldc, a, a_row, a_col, b, ldb, K2, alpha, accumulate};
-  std::size_t m = 0;
-  for (; m + kMaxRows <= M; m += kMaxRows) {
-    PairRowTile<kMaxRows>(o, N);
-    o.c += kMaxRows * ldc;
-    o.a += kMaxRows * a_row;
-  }
-  PairRowRemainder<kMaxRows - 1>(o, N, M - m);
+  Product(Operands<std::uint16_t>{c, ldc, a, a_row, a_col, b, ldb, K2, alpha, accumulate}, M, N);
 }
 
 void PackBf16Rows(std::uint16_t* HWY_RESTRICT out, std::size_t ldo, const float* HWY_RESTRICT in,
