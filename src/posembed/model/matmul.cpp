@@ -220,7 +220,12 @@ void matmul_forward_any(std::span<float> out, std::span<const float> inp,
                         std::span<const float> weight, std::span<const float> bias, std::int64_t N,
                         std::int64_t C, std::int64_t OC, std::span<float> act,
                         const Bf16Operands& bf16) {
-  if (bf16.enabled()) check_bf16_scratch(bf16.scratch.size() / 2, N, C);
+  // Checked here, not inside the parallel pieces (an exception must not leave them).
+  std::span<std::uint16_t> inputs;
+  if (bf16.enabled()) {
+    check_bf16_scratch(bf16.scratch.size() / 2, N, C);
+    inputs = bf16_input(bf16, N, C);
+  }
   assert(out.size() >= static_cast<std::size_t>(N * OC));
   assert(inp.size() >= static_cast<std::size_t>(N * C));
   assert(weight.size() == static_cast<std::size_t>(C * OC) && (act.empty() || !bias.empty()));
@@ -228,7 +233,7 @@ void matmul_forward_any(std::span<float> out, std::span<const float> inp,
     const std::int64_t r0 = p * kRowPiece, rows = std::min(N - r0, kRowPiece);
     float* o = out.data() + r0 * OC;
     if (bf16.enabled()) {
-      const std::span<std::uint16_t> a = bf16_input(bf16, N, C).subspan(sz(r0 * C), sz(rows * C));
+      const std::span<std::uint16_t> a = inputs.subspan(sz(r0 * C), sz(rows * C));
       round_to_bf16(a, inp.subspan(sz(r0 * C), sz(rows * C)));
       gemm_bf16(Trans::no, Trans::no, rows, OC, C, a.data(), C, bf16.weight.data(), OC, 0.0f, o,
                 OC);
@@ -281,9 +286,10 @@ void matmul_tied_forward(std::span<float> out, std::span<const float> inp,
                          std::int64_t V, std::span<const float> table_t, const Bf16Operands& bf16) {
   if (bf16.enabled()) {  // inp @ table^T: the table's rounded transpose (C, V)
     check_bf16_scratch(bf16.scratch.size() / 2, N, C);
+    const std::span<std::uint16_t> inputs = bf16_input(bf16, N, C);
     parallel_pieces(pieces(N, kRowPiece), double(N) * double(C) * double(V), [&](std::int64_t p) {
       const std::int64_t r0 = p * kRowPiece, rows = std::min(N - r0, kRowPiece);
-      const std::span<std::uint16_t> a = bf16_input(bf16, N, C).subspan(sz(r0 * C), sz(rows * C));
+      const std::span<std::uint16_t> a = inputs.subspan(sz(r0 * C), sz(rows * C));
       round_to_bf16(a, inp.subspan(sz(r0 * C), sz(rows * C)));
       gemm_bf16(Trans::no, Trans::no, rows, V, C, a.data(), C, bf16.weight_t.data(), V, 0.0f,
                 out.data() + r0 * V, V);
