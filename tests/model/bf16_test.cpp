@@ -200,6 +200,26 @@ TEST(Bf16, ProductsMatchTheDoubleReferenceOnRoundedOperands) {
   }
 }
 
+// A kept-input buffer too short for the product is refused before any piece
+// runs (inside the parallel pieces an exception would end the program), the
+// output untouched; in the backward as in the forward.
+TEST(Bf16, AShortInputCopyIsRefusedBeforeAnyProduct) {
+  const std::int64_t N = 300, C = 16, OC = 8;
+  const auto inp = random_floats(N * C, 51), w = random_floats(C * OC, 52),
+             dout = random_floats(N * OC, 53);
+  std::vector<std::uint16_t> scratch(2 * N * C), short_copy(N * C - 1);
+  const auto w_b = bits(w), w_t_b = bits(transpose_of(w, C, OC));
+  const Bf16Operands ops{w_b, w_t_b, scratch, short_copy};
+  std::vector<float> out(N * OC, 7.0f), dinp(N * C, 7.0f), dw(C * OC, 7.0f);
+  EXPECT_THROW(matmul_forward(out, inp, w, {}, N, C, OC, ops), std::logic_error);
+  EXPECT_THROW(matmul_backward(dinp, dw, {}, dout, inp, w, N, C, OC, GradMode::accumulate,
+                               GradMode::accumulate, {}, ops),
+               std::logic_error);
+  for (const auto* v : {&out, &dinp, &dw}) {
+    for (const float x : *v) ASSERT_EQ(x, 7.0f);
+  }
+}
+
 // A bf16 product is not the fp32 one: the operands really are rounded (the
 // test above would pass with fp32 products on inputs that bf16 holds exactly,
 // so these inputs are not such).
