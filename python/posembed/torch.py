@@ -423,8 +423,12 @@ class LearnedPositionEmbedding(nn.Module):
         return mask_seed_for_rank(self._seed) if self.per_rank_dropout else self._seed
 
     def reset_parameters(self) -> None:
-        """Draws both tables from the seed, as posembed's C++ layer does."""
+        """Draws both tables from the seed, as posembed's C++ layer does, and starts the dropout
+        state afresh (step 0, the seed's buffer): after ``to_empty()`` the buffers hold whatever
+        the new storage held, as the tables do."""
         with torch.no_grad():
+            self.dropout_step.zero_()
+            self.dropout_seed.fill_(_as_int64(self._seed))
             for table, init, which in ((self.token_table, self.token_init, "token"),
                                        (self.position_table, self.position_init, "position")):
                 if table.dtype == torch.float32:

@@ -142,7 +142,11 @@ def test_meta_construction_then_materialised_on_the_cpu():
     m = LearnedPositionEmbedding(V, P, D, seed=3, device="meta")
     assert m.token_table.device.type == "meta" and m.position_table.device.type == "meta"
     m.to_empty(device="cpu")
+    # to_empty leaves every buffer as its new storage was: make that garbage certain.
+    m.dropout_step.fill_(2**50)
+    m.dropout_seed.fill_(12345)
     m.reset_parameters()
+    assert int(m.dropout_step) == 0 and int(m.dropout_seed) == 3
     twin = LearnedPositionEmbedding(V, P, D, seed=3)
     assert torch.equal(m.token_table, twin.token_table)
     assert torch.equal(m.position_table, twin.position_table)
