@@ -487,7 +487,8 @@ double gpt_forward(const Gpt& model, Activations& a, std::span<const std::int64_
     matmul_gelu_forward(L.fch_gelu, L.fch_dgelu, L.ln_2, w.c_fc_w, w.c_fc_b, N, C, 4 * C,
                         bf16_operands(model, transposed, a, w.c_fc_w, wt.c_fc_w, L.ln_2_bf16));
     matmul_forward(L.mlpproj, L.fch_gelu, w.mlp_proj_w, w.mlp_proj_b, N, 4 * C, C,
-                   bf16_operands(model, transposed, a, w.mlp_proj_w, wt.mlp_proj_w, L.fch_gelu_bf16));
+                   bf16_operands(model, transposed, a, w.mlp_proj_w, wt.mlp_proj_w,
+                                 L.fch_gelu_bf16));
     dropout_forward(L.mlpproj.first(nc), L.mlpproj.first(nc), dropout,
                     static_cast<std::uint64_t>(l * kSitesPerLayer + 1));
     residual_forward(L.residual3.first(nc), L.residual2.first(nc), L.mlpproj.first(nc));
@@ -572,7 +573,8 @@ void gpt_backward(const Gpt& model, ParamViews& g, Activations& a,
         branch_grad(a.d_mlpproj, static_cast<std::uint64_t>(l * kSitesPerLayer + 1));
     matmul_gelu_backward(a.d_fch, dw.mlp_proj_w, dw.mlp_proj_b, d_mlpproj, L.fch_gelu, w.mlp_proj_w,
                          L.fch_dgelu, N, 4 * C, C, param_mode, wt.mlp_proj_w,
-                         bf16_operands(model, transposed, a, w.mlp_proj_w, wt.mlp_proj_w, L.fch_gelu_bf16));
+                         bf16_operands(model, transposed, a, w.mlp_proj_w, wt.mlp_proj_w,
+                                       L.fch_gelu_bf16));
     matmul_backward(a.d_ln, dw.c_fc_w, dw.c_fc_b, a.d_fch, L.ln_2, w.c_fc_w, N, C, 4 * C, write,
                     param_mode, wt.c_fc_w,
                     bf16_operands(model, transposed, a, w.c_fc_w, wt.c_fc_w, L.ln_2_bf16));
@@ -583,7 +585,8 @@ void gpt_backward(const Gpt& model, ParamViews& g, Activations& a,
         branch_grad(a.d_attproj, static_cast<std::uint64_t>(l * kSitesPerLayer));
     matmul_backward(a.d_atty, dw.attn_proj_w, dw.attn_proj_b, d_attproj, L.atty, w.attn_proj_w, N,
                     C, C, write, param_mode, wt.attn_proj_w,
-                    bf16_operands(model, transposed, a, w.attn_proj_w, wt.attn_proj_w, L.atty_bf16));
+                    bf16_operands(model, transposed, a, w.attn_proj_w, wt.attn_proj_w,
+                                  L.atty_bf16));
     attention_backward(a.d_qkv, a.d_att, a.d_atty, L.qkv, L.att, B, T, C, H, write,
                        bf16_products(transposed));
     matmul_backward(a.d_ln, dw.c_attn_w, dw.c_attn_b, a.d_qkv, L.ln_1, w.c_attn_w, N, C, 3 * C,

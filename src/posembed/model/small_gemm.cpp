@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "posembed/core/simd/dispatch.h"
+#include "posembed/core/sizes.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "posembed/model/small_gemm.cpp"
@@ -251,29 +252,25 @@ HWY_EXPORT(PackBf16RowPairs);
 void small_gemm(float* c, std::int64_t ldc, const float* a, std::int64_t a_row, std::int64_t a_col,
                 const float* b, std::int64_t ldb, std::int64_t M, std::int64_t N, std::int64_t K,
                 float alpha, bool accumulate) {
-  const auto z = [](std::int64_t v) { return static_cast<std::size_t>(v); };
-  HWY_DYNAMIC_DISPATCH(SmallGemm)(c, z(ldc), a, z(a_row), z(a_col), b, z(ldb), z(M), z(N), z(K),
-                                  alpha, accumulate);
+  HWY_DYNAMIC_DISPATCH(SmallGemm)(c, sz(ldc), a, sz(a_row), sz(a_col), b, sz(ldb), sz(M), sz(N),
+                                  sz(K), alpha, accumulate);
 }
 
 void small_gemm_bf16(float* c, std::int64_t ldc, const std::uint16_t* a, std::int64_t a_row,
                      std::int64_t a_col, const std::uint16_t* b, std::int64_t ldb, std::int64_t M,
                      std::int64_t N, std::int64_t K2, float alpha, bool accumulate) {
-  const auto z = [](std::int64_t v) { return static_cast<std::size_t>(v); };
-  HWY_DYNAMIC_DISPATCH(SmallGemmBf16)(c, z(ldc), a, z(a_row), z(a_col), b, z(ldb), z(M), z(N),
-                                      z(K2), alpha, accumulate);
+  HWY_DYNAMIC_DISPATCH(SmallGemmBf16)(c, sz(ldc), a, sz(a_row), sz(a_col), b, sz(ldb), sz(M), sz(N),
+                                      sz(K2), alpha, accumulate);
 }
 
 void pack_bf16_rows(std::uint16_t* out, std::int64_t ldo, const float* in, std::int64_t ldi,
                     std::int64_t rows, std::int64_t cols) {
-  const auto z = [](std::int64_t v) { return static_cast<std::size_t>(v); };
-  HWY_DYNAMIC_DISPATCH(PackBf16Rows)(out, z(ldo), in, z(ldi), z(rows), z(cols));
+  HWY_DYNAMIC_DISPATCH(PackBf16Rows)(out, sz(ldo), in, sz(ldi), sz(rows), sz(cols));
 }
 
 void pack_bf16_row_pairs(std::uint16_t* out, std::int64_t ldo, const float* in, std::int64_t ldi,
                          std::int64_t rows, std::int64_t cols) {
-  const auto z = [](std::int64_t v) { return static_cast<std::size_t>(v); };
-  HWY_DYNAMIC_DISPATCH(PackBf16RowPairs)(out, z(ldo), in, z(ldi), z(rows), z(cols));
+  HWY_DYNAMIC_DISPATCH(PackBf16RowPairs)(out, sz(ldo), in, sz(ldi), sz(rows), sz(cols));
 }
 
 }  // namespace posembed::model
