@@ -220,6 +220,101 @@ TEST(Bf16, AShortInputCopyIsRefusedBeforeAnyProduct) {
   }
 }
 
+// The ops that make a bf16 product's operand may write it rounded themselves
+// (ops.h: Bf16Operands::input_ready, dout_ready): LayerNorm, the GELU and the
+// loss's gradient write the bits that rounding their fp32 outputs gives, on
+// every instruction set, and leave the fp32 outputs unwritten; a product
+// told its operand is ready reads that copy, not the fp32 operand (NaN here),
+// and gives the bits it gives when it rounds the operand itself.
+TEST(Bf16, ProducersWriteTheRoundedOperandsTheProductsRead) {
+  const std::int64_t N = 300, C = 70, OC = 90;
+  const auto n = [](std::int64_t v) { return static_cast<std::size_t>(v); };
+  const auto inp = random_floats(n(N * C), 61, 3.0), w = random_floats(n(C * OC), 62, 0.1),
+             bias = random_floats(n(OC), 63), gain = random_floats(n(C), 64),
+             shift = random_floats(n(C), 65), dout = random_floats(n(N * OC), 66),
+             probs = random_floats(n(N * OC), 67), dloss = random_floats(n(N), 68);
+  std::vector<std::int64_t> targets(n(N));
+  for (std::int64_t i = 0; i < N; ++i) targets[n(i)] = (i * 7) % OC;
+  static constexpr float kUnwritten = 7.0f;
+  const auto expect_rounded = [](const std::vector<std::uint16_t>& got,
+                                 const std::vector<float>& fp32, const char* what) {
+    for (std::size_t i = 0; i < fp32.size(); ++i) {
+      ASSERT_EQ(got[i], to_bf16(fp32[i]).bits) << what << " element " << i;
+    }
+  };
+  const auto expect_unwritten = [](const std::vector<float>& v, const char* what) {
+    for (const float x : v) ASSERT_EQ(x, kUnwritten) << what << " was written";
+  };
+  test::for_each_target([&] {
+    std::vector<float> ln(inp.size()), mean(n(N)), rstd(n(N)), skipped(inp.size(), kUnwritten);
+    std::vector<std::uint16_t> ln_b(inp.size());
+    layernorm_forward(ln, mean, rstd, inp, gain, shift, N, C);
+    std::vector<float> mean_b(n(N)), rstd_b(n(N));
+    layernorm_forward(skipped, mean_b, rstd_b, inp, gain, shift, N, C, ln_b);
+    expect_rounded(ln_b, ln, "LayerNorm");
+    expect_unwritten(skipped, "LayerNorm's fp32 output");
+    EXPECT_EQ(mean_b, mean);
+    EXPECT_EQ(rstd_b, rstd);
+  });
+  // The GELU and the loss's gradient are plain loops (one build per target
+  // by the compiler, not Highway's): this CPU's.
+  std::vector<float> act(n(N * OC)), dact(act.size()), skipped(act.size(), kUnwritten),
+      dact_b(act.size());
+  std::vector<std::uint16_t> act_b(act.size());
+  matmul_gelu_forward(act, dact, inp, w, bias, N, C, OC);
+  matmul_gelu_forward(skipped, dact_b, inp, w, bias, N, C, OC, {}, act_b);
+  expect_rounded(act_b, act, "GELU");
+  expect_unwritten(skipped, "GELU's fp32 output");
+  EXPECT_EQ(dact_b, dact);
+  std::vector<float> dlogits(probs.size()), unwritten(probs.size(), kUnwritten);
+  std::vector<std::uint16_t> dlogits_b(probs.size());
+  crossentropy_backward(dlogits, dloss, probs, targets, N, OC, GradMode::write);
+  crossentropy_backward(unwritten, dloss, probs, targets, N, OC, GradMode::write, dlogits_b);
+  expect_rounded(dlogits_b, dlogits, "the loss's gradient");
+  expect_unwritten(unwritten, "the loss's fp32 gradient");
+  EXPECT_THROW(crossentropy_backward(unwritten, dloss, probs, targets, N, OC,
+                                     GradMode::accumulate, dlogits_b),
+               std::logic_error);
+  expect_unwritten(unwritten, "an accumulating loss gradient's refusal");
+
+  // Products given their operand ready, its fp32 form all NaN.
+  const std::vector<float> nan_inp(inp.size(), std::nanf("")), nan_dout(dout.size(), std::nanf(""));
+  const auto w_b = bits(w), w_t_b = bits(transpose_of(w, C, OC)),
+             table_t_b = bits(transpose_of(w, OC, C));
+  std::vector<std::uint16_t> scratch(2 * n(N * std::max(C, OC))), kept(inp.size());
+  const auto inp_b = bits(inp), dout_b = bits(dout);
+  const auto product = [&](bool ready) {
+    Bf16Operands ops{w_b, w_t_b, scratch, kept};
+    if (ready) std::copy(inp_b.begin(), inp_b.end(), kept.begin());
+    ops.input_ready = ready;
+    std::vector<float> out(n(N * OC));
+    matmul_forward(out, ready ? nan_inp : inp, w, bias, N, C, OC, ops);
+    return out;
+  };
+  EXPECT_EQ(product(true), product(false));
+  const auto tied = [&](bool ready) {
+    Bf16Operands ops{w_b, table_t_b, scratch, kept};
+    ops.input_ready = ops.dout_ready = ready;
+    std::vector<float> logits(n(N * OC)), dinp(inp.size()), dtable(w.size());
+    if (ready) std::copy(inp_b.begin(), inp_b.end(), kept.begin());
+    matmul_tied_forward(logits, ready ? nan_inp : inp, w, N, C, OC, {}, ops);
+    if (ready) std::copy(dout_b.begin(), dout_b.end(), bf16_dout(ops).begin());
+    matmul_tied_backward(dinp, dtable, ready ? nan_dout : dout, inp, w, N, C, OC, GradMode::write,
+                         GradMode::write, ops);
+    return std::vector<std::vector<float>>{logits, dinp, dtable};
+  };
+  EXPECT_EQ(tied(true), tied(false));
+  // A bias gradient sums dout in fp32: a product with one cannot take dout rounded only.
+  Bf16Operands ready_dout{w_b, w_t_b, scratch, kept};
+  ready_dout.dout_ready = true;
+  std::vector<float> dinp(inp.size(), kUnwritten), dw(w.size(), kUnwritten),
+      db(bias.size(), kUnwritten);
+  EXPECT_THROW(matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC, GradMode::accumulate,
+                               GradMode::accumulate, {}, ready_dout),
+               std::logic_error);
+  for (const auto* v : {&dinp, &dw, &db}) expect_unwritten(*v, "a refused backward's gradient");
+}
+
 // A bf16 product is not the fp32 one: the operands really are rounded (the
 // test above would pass with fp32 products on inputs that bf16 holds exactly,
 // so these inputs are not such).

@@ -469,35 +469,50 @@ double gpt_forward(const Gpt& model, Activations& a, std::span<const std::int64_
   embedding_forward(a.encoded.first(nc), inputs, pos, p.wte, p.wpe, shape, dropout,
                     std::span(a.embedding_mask).first(dropout_mask_words(shape)));
   std::span<const float> residual = a.encoded.first(nc);
+  // bf16 products: LayerNorm and GELU write their outputs rounded, straight
+  // into the copies the products read (and the backward keeps); the fp32
+  // outputs are not written.
+  const bool bf16 = bf16_products(transposed);
+  const auto rounded = [&](std::span<std::uint16_t> copy) {
+    return bf16 ? copy : std::span<std::uint16_t>();
+  };
+  const auto ready = [](Bf16Operands operands) {
+    operands.input_ready = operands.enabled();
+    return operands;
+  };
   for (std::int64_t l = 0; l < c.n_layer; ++l) {
     const BlockViews& w = p.h[sz(l)];
     const TransposedWeights::Block wt =
         transposed ? transposed->h[sz(l)] : TransposedWeights::Block{};
     Activations::Layer& L = a.layers[sz(l)];
-    layernorm_forward(L.ln_1, L.ln_1_mean, L.ln_1_rstd, residual, w.ln_1_w, w.ln_1_b, N, C);
+    layernorm_forward(L.ln_1, L.ln_1_mean, L.ln_1_rstd, residual, w.ln_1_w, w.ln_1_b, N, C,
+                      rounded(L.ln_1_bf16));
     matmul_forward(L.qkv, L.ln_1, w.c_attn_w, w.c_attn_b, N, C, 3 * C,
-                   bf16_operands(model, transposed, a, w.c_attn_w, wt.c_attn_w, L.ln_1_bf16));
-    attention_forward(L.atty, L.att, L.qkv, B, T, C, H, bf16_products(transposed));
+                   ready(bf16_operands(model, transposed, a, w.c_attn_w, wt.c_attn_w, L.ln_1_bf16)));
+    attention_forward(L.atty, L.att, L.qkv, B, T, C, H, bf16);
     matmul_forward(L.attproj, L.atty, w.attn_proj_w, w.attn_proj_b, N, C, C,
                    bf16_operands(model, transposed, a, w.attn_proj_w, wt.attn_proj_w, L.atty_bf16));
     dropout_forward(L.attproj.first(nc), L.attproj.first(nc), dropout,
                     static_cast<std::uint64_t>(l * kSitesPerLayer));
     residual_forward(L.residual2.first(nc), residual, L.attproj.first(nc));
-    layernorm_forward(L.ln_2, L.ln_2_mean, L.ln_2_rstd, L.residual2, w.ln_2_w, w.ln_2_b, N, C);
+    layernorm_forward(L.ln_2, L.ln_2_mean, L.ln_2_rstd, L.residual2, w.ln_2_w, w.ln_2_b, N, C,
+                      rounded(L.ln_2_bf16));
     matmul_gelu_forward(L.fch_gelu, L.fch_dgelu, L.ln_2, w.c_fc_w, w.c_fc_b, N, C, 4 * C,
-                        bf16_operands(model, transposed, a, w.c_fc_w, wt.c_fc_w, L.ln_2_bf16));
+                        ready(bf16_operands(model, transposed, a, w.c_fc_w, wt.c_fc_w, L.ln_2_bf16)),
+                        rounded(L.fch_gelu_bf16));
     matmul_forward(L.mlpproj, L.fch_gelu, w.mlp_proj_w, w.mlp_proj_b, N, 4 * C, C,
-                   bf16_operands(model, transposed, a, w.mlp_proj_w, wt.mlp_proj_w,
-                                 L.fch_gelu_bf16));
+                   ready(bf16_operands(model, transposed, a, w.mlp_proj_w, wt.mlp_proj_w,
+                                       L.fch_gelu_bf16)));
     dropout_forward(L.mlpproj.first(nc), L.mlpproj.first(nc), dropout,
                     static_cast<std::uint64_t>(l * kSitesPerLayer + 1));
     residual_forward(L.residual3.first(nc), L.residual2.first(nc), L.mlpproj.first(nc));
     residual = L.residual3.first(nc);
   }
-  layernorm_forward(a.ln_f, a.ln_f_mean, a.ln_f_rstd, residual, p.ln_f_w, p.ln_f_b, N, C);
+  layernorm_forward(a.ln_f, a.ln_f_mean, a.ln_f_rstd, residual, p.ln_f_w, p.ln_f_b, N, C,
+                    rounded(a.ln_f_bf16));
   const std::span<const float> wte_t = transposed ? transposed->wte : std::span<const float>();
   matmul_tied_forward(a.logits, a.ln_f, p.wte, N, C, V, wte_t,
-                      bf16_operands(model, transposed, a, p.wte, wte_t, a.ln_f_bf16));
+                      ready(bf16_operands(model, transposed, a, p.wte, wte_t, a.ln_f_bf16)));
   crossentropy_forward(a.losses, a.probs, a.logits, targets, N, V);
   return gpt_loss_sum(a, N) / static_cast<double>(N);
 }
@@ -541,13 +556,16 @@ void gpt_backward(const Gpt& model, ParamViews& g, Activations& a,
   if (loss_count < 0) throw Error("loss_count = " + std::to_string(loss_count) + " must be >= 0");
   const std::int64_t count = loss_count == 0 ? N : loss_count;
   std::fill(a.d_losses.begin(), a.d_losses.begin() + N, 1.0f / static_cast<float>(count));
-  crossentropy_backward(a.d_logits, a.d_losses, a.probs, targets, N, V, write);
+  // bf16 products: the loss's gradient is written rounded, straight into the
+  // tied layer's copy of it (d_logits is not written).
+  Bf16Operands tied = bf16_operands(model, transposed, a, p.wte,
+                                    transposed ? transposed->wte : std::span<const float>(),
+                                    a.ln_f_bf16);
+  tied.dout_ready = tied.enabled();
+  crossentropy_backward(a.d_logits, a.d_losses, a.probs, targets, N, V, write, bf16_dout(tied));
   // The tied output layer writes or adds the token table's gradient first; the
   // embedding's backward adds to it last.
-  matmul_tied_backward(a.d_ln, g.wte, a.d_logits, a.ln_f, p.wte, N, C, V, write, param_mode,
-                       bf16_operands(model, transposed, a, p.wte,
-                                     transposed ? transposed->wte : std::span<const float>(),
-                                     a.ln_f_bf16));
+  matmul_tied_backward(a.d_ln, g.wte, a.d_logits, a.ln_f, p.wte, N, C, V, write, param_mode, tied);
   const std::span<const float> last =
       c.n_layer > 0 ? a.layers.back().residual3.first(nc) : a.encoded.first(nc);
   layernorm_backward(a.d_residual, g.ln_f_w, g.ln_f_b, a.d_ln, last, p.ln_f_w, a.ln_f_mean,

@@ -147,7 +147,9 @@ struct Activations {
   std::vector<std::uint16_t> bf16_scratch;
   // Precision::bf16: the rounded inputs of the products whose backward reads
   // them again (Bf16Operands::input), kept from the forward: the *_bf16 spans
-  // below, B*T * (8C * n_layer + C); empty for fp32.
+  // below, B*T * (8C * n_layer + C); empty for fp32. LayerNorm and GELU
+  // write ln_1, ln_2, fch_gelu and ln_f there only (rounded once): under
+  // bf16 products their fp32 spans, and d_logits, are not written.
   std::vector<std::uint16_t> bf16_inputs;
   // Forward, per layer l at [l]: (B,T,C) unless noted.
   std::span<float> encoded;

@@ -6,6 +6,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "posembed/core/sizes.h"
@@ -68,15 +69,30 @@ Operand transposed_operand(const float* w, std::int64_t rows, std::int64_t cols,
 // pre-activation for the backward (which then multiplies instead of computing
 // the exponential and division again: they made GELU's backward 1.5% of a
 // training step). The same bits as add_bias, gelu_piece and gelu_grad.
-VECTOR_CLONES void bias_gelu_piece(float* act, float* o, const float* bias, std::int64_t rows,
-                                   std::int64_t OC) {
+// act is float, or bf16 bits (the value rounded once: matmul_gelu_forward's
+// act_bf16).
+template <class Act>
+inline void bias_gelu_rows(Act* act, float* o, const float* bias, std::int64_t rows,
+                           std::int64_t OC) {
   for (std::int64_t r = 0; r < rows; ++r) {
     for (std::int64_t j = 0; j < OC; ++j) {
       const float y = o[r * OC + j] + bias[j], e = exp_minus_2u(y), s = 1.0f / (1.0f + e);
-      act[r * OC + j] = y * s;
+      if constexpr (std::is_same_v<Act, float>) {
+        act[r * OC + j] = y * s;
+      } else {
+        act[r * OC + j] = bf16_bits(y * s);
+      }
       o[r * OC + j] = gelu_grad(y, e, s);
     }
   }
+}
+VECTOR_CLONES void bias_gelu_piece(float* act, float* o, const float* bias, std::int64_t rows,
+                                   std::int64_t OC) {
+  bias_gelu_rows(act, o, bias, rows, OC);
+}
+VECTOR_CLONES void bias_gelu_piece(std::uint16_t* act, float* o, const float* bias,
+                                   std::int64_t rows, std::int64_t OC) {
+  bias_gelu_rows(act, o, bias, rows, OC);
 }
 
 // x[i] *= by[i]: a gradient through an elementwise op whose derivative `by` is known.
@@ -125,8 +141,8 @@ void matmul_backward_any(std::span<float> dinp, std::span<float> dweight, std::s
                          std::span<const float> weight_t, const Bf16Operands& bf16) {
   const bool in_out = layout == WeightLayout::in_out;
   // bf16: dout and inp are rounded whole first (the weight gradient's pieces
-  // each read all their rows), dout into the scratch's first half; inp not
-  // where the forward left its rounded copy (Bf16Operands::input). The bias
+  // each read all their rows), dout into bf16_dout; neither where its rounded
+  // copy is there already (Bf16Operands::dout_ready, input). The bias
   // gradient's column sums are taken by row piece in the same pass, while the
   // piece is in cache (later, after the products had read only dout's bf16
   // copy, reading dout again took 3% of a bf16 step), and added in piece order.
@@ -137,14 +153,19 @@ void matmul_backward_any(std::span<float> dinp, std::span<float> dweight, std::s
   if (bf16.enabled()) {
     const std::size_t half = bf16.scratch.size() / 2;
     check_bf16_scratch(half, N, std::max(C, OC));
-    const std::span<std::uint16_t> dout_s = bf16.scratch.first(half),
+    const std::span<std::uint16_t> dout_s = bf16_dout(bf16),
                                    inp_s = bf16_input(bf16, N, C);
     const bool round_inp = bf16.input.empty();
+    if (bf16.dout_ready && !dbias.empty()) {
+      throw std::logic_error("a bias gradient needs dout in fp32; it came rounded only");
+    }
     bias_piece_sums.assign(dbias.empty() ? 0 : sz(pieces(N, kRowPiece) * OC), 0.0f);
-    parallel_pieces(pieces(N, kRowPiece), double(N) * double(C + OC), [&](std::int64_t p) {
+    const auto round_piece = [&](std::int64_t p) {
       const std::int64_t r0 = p * kRowPiece, rows = std::min(N - r0, kRowPiece);
-      round_to_bf16(dout_s.subspan(sz(r0 * OC), sz(rows * OC)),
-                    dout.subspan(sz(r0 * OC), sz(rows * OC)));
+      if (!bf16.dout_ready) {
+        round_to_bf16(dout_s.subspan(sz(r0 * OC), sz(rows * OC)),
+                      dout.subspan(sz(r0 * OC), sz(rows * OC)));
+      }
       for (std::int64_t j0 = 0; !dbias.empty() && j0 < OC; j0 += kColStrip) {
         column_sums(bias_piece_sums.data() + p * OC + j0, dout.data() + r0 * OC, rows, OC, j0,
                     std::min(OC, j0 + kColStrip));
@@ -153,7 +174,11 @@ void matmul_backward_any(std::span<float> dinp, std::span<float> dweight, std::s
         round_to_bf16(inp_s.subspan(sz(r0 * C), sz(rows * C)),
                       inp.subspan(sz(r0 * C), sz(rows * C)));
       }
-    });
+    };
+    // (dout ready rules out a bias gradient: then the pass may have nothing to do.)
+    if (!bf16.dout_ready || round_inp) {
+      parallel_pieces(pieces(N, kRowPiece), double(N) * double(C + OC), round_piece);
+    }
     dout_b = dout_s.data();
     inp_b = inp_s.data();
   }
@@ -219,12 +244,19 @@ void matmul_backward_any(std::span<float> dinp, std::span<float> dweight, std::s
 void matmul_forward_any(std::span<float> out, std::span<const float> inp,
                         std::span<const float> weight, std::span<const float> bias, std::int64_t N,
                         std::int64_t C, std::int64_t OC, std::span<float> act,
-                        const Bf16Operands& bf16) {
+                        const Bf16Operands& bf16, std::span<std::uint16_t> act_bf16) {
   // Checked here, not inside the parallel pieces (an exception must not leave them).
   std::span<std::uint16_t> inputs;
   if (bf16.enabled()) {
     check_bf16_scratch(bf16.scratch.size() / 2, N, C);
     inputs = bf16_input(bf16, N, C);
+  }
+  if (bf16.input_ready && bf16.input.empty()) {
+    throw std::logic_error("a bf16 product's input is ready only in Bf16Operands::input");
+  }
+  if (!act_bf16.empty() && act_bf16.size() < sz(N * OC)) {
+    throw std::logic_error("bf16 act of " + std::to_string(act_bf16.size()) + " values for " +
+                           std::to_string(N) + " rows of " + std::to_string(OC));
   }
   assert(out.size() >= static_cast<std::size_t>(N * OC));
   assert(inp.size() >= static_cast<std::size_t>(N * C));
@@ -234,14 +266,16 @@ void matmul_forward_any(std::span<float> out, std::span<const float> inp,
     float* o = out.data() + r0 * OC;
     if (bf16.enabled()) {
       const std::span<std::uint16_t> a = inputs.subspan(sz(r0 * C), sz(rows * C));
-      round_to_bf16(a, inp.subspan(sz(r0 * C), sz(rows * C)));
+      if (!bf16.input_ready) round_to_bf16(a, inp.subspan(sz(r0 * C), sz(rows * C)));
       gemm_bf16(Trans::no, Trans::no, rows, OC, C, a.data(), C, bf16.weight.data(), OC, 0.0f, o,
                 OC);
     } else {
       gemm(Trans::no, Trans::no, rows, OC, C, 1.0f, inp.data() + r0 * C, C, weight.data(), OC, 0.0f,
            o, OC);
     }
-    if (!act.empty()) {
+    if (!act_bf16.empty()) {
+      bias_gelu_piece(act_bf16.data() + r0 * OC, o, bias.data(), rows, OC);
+    } else if (!act.empty()) {
       bias_gelu_piece(act.data() + r0 * OC, o, bias.data(), rows, OC);
     } else if (!bias.empty()) {
       add_bias(o, bias.data(), rows, OC);
@@ -250,16 +284,21 @@ void matmul_forward_any(std::span<float> out, std::span<const float> inp,
 }
 }  // namespace
 
+std::span<std::uint16_t> bf16_dout(const Bf16Operands& bf16) {
+  return bf16.scratch.first(bf16.scratch.size() / 2);
+}
+
 void matmul_forward(std::span<float> out, std::span<const float> inp, std::span<const float> weight,
                     std::span<const float> bias, std::int64_t N, std::int64_t C, std::int64_t OC,
                     const Bf16Operands& bf16) {
-  matmul_forward_any(out, inp, weight, bias, N, C, OC, {}, bf16);
+  matmul_forward_any(out, inp, weight, bias, N, C, OC, {}, bf16, {});
 }
 
 void matmul_gelu_forward(std::span<float> act, std::span<float> dact, std::span<const float> inp,
                          std::span<const float> weight, std::span<const float> bias, std::int64_t N,
-                         std::int64_t C, std::int64_t OC, const Bf16Operands& bf16) {
-  matmul_forward_any(dact, inp, weight, bias, N, C, OC, act, bf16);
+                         std::int64_t C, std::int64_t OC, const Bf16Operands& bf16,
+                         std::span<std::uint16_t> act_bf16) {
+  matmul_forward_any(dact, inp, weight, bias, N, C, OC, act, bf16, act_bf16);
 }
 
 void matmul_backward(std::span<float> dinp, std::span<float> dweight, std::span<float> dbias,
@@ -286,11 +325,14 @@ void matmul_tied_forward(std::span<float> out, std::span<const float> inp,
                          std::int64_t V, std::span<const float> table_t, const Bf16Operands& bf16) {
   if (bf16.enabled()) {  // inp @ table^T: the table's rounded transpose (C, V)
     check_bf16_scratch(bf16.scratch.size() / 2, N, C);
+    if (bf16.input_ready && bf16.input.empty()) {
+      throw std::logic_error("a bf16 product's input is ready only in Bf16Operands::input");
+    }
     const std::span<std::uint16_t> inputs = bf16_input(bf16, N, C);
     parallel_pieces(pieces(N, kRowPiece), double(N) * double(C) * double(V), [&](std::int64_t p) {
       const std::int64_t r0 = p * kRowPiece, rows = std::min(N - r0, kRowPiece);
       const std::span<std::uint16_t> a = inputs.subspan(sz(r0 * C), sz(rows * C));
-      round_to_bf16(a, inp.subspan(sz(r0 * C), sz(rows * C)));
+      if (!bf16.input_ready) round_to_bf16(a, inp.subspan(sz(r0 * C), sz(rows * C)));
       gemm_bf16(Trans::no, Trans::no, rows, V, C, a.data(), C, bf16.weight_t.data(), V, 0.0f,
                 out.data() + r0 * V, V);
     });

@@ -1,8 +1,10 @@
 #include "posembed/model/ops.h"
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <cstdint>
+#include <stdexcept>
 #include <vector>
 
 #include "posembed/core/philox.h"
@@ -62,10 +64,13 @@ VECTOR_CLONES void layernorm_param_grads(float* dw, float* db, const float* dout
 
 void layernorm_forward(std::span<float> out, std::span<float> mean, std::span<float> rstd,
                        std::span<const float> inp, std::span<const float> weight,
-                       std::span<const float> bias, std::int64_t N, std::int64_t C) {
+                       std::span<const float> bias, std::int64_t N, std::int64_t C,
+                       std::span<std::uint16_t> out_bf16) {
+  assert(out_bf16.empty() || out_bf16.size() >= sz(N * C));
   parallel_pieces(N, double(N) * double(C), [&](std::int64_t n) {
     layernorm_row(out.data() + n * C, mean.data() + n, rstd.data() + n, inp.data() + n * C,
-                  weight.data(), bias.data(), static_cast<std::size_t>(C), kLayerNormEps);
+                  weight.data(), bias.data(), static_cast<std::size_t>(C), kLayerNormEps,
+                  out_bf16.empty() ? nullptr : out_bf16.data() + n * C);
   });
 }
 
@@ -406,14 +411,21 @@ float softmax_loss(float* p, const float* z, std::int64_t target, std::int64_t V
 }
 
 // d (V) += g * (p - onehot(target)), or = when `write`.
+inline float softmax_loss_grad(const float* p, std::int64_t i, std::int64_t target, float g) {
+  return (p[i] - (i == target ? 1.0f : 0.0f)) * g;
+}
 VECTOR_CLONES void softmax_loss_backward(float* d, const float* p, std::int64_t target, float g,
                                          std::int64_t V, bool write) {
-  const auto v = [&](std::int64_t i) { return (p[i] - (i == target ? 1.0f : 0.0f)) * g; };
   if (write) {
-    for (std::int64_t i = 0; i < V; ++i) d[i] = v(i);
+    for (std::int64_t i = 0; i < V; ++i) d[i] = softmax_loss_grad(p, i, target, g);
   } else {
-    for (std::int64_t i = 0; i < V; ++i) d[i] += v(i);
+    for (std::int64_t i = 0; i < V; ++i) d[i] += softmax_loss_grad(p, i, target, g);
   }
+}
+// The row written rounded to bf16 (crossentropy_backward's dlogits_bf16).
+VECTOR_CLONES void softmax_loss_backward(std::uint16_t* d, const float* p, std::int64_t target,
+                                         float g, std::int64_t V) {
+  for (std::int64_t i = 0; i < V; ++i) d[i] = bf16_bits(softmax_loss_grad(p, i, target, g));
 }
 
 }  // namespace
@@ -429,11 +441,21 @@ void crossentropy_forward(std::span<float> losses, std::span<float> probs,
 
 void crossentropy_backward(std::span<float> dlogits, std::span<const float> dloss,
                            std::span<const float> probs, std::span<const std::int64_t> targets,
-                           std::int64_t N, std::int64_t V, GradMode dinp_mode) {
+                           std::int64_t N, std::int64_t V, GradMode dinp_mode,
+                           std::span<std::uint16_t> dlogits_bf16) {
+  if (!dlogits_bf16.empty() && dinp_mode != GradMode::write) {
+    throw std::logic_error("crossentropy_backward: a bf16 dlogits is written, not accumulated");
+  }
+  assert(dlogits_bf16.empty() || dlogits_bf16.size() >= sz(N * V));
   parallel_pieces(N, double(N) * double(V) * 4, [&](std::int64_t n) {
     const auto k = static_cast<std::size_t>(n);
-    softmax_loss_backward(dlogits.data() + n * V, probs.data() + n * V, targets[k], dloss[k], V,
-                          writes(dinp_mode));
+    if (!dlogits_bf16.empty()) {
+      softmax_loss_backward(dlogits_bf16.data() + n * V, probs.data() + n * V, targets[k], dloss[k],
+                            V);
+    } else {
+      softmax_loss_backward(dlogits.data() + n * V, probs.data() + n * V, targets[k], dloss[k], V,
+                            writes(dinp_mode));
+    }
   });
 }
 

@@ -32,13 +32,23 @@ namespace posembed::model {
 // input, if not empty, holds N * C values for the product's input rounded: its
 // forward writes it there instead of into scratch, and its backward reads it
 // from there instead of rounding the input again (the same bits).
+// The op that makes an operand may write its rounded copy itself, from the
+// values still in registers, instead of fp32 values that the product would
+// read back from memory to round: then input_ready (forward: `input` holds
+// the input rounded, as layernorm_forward's and matmul_gelu_forward's bf16
+// outputs leave it) or dout_ready (backward: bf16_dout(*this) holds dout
+// rounded, as crossentropy_backward's bf16 output leaves it), and the fp32
+// operand is not read. The same bits either way.
 // Empty (the default): the products run in fp32.
 struct Bf16Operands {
   std::span<const std::uint16_t> weight, weight_t;
   std::span<std::uint16_t> scratch;
   std::span<std::uint16_t> input = {};
+  bool input_ready = false, dout_ready = false;
   bool enabled() const { return !weight.empty(); }
 };
+// Where a product's backward keeps dout (N, OC) rounded: the scratch's first half.
+std::span<std::uint16_t> bf16_dout(const Bf16Operands& bf16);
 
 // out (N, OC) = inp (N, C) @ weight (C, OC) + bias (OC). bias may be empty.
 // weight is stored (in, out) as GPT-2's Conv1D.
@@ -62,9 +72,12 @@ void matmul_backward(std::span<float> dinp, std::span<float> dweight, std::span<
 // what the backward needs in place of pre: it then multiplies, without the
 // GELU's exponential and division. The same bits as matmul_forward, then
 // gelu_forward (and gelu_backward of ones for dact).
+// act_bf16, if not empty: act rounded once to bf16 goes there instead of act
+// (not written), for the bf16 product that reads it (Bf16Operands::input_ready).
 void matmul_gelu_forward(std::span<float> act, std::span<float> dact, std::span<const float> inp,
                          std::span<const float> weight, std::span<const float> bias, std::int64_t N,
-                         std::int64_t C, std::int64_t OC, const Bf16Operands& bf16 = {});
+                         std::int64_t C, std::int64_t OC, const Bf16Operands& bf16 = {},
+                         std::span<std::uint16_t> act_bf16 = {});
 // The backward of a product whose input was inp = gelu(pre), pre (N, C), with
 // dact = gelu'(pre) from matmul_gelu_forward: dpre (N, C) = dact * (dout @
 // weight^T), written fresh (GradMode::write), each row piece while it is in
@@ -95,9 +108,12 @@ void matmul_tied_backward(std::span<float> dinp, std::span<float> dtable,
 inline constexpr float kLayerNormEps = 1e-5f;  // GPT-2's layer_norm_epsilon
 
 // out (N, C) = (inp - mean) * rstd * weight + bias; mean, rstd (N) saved for backward.
+// out_bf16, if not empty: out rounded once to bf16 goes there instead of out
+// (not written), for the bf16 product that reads it (Bf16Operands::input_ready).
 void layernorm_forward(std::span<float> out, std::span<float> mean, std::span<float> rstd,
                        std::span<const float> inp, std::span<const float> weight,
-                       std::span<const float> bias, std::int64_t N, std::int64_t C);
+                       std::span<const float> bias, std::int64_t N, std::int64_t C,
+                       std::span<std::uint16_t> out_bf16 = {});
 // dinp (N, C), dweight, dbias (C) += VJP of dout (N, C).
 void layernorm_backward(std::span<float> dinp, std::span<float> dweight, std::span<float> dbias,
                         std::span<const float> dout, std::span<const float> inp,
@@ -152,9 +168,13 @@ void crossentropy_forward(std::span<float> losses, std::span<float> probs,
                           std::span<const float> logits, std::span<const std::int64_t> targets,
                           std::int64_t N, std::int64_t V);
 // dlogits (N, V) += dloss[n] * (probs - onehot(target)); dloss (N).
+// dlogits_bf16, if not empty (GradMode::write only): dlogits rounded once to
+// bf16 goes there instead of dlogits (not written), for the bf16 product that
+// reads it (Bf16Operands::dout_ready).
 void crossentropy_backward(std::span<float> dlogits, std::span<const float> dloss,
                            std::span<const float> probs, std::span<const std::int64_t> targets,
                            std::int64_t N, std::int64_t V,
-                           GradMode dinp_mode = GradMode::accumulate);
+                           GradMode dinp_mode = GradMode::accumulate,
+                           std::span<std::uint16_t> dlogits_bf16 = {});
 
 }  // namespace posembed::model

@@ -116,6 +116,11 @@ inline float exp_poly(float x) {
   return p * std::bit_cast<float>(bits);
 }
 
+// x rounded to bf16 (core/half.h: to_bf16) as bits, for the plain loops that
+// write a bf16 product's operand themselves (ops.h: Bf16Operands::input_ready):
+// the same bits as round_to_bf16's vectors.
+inline std::uint16_t bf16_bits(float x) { return to_bf16(x).bits; }
+
 // Column sums over a strip of rows: row n goes to partial sum n % kRowLanes,
 // and the partials are added up at the end, (0 + 1) + (2 + 3). With one running
 // sum each row's adds waited on the previous row's. The order depends on N alone.

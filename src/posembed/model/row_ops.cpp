@@ -5,7 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 
+#include "posembed/core/half.h"
 #include "posembed/core/simd/dispatch.h"
 
 #undef HWY_TARGET_INCLUDE
@@ -14,6 +16,7 @@
 // After foreach_target.h, which includes this file once per target:
 #include <hwy/highway.h>
 
+#include "posembed/core/simd/half-inl.h"
 #include "posembed/core/simd/vectors-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -21,6 +24,7 @@ namespace posembed::model {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 using simd::HWY_NAMESPACE::LoadPart;
+using simd::HWY_NAMESPACE::StoreNarrow;
 using simd::HWY_NAMESPACE::StorePart;
 
 // exp(x) for x <= 0, as a softmax takes it (x - max): x = n ln2 + r with |r| <=
@@ -124,7 +128,7 @@ HWY_INLINE float SumOver(D df, std::size_t n, Term&& term) {
 
 void LayerNormRow(float* HWY_RESTRICT out, float* mean, float* rstd, const float* HWY_RESTRICT x,
                   const float* HWY_RESTRICT weight, const float* HWY_RESTRICT bias, std::size_t n,
-                  float eps) {
+                  float eps, std::uint16_t* HWY_RESTRICT out_bf16) {
   const hn::ScalableTag<float> df;
   const std::size_t lanes = hn::Lanes(df);
   const auto inv_n = 1.0f / static_cast<float>(n);
@@ -143,9 +147,13 @@ void LayerNormRow(float* HWY_RESTRICT out, float* mean, float* rstd, const float
   for (std::size_t j = 0; j < n; j += lanes) {
     const std::size_t count = std::min(lanes, n - j);
     const auto xhat = hn::Mul(hn::Sub(LoadPart(df, x + j, count), vm), vs);
-    StorePart(
-        hn::Add(hn::Mul(xhat, LoadPart(df, weight + j, count)), LoadPart(df, bias + j, count)), df,
-        out + j, count);
+    const auto y =
+        hn::Add(hn::Mul(xhat, LoadPart(df, weight + j, count)), LoadPart(df, bias + j, count));
+    if (out_bf16) {
+      StoreNarrow(df, y, reinterpret_cast<bf16*>(out_bf16 + j), count);
+    } else {
+      StorePart(y, df, out + j, count);
+    }
   }
   *mean = m;
   *rstd = s;
@@ -242,8 +250,8 @@ void softmax_row_backward(float* d, const float* p, std::size_t n, std::size_t w
 }
 
 void layernorm_row(float* out, float* mean, float* rstd, const float* x, const float* weight,
-                   const float* bias, std::size_t n, float eps) {
-  HWY_DYNAMIC_DISPATCH(LayerNormRow)(out, mean, rstd, x, weight, bias, n, eps);
+                   const float* bias, std::size_t n, float eps, std::uint16_t* out_bf16) {
+  HWY_DYNAMIC_DISPATCH(LayerNormRow)(out, mean, rstd, x, weight, bias, n, eps, out_bf16);
 }
 
 void layernorm_row_backward(float* dx, const float* g, const float* x, const float* weight,

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 namespace posembed::model {
 
@@ -20,8 +21,10 @@ void softmax_row_backward(float* d, const float* p, std::size_t n, std::size_t w
 
 // One row of LayerNorm: out (n) = (x - mean) * rstd * weight + bias, with the
 // row's mean and rstd = 1 / sqrt(variance + eps) stored for the backward.
+// out_bf16, if not null: out rounded once to bf16 (core/half.h) goes there
+// instead (out is not written).
 void layernorm_row(float* out, float* mean, float* rstd, const float* x, const float* weight,
-                   const float* bias, std::size_t n, float eps);
+                   const float* bias, std::size_t n, float eps, std::uint16_t* out_bf16 = nullptr);
 // Its VJP for x: dx (n) += (or = when `write`) (wg - mean(wg) - xhat * mean(wg * xhat)) * rstd,
 // wg = weight * g, xhat = (x - mean) * rstd.
 void layernorm_row_backward(float* dx, const float* g, const float* x, const float* weight,
