@@ -16,6 +16,7 @@
 
 #include "core/hwy_targets.h"
 #include "core/test_util.h"
+#include "posembed/core/half.h"
 
 namespace posembed::model {
 namespace {
@@ -122,6 +123,26 @@ TEST(RowOps, SoftmaxAndLayerNormMatchDoubleOnEveryTarget) {
           std::vector<float>(d.begin(), d.begin() + static_cast<std::ptrdiff_t>(width)), want, tol,
           "softmax backward");
       EXPECT_EQ(d[width], kSentinel);
+      // Both with a bf16 copy: the same fp32 row, and its values rounded once
+      // through `width` (a sentinel after it kept).
+      const auto expect_copy = [&](const std::vector<float>& row, const std::vector<float>& again,
+                                   const std::vector<std::uint16_t>& copy, const char* what) {
+        EXPECT_EQ(as_bits(again), as_bits(row)) << what;
+        for (std::size_t j = 0; j < width; ++j) {
+          ASSERT_EQ(copy[j], to_bf16(row[j]).bits) << what << " at " << j;
+        }
+        EXPECT_EQ(copy[width], 0xBEEF) << what;
+      };
+      std::vector<float> p_again(width + 1, nan);
+      p_again[width] = kSentinel;
+      std::vector<std::uint16_t> copy(width + 1, 0xBEEF);
+      softmax_row(p_again.data(), in.data(), n, width, &got_max, copy.data());
+      expect_copy(p, p_again, copy, "softmax's bf16 copy");
+      std::vector<float> d_again(g.begin(), g.end());
+      d_again.push_back(kSentinel);
+      std::fill(copy.begin(), copy.end(), 0xBEEF);
+      softmax_row_backward(d_again.data(), p.data(), n, width, copy.data());
+      expect_copy(d, d_again, copy, "softmax backward's bf16 copy");
       // LayerNorm over the first n values, and its backward in both modes.
       const std::vector<float> weight = test::random_floats(n, 23),
                                bias = test::random_floats(n, 24);

@@ -130,8 +130,9 @@ void for_query_blocks(std::int64_t T, Body&& body) {
 
 // Precision bf16's heads: the same blocks with small_gemm_bf16's pairs. Each
 // product's operands are packed once per head (or per block, for the rows the
-// block's softmax just wrote) into per-thread buffers, allocated on the first
-// call and reused: pairs along a row of q, dy, att and ds (the first
+// block's softmax just wrote, which it writes rounded itself) into per-thread
+// buffers, allocated on the first call and reused: pairs along a row of q, dy,
+// att and ds (the first
 // operands of row blocks), of k and v transposed (their second operands,
 // pairs along hd), pairs across rows of v, k, dy, q (pairs along keys or
 // queries) and of att and ds (the transposed first operands of the key blocks).
@@ -143,6 +144,14 @@ struct HeadPairs {
 std::uint16_t* sized(std::vector<float>& v, std::int64_t values) {
   if (v.size() < sz((values + 1) / 2)) v.resize(sz((values + 1) / 2));
   return reinterpret_cast<std::uint16_t*>(v.data());
+}
+
+// The rows of a block's probabilities or their gradient in pairs along keys,
+// written rounded by the softmax (row_ops.h: out_bf16) through column `keys`:
+// where that is odd, the last pair's second value, a zero.
+void pad_last_pairs(std::uint16_t* pairs, std::int64_t ld, std::int64_t rows, std::int64_t keys) {
+  if (keys % 2 == 0) return;
+  for (std::int64_t r = 0; r < rows; ++r) pairs[r * ld + keys] = 0;
 }
 
 // x^T (hd, T) in pairs along hd, x (T, hd) with rows ld apart: x's rows
@@ -176,9 +185,9 @@ void attention_head_forward_bf16(float* y, float* a, const float* q, std::int64_
                     score_columns(keys, T), hp, scale, false);
     for (std::int64_t t = i0; t < keys; ++t) {
       float max = 0;
-      softmax_row(a + t * T, a + t * T, sz(t + 1), sz(keys), &max);
+      softmax_row(a + t * T, a + t * T, sz(t + 1), sz(keys), &max, ap + (t - i0) * 2 * Tp);
     }
-    pack_bf16_rows(ap, 2 * Tp, a + i0 * T, T, rows, keys);
+    pad_last_pairs(ap, 2 * Tp, rows, keys);
     small_gemm_bf16(y + i0 * C, C, ap, 2 * Tp, 2, vp, 2 * hd, rows, hd, (keys + 1) / 2, 1.0f,
                     false);
   });
@@ -206,9 +215,9 @@ void attention_head_backward_bf16(float* dq, float* ds, const float* dy, const f
     small_gemm_bf16(ds + i0 * T, T, dyp + i0 * 2 * hp, 2 * hp, 2, vt, 2 * T, rows,
                     score_columns(keys, T), hp, 1.0f, false);
     for (std::int64_t t = i0; t < keys; ++t) {
-      softmax_row_backward(ds + t * T, a + t * T, sz(t + 1), sz(keys));
+      softmax_row_backward(ds + t * T, a + t * T, sz(t + 1), sz(keys), dsp + (t - i0) * 2 * Tp);
     }
-    pack_bf16_rows(dsp, 2 * Tp, ds + i0 * T, T, rows, keys);
+    pad_last_pairs(dsp, 2 * Tp, rows, keys);
     small_gemm_bf16(dq + i0 * C3, C3, dsp, 2 * Tp, 2, kp, 2 * hd, rows, hd, (keys + 1) / 2, scale,
                     accumulate);
     // The key blocks' first operands, att^T and dscore^T: this block's rows

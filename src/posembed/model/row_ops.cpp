@@ -57,7 +57,23 @@ HWY_INLINE hn::Vec<D> ExpNonPositive(D d, hn::Vec<D> x) {
 // last partial one, whose masked-off lanes never enter a reduction. Rows are
 // short (a causal attention row averages 64 entries), so each pass's mask
 // work and calls are worth avoiding.
-float SoftmaxRow(float* out, const float* in, std::size_t n, std::size_t width, float* max) {
+// out_bf16 (softmax_row, softmax_row_backward): each value written to out also
+// rounded there, from the register that holds it.
+template <class D>
+HWY_INLINE void StoreBoth(D df, hn::Vec<D> v, float* HWY_RESTRICT out,
+                          std::uint16_t* HWY_RESTRICT out_bf16, std::size_t count) {
+  StorePart(v, df, out, count);
+  if (out_bf16) StoreNarrow(df, v, reinterpret_cast<bf16*>(out_bf16), count);
+}
+// out[j] = 0 (and its bf16 copy) for n <= j < width.
+HWY_INLINE void ZerosTo(float* HWY_RESTRICT out, std::uint16_t* HWY_RESTRICT out_bf16, std::size_t n,
+                        std::size_t width) {
+  for (std::size_t j = n; j < width; ++j) out[j] = 0.0f;
+  if (out_bf16 && width > n) std::fill(out_bf16 + n, out_bf16 + width, std::uint16_t{0});
+}
+
+float SoftmaxRow(float* out, const float* in, std::size_t n, std::size_t width, float* max,
+                 std::uint16_t* HWY_RESTRICT out_bf16) {
   const hn::ScalableTag<float> df;
   const std::size_t lanes = hn::Lanes(df), full = n / lanes * lanes, rest = n - full;
   const auto lowest = hn::Set(df, -HUGE_VALF);
@@ -82,16 +98,19 @@ float SoftmaxRow(float* out, const float* in, std::size_t n, std::size_t width, 
   const float sum = hn::GetLane(hn::SumOfLanes(df, vsum));
   const auto inv = hn::Set(df, 1.0f / sum);
   for (std::size_t j = 0; j < full; j += lanes) {
-    hn::StoreU(hn::Mul(hn::LoadU(df, out + j), inv), df, out + j);
+    StoreBoth(df, hn::Mul(hn::LoadU(df, out + j), inv), out + j, out_bf16 ? out_bf16 + j : nullptr,
+              lanes);
   }
-  if (rest) StorePart(hn::Mul(e_tail, inv), df, out + full, rest);
-  for (std::size_t j = n; j < width; ++j) out[j] = 0.0f;
+  if (rest) {
+    StoreBoth(df, hn::Mul(e_tail, inv), out + full, out_bf16 ? out_bf16 + full : nullptr, rest);
+  }
+  ZerosTo(out, out_bf16, n, width);
   *max = mx;
   return sum;
 }
 
 void SoftmaxRowBackward(float* HWY_RESTRICT d, const float* HWY_RESTRICT p, std::size_t n,
-                        std::size_t width) {
+                        std::size_t width, std::uint16_t* HWY_RESTRICT d_bf16) {
   const hn::ScalableTag<float> df;
   const std::size_t lanes = hn::Lanes(df), full = n / lanes * lanes, rest = n - full;
   auto vdot = hn::Zero(df);
@@ -104,13 +123,15 @@ void SoftmaxRowBackward(float* HWY_RESTRICT d, const float* HWY_RESTRICT p, std:
   }
   const auto dot = hn::Set(df, hn::GetLane(hn::SumOfLanes(df, vdot)));
   for (std::size_t j = 0; j < full; j += lanes) {
-    hn::StoreU(hn::Mul(hn::LoadU(df, p + j), hn::Sub(hn::LoadU(df, d + j), dot)), df, d + j);
+    StoreBoth(df, hn::Mul(hn::LoadU(df, p + j), hn::Sub(hn::LoadU(df, d + j), dot)), d + j,
+              d_bf16 ? d_bf16 + j : nullptr, lanes);
   }
   if (rest) {
-    StorePart(hn::Mul(LoadPart(df, p + full, rest), hn::Sub(LoadPart(df, d + full, rest), dot)), df,
-              d + full, rest);
+    StoreBoth(df,
+              hn::Mul(LoadPart(df, p + full, rest), hn::Sub(LoadPart(df, d + full, rest), dot)),
+              d + full, d_bf16 ? d_bf16 + full : nullptr, rest);
   }
-  for (std::size_t j = n; j < width; ++j) d[j] = 0.0f;
+  ZerosTo(d, d_bf16, n, width);
 }
 
 // Sum over j < n of term(j, count), a vector of lanes j .. j + count; lanes
@@ -241,12 +262,14 @@ namespace {
 [[maybe_unused]] const bool kCapped = simd::cap_instruction_set();  // core/simd/dispatch.h
 }  // namespace
 
-float softmax_row(float* out, const float* in, std::size_t n, std::size_t width, float* max) {
-  return HWY_DYNAMIC_DISPATCH(SoftmaxRow)(out, in, n, width, max);
+float softmax_row(float* out, const float* in, std::size_t n, std::size_t width, float* max,
+                  std::uint16_t* out_bf16) {
+  return HWY_DYNAMIC_DISPATCH(SoftmaxRow)(out, in, n, width, max, out_bf16);
 }
 
-void softmax_row_backward(float* d, const float* p, std::size_t n, std::size_t width) {
-  HWY_DYNAMIC_DISPATCH(SoftmaxRowBackward)(d, p, n, width);
+void softmax_row_backward(float* d, const float* p, std::size_t n, std::size_t width,
+                          std::uint16_t* d_bf16) {
+  HWY_DYNAMIC_DISPATCH(SoftmaxRowBackward)(d, p, n, width, d_bf16);
 }
 
 void layernorm_row(float* out, float* mean, float* rstd, const float* x, const float* weight,

@@ -13,11 +13,16 @@ namespace posembed::model {
 // out[j] = exp(in[j] - max) * (1 / sum) for j < n, with max and sum over in[0, n);
 // out[j] = 0 for n <= j < width. out may be in. Returns sum and sets *max, so
 // the log-sum-exp of the input is *max + log(sum). 1 <= n <= width.
-float softmax_row(float* out, const float* in, std::size_t n, std::size_t width, float* max);
+// out_bf16, if not null: out[0, width) rounded once to bf16 as well (the
+// operand of a bf16 product, written from the registers that hold it).
+float softmax_row(float* out, const float* in, std::size_t n, std::size_t width, float* max,
+                  std::uint16_t* out_bf16 = nullptr);
 
 // The softmax's VJP in place: d[j] = p[j] * (d[j] - sum_k p[k] d[k]) over
-// j < n, d[j] = 0 for n <= j < width; p is softmax_row's output.
-void softmax_row_backward(float* d, const float* p, std::size_t n, std::size_t width);
+// j < n, d[j] = 0 for n <= j < width; p is softmax_row's output. d_bf16: as
+// softmax_row's out_bf16.
+void softmax_row_backward(float* d, const float* p, std::size_t n, std::size_t width,
+                          std::uint16_t* d_bf16 = nullptr);
 
 // One row of LayerNorm: out (n) = (x - mean) * rstd * weight + bias, with the
 // row's mean and rstd = 1 / sqrt(variance + eps) stored for the backward.
