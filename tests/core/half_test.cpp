@@ -134,8 +134,8 @@ TEST(Half, Fp16MatchesGccFloat16BothWays) {
 template <class T>
 void narrow_row(std::vector<T>& out, const std::vector<float>& in, bool accumulate) {
   const std::int64_t row = 0;
-  simd::narrow_rows(out.data(), dtype_of<T>(), in.data(), false, &row, 1, 0, 1, in.size(), !accumulate, false,
-                    nullptr);
+  simd::narrow_rows(out.data(), dtype_of<T>(), in.data(), false, &row, 1, 0, 1, in.size(), !accumulate, true,
+                    false, nullptr);
 }
 
 // The vector conversions of every target against the scalar definitions, over
@@ -196,27 +196,34 @@ void expect_narrow_rows_write_listed_rows_and_zeros() {
       for (const bool stream : {false, true}) {
         for (const bool by_row : {false, true}) {
           for (const std::size_t offset : {std::size_t{0}, std::size_t{1}}) {
-            // Rows 2 .. 29 of the table: the rows outside keep the sentinel,
-            // as do listed rows marked done (4 and 17, with offset 1).
-            const std::vector<std::uint64_t> done = {(std::uint64_t{1} << 4) | (std::uint64_t{1} << 17)};
-            const bool with_done = offset == 1;
-            std::vector<T> storage(rows * d + 2, sentinel);
-            T* table = storage.data() + offset;
-            simd::narrow_rows(table, dtype_of<T>(), by_row ? dense.data() : packed.data(), by_row, listed.data(),
-                              listed.size(), 2, 30, d, true, stream, with_done ? done.data() : nullptr);
-            for (std::size_t r = 0; r < rows; ++r) {
-              const bool in_range = r >= 2 && r < 30;
-              const bool is_listed = std::find(listed.begin(), listed.end(), static_cast<std::int64_t>(r)) != listed.end();
-              const bool is_done = with_done && (r == 4 || r == 17);
-              for (std::size_t j = 0; j < d; ++j) {
-                const T want = !in_range || is_done ? sentinel : is_listed ? from_float<T>(dense[r * d + j]) : T{};
-                ASSERT_EQ(table[r * d + j].bits, want.bits)
-                    << "d " << d << " row " << r << " column " << j << " stream " << stream << " offset " << offset;
+            for (const bool zero_unlisted : {true, false}) {
+              // Rows 2 .. 29 of the table: the rows outside keep the sentinel,
+              // as do listed rows marked done (4 and 17, with offset 1), and
+              // the unlisted ones unless zero_unlisted.
+              const std::vector<std::uint64_t> done = {(std::uint64_t{1} << 4) | (std::uint64_t{1} << 17)};
+              const bool with_done = offset == 1;
+              std::vector<T> storage(rows * d + 2, sentinel);
+              T* table = storage.data() + offset;
+              simd::narrow_rows(table, dtype_of<T>(), by_row ? dense.data() : packed.data(), by_row, listed.data(),
+                                listed.size(), 2, 30, d, true, zero_unlisted, stream,
+                                with_done ? done.data() : nullptr);
+              for (std::size_t r = 0; r < rows; ++r) {
+                const bool in_range = r >= 2 && r < 30;
+                const bool is_listed = std::find(listed.begin(), listed.end(), static_cast<std::int64_t>(r)) != listed.end();
+                const bool is_done = with_done && (r == 4 || r == 17);
+                for (std::size_t j = 0; j < d; ++j) {
+                  const T want = !in_range || is_done || (!is_listed && !zero_unlisted) ? sentinel
+                                 : is_listed ? from_float<T>(dense[r * d + j])
+                                             : T{};
+                  ASSERT_EQ(table[r * d + j].bits, want.bits)
+                      << "d " << d << " row " << r << " column " << j << " stream " << stream << " offset " << offset
+                      << " zero_unlisted " << zero_unlisted;
+                }
               }
+              // The elements around the table are untouched.
+              EXPECT_EQ(storage.back().bits, sentinel.bits);
+              EXPECT_EQ((offset == 0 ? storage[rows * d] : storage[0]).bits, sentinel.bits);
             }
-            // The elements around the table are untouched.
-            EXPECT_EQ(storage.back().bits, sentinel.bits);
-            EXPECT_EQ((offset == 0 ? storage[rows * d] : storage[0]).bits, sentinel.bits);
           }
         }
       }
@@ -432,6 +439,40 @@ TEST(HalfLayer, BackwardIsTheFloatBackwardRoundedOnce) {
   expect_backward_is_float_backward_rounded_once<bf16, float>();
   expect_backward_is_float_backward_rounded_once<fp16, fp16>();
   expect_backward_is_float_backward_rounded_once<fp16, float>();
+}
+
+// A fresh half gradient larger than the cache (16 MiB and more): its rows
+// that no token touches are zeroed by the backward's walk as it goes
+// (simd::GradTable::touched), each thread its share; the rest as any fresh
+// half gradient's. Every row is written (the table starts as NaNs), with the
+// bits of the float backward rounded once, on 1 to 3 threads and every
+// target; an odd width takes the pass after the walk instead.
+TEST(HalfLayer, ALargeFreshGradientIsWrittenWholeOnAnyThreadCount) {
+  for (const std::int64_t d : {258, 257, 512}) {
+    SCOPED_TRACE("d " + std::to_string(d));
+    const EmbeddingShape shape{.batch = 4, .seq_len = 64, .vocab_size = 33000, .max_seq_len = 64, .embed_dim = d};
+    const auto n = static_cast<std::size_t>(shape.batch * shape.seq_len);
+    const std::vector<std::int64_t> ids = test::random_ids(n, shape.vocab_size, 21);
+    std::vector<std::int64_t> positions(n);
+    for (std::size_t i = 0; i < n; ++i) positions[i] = static_cast<std::int64_t>(i % 64);
+    const std::vector<bf16> grad_out = narrow_all<bf16>(test::random_floats(n * static_cast<std::size_t>(d), 22));
+    const DropoutSpec dropout{0.1, 7, 2};
+    const auto vocab = static_cast<std::size_t>(shape.vocab_size * d);
+    std::vector<float> token32(vocab), position32(static_cast<std::size_t>(shape.max_seq_len * d));
+    embedding_backward(std::span(token32), std::span(position32), std::span<const float>(widen_all(grad_out)), ids,
+                       positions, shape, dropout, GradMode::write);
+    const std::vector<bf16> want = narrow_all<bf16>(token32);
+    for_each_target([&] {
+      for (const int threads : {1, 2, 3}) {
+        set_num_threads(threads);
+        std::vector<bf16> token(vocab, bf16{0x7FC1}), position(position32.size());
+        embedding_backward(std::span(token), std::span(position), std::span<const bf16>(grad_out), ids, positions,
+                           shape, dropout, GradMode::write);
+        EXPECT_EQ(bits_of(token), bits_of(want)) << "threads " << threads;
+      }
+    });
+    set_num_threads(0);
+  }
 }
 
 // The trap of summing in bf16: a token seen 2,995 times, each adding 1. In

@@ -83,6 +83,7 @@ void backward_rows(simd::GradTable token, simd::GradTable position, std::int64_t
   // split's rows owned across threads cost more than the second thread gives
   // (B 32, T 128, d 128, Zen 4: 1.2x the time of one thread).
   const std::int64_t parts = std::clamp<std::int64_t>(d / 256, 1, std::min<std::int64_t>(threads, 255));
+  token.zero_parts = static_cast<std::uint8_t>(parts);  // the walk's threads share its zeros
   // Scratch kept with the calling thread (later calls allocate nothing), bound
   // once: each use of a thread_local vector in a shared library goes through
   // a call that checks its construction.
@@ -345,7 +346,7 @@ void backward_sparse(SparseRowGrad& grad, std::span<float> grad_position_table, 
                      std::span<const std::int64_t> input_ids, std::span<const std::int64_t> position_ids,
                      const EmbeddingShape& shape, const DropoutSpec& dropout, GradMode position_mode,
                      std::span<const std::uint64_t> mask_bits, void* half_table,
-                     const std::uint8_t* single_rows) {
+                     const std::uint8_t* single_rows, bool zero_untouched) {
   const std::int64_t d = shape.embed_dim;
   if (!grad.rows.empty() && grad.embed_dim != d) {
     throw Error("sparse token gradient has width " + std::to_string(grad.embed_dim) +
@@ -401,6 +402,11 @@ void backward_sparse(SparseRowGrad& grad, std::span<float> grad_position_table, 
     token.half = half_table;
     token.half_rows = input_ids.data();
     token.single = single_rows;
+    if (zero_untouched) {
+      token.touched = scratch.touched.data();
+      token.zero_rows = static_cast<std::size_t>(shape.vocab_size);
+      token.row_floats = width / 2;
+    }
   }
   simd::GradTable position{grad_position_table.empty() ? nullptr : grad_position_table.data(), position_ids.data()};
   if (position_mode == GradMode::write) {

@@ -43,16 +43,19 @@ std::span<float> float_sums(TensorSpan grad, GradMode mode) {
 // (their rows in order, or a dense table where `by_row`); accumulate: added
 // to what each holds; write: the other rows set to zeros, as a fresh float
 // gradient's, in the same pass, past the cache from kStreamBytes on. Rows set
-// in `done` (null: none) are left as they are.
+// in `done` (null: none) are left as they are; zeros_done: the other rows
+// are zeros already (the walk wrote them).
 void narrow_rows(TensorSpan grad, const float* values, bool by_row, std::span<const std::int64_t> rows,
-                 std::int64_t table_rows, std::int64_t d, GradMode mode, const std::uint64_t* done = nullptr) {
+                 std::int64_t table_rows, std::int64_t d, GradMode mode, const std::uint64_t* done = nullptr,
+                 bool zeros_done = false) {
   const bool write = mode == GradMode::write;
   const bool stream = static_cast<std::size_t>(table_rows * d) * dtype_bytes(grad.dtype) >= kStreamBytes;
   const std::int64_t per_block = std::max<std::int64_t>(1, kGrainElements / d);
   parallel_for((table_rows + per_block - 1) / per_block, [&](std::int64_t b) {
     const std::int64_t r0 = b * per_block, r1 = std::min(table_rows, r0 + per_block);
     simd::narrow_rows(grad.data, grad.dtype, values, by_row, rows.data(), rows.size(), static_cast<std::size_t>(r0),
-                      static_cast<std::size_t>(r1), static_cast<std::size_t>(d), write, stream, done);
+                      static_cast<std::size_t>(r1), static_cast<std::size_t>(d), write, !zeros_done, stream,
+                      done);
   });
 }
 
@@ -163,10 +166,16 @@ void embedding_backward(TensorSpan grad_token_table, TensorSpan grad_position_ta
       }
       for (std::size_t w = 0; w < once.size(); ++w) once[w] &= ~twice[w];  // the single rows
     }
+    // A large table's untouched rows are zeroed by the walk as it goes, its
+    // arithmetic overlapping those stores, not in a pass of their own after it.
+    const bool zeros_in_walk =
+        direct && !input_ids.empty() && shape.embed_dim % 2 == 0 &&
+        reinterpret_cast<std::uintptr_t>(grad_token_table.data) % alignof(float) == 0 &&
+        grad_token_table.size * dtype_bytes(grad_token_table.dtype) >= kStreamBytes;
     backward_sparse(sums, position_sums, grad_out, input_ids, position_ids, shape, dropout, mode, mask_bits,
-                    direct ? grad_token_table.data : nullptr, direct ? single.data() : nullptr);
+                    direct ? grad_token_table.data : nullptr, direct ? single.data() : nullptr, zeros_in_walk);
     narrow_rows(grad_token_table, sums.values.data(), false, sums.rows, shape.vocab_size, shape.embed_dim, mode,
-                direct ? once.data() : nullptr);
+                direct ? once.data() : nullptr, zeros_in_walk);
   }
   narrow_position_sums(grad_position_table, position_sums, position_ids, shape, mode);
 }

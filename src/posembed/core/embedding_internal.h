@@ -89,10 +89,13 @@ void backward_dense(std::span<float> grad_token_table, std::span<float> grad_pos
 // grad freshly zeroed) a byte per token, 1 where the token is its row's only
 // one: the walk rounds that row straight into `half_table`
 // (simd::GradTable::single), and its values in `grad` are left unwritten.
+// With single_rows, zero_untouched (an even embed_dim, half_table 4-byte
+// aligned, at least one token): the walk also sets half_table's rows that no
+// token touches to zeros, past the cache (simd::GradTable::touched).
 void backward_sparse(SparseRowGrad& grad, std::span<float> grad_position_table, ConstTensorSpan grad_out,
                      std::span<const std::int64_t> input_ids, std::span<const std::int64_t> position_ids,
                      const EmbeddingShape& shape, const DropoutSpec& dropout, GradMode position_mode,
                      std::span<const std::uint64_t> mask_bits, void* half_table = nullptr,
-                     const std::uint8_t* single_rows = nullptr);
+                     const std::uint8_t* single_rows = nullptr, bool zero_untouched = false);
 
 }  // namespace posembed::detail

@@ -126,6 +126,15 @@ struct GradTable {
   void* half = nullptr;
   const std::int64_t* half_rows = nullptr;  // (n)
   const std::uint8_t* single = nullptr;     // (n)
+  // `half`'s rows that no token touches (their bit in `touched` clear), set
+  // to zeros by the walk, between its position groups (past the cache, so
+  // its arithmetic runs while those stores drain; after the walk, they were
+  // a pass of their own): each of the `zero_parts` threads zeroes its share
+  // of the zero_rows rows, a slice per group. The rows are viewed as
+  // row_floats floats each (a half row of an even width). Null: none.
+  const std::uint64_t* touched = nullptr;  // (zero_rows / 64)
+  std::size_t zero_rows = 0, row_floats = 0;
+  std::uint8_t zero_parts = 1;
 };
 
 // The order of backward_rows' adds: the tokens by position id, and tokens
@@ -162,15 +171,16 @@ void backward_rows_half(const GradTable& token, const GradTable& position, const
 // Rows [r0, r1) of `out`, a table of `dtype` (bf16 or f16) d wide: each
 // listed row rows[k] in the range gets its float values rounded once (RNE),
 // added in float to what it holds unless `write`: row k of `values`, or row
-// rows[k] where `by_row` (values a dense float table). With `write`, every
-// row of the range not listed is set to zeros. A listed row whose bit is set
-// in `done` (null: none) is left as it is (GradTable::single wrote it).
-// stream: past the cache (non-temporal stores, then a store fence).
+// rows[k] where `by_row` (values a dense float table). With `write` and
+// `zero_unlisted`, every row of the range not listed is set to zeros. A
+// listed row whose bit is set in `done` (null: none) is left as it is
+// (GradTable::single wrote it). stream: past the cache (non-temporal stores,
+// then a store fence).
 // out: (table rows, d), values: (count, d) or (table rows, d), rows: (count), ascending,
 // done: (table rows / 64)
 void narrow_rows(void* out, Dtype dtype, const float* values, bool by_row, const std::int64_t* rows,
-                 std::size_t count, std::size_t r0, std::size_t r1, std::size_t d, bool write, bool stream,
-                 const std::uint64_t* done);
+                 std::size_t count, std::size_t r0, std::size_t r1, std::size_t d, bool write,
+                 bool zero_unlisted, bool stream, const std::uint64_t* done);
 
 // out[i] = in[i] rounded once (RNE) to dtype (bf16 or f16), i < n: the
 // trainer's bf16 copies of weights and activations.

@@ -315,6 +315,28 @@ void AddGroup(const GradTable& token, const GradTable& position, const std::uint
   }
 }
 
+// Slice `step` of `steps` of thread self's share of the untouched rows that
+// the walk zeroes (GradTable::touched): runs of them, streamed, unfenced
+// (the walk fences once at its end).
+HWY_INLINE void ZeroSlice(const GradTable& token, std::uint8_t self, std::size_t step, std::size_t steps) {
+  const std::size_t share0 = token.zero_rows * self / token.zero_parts,
+                    share1 = token.zero_rows * (self + 1u) / token.zero_parts;
+  const std::size_t r0 = share0 + (share1 - share0) * step / steps,
+                    r1 = share0 + (share1 - share0) * (step + 1) / steps;
+  const auto is_touched = [&](std::size_t r) { return (token.touched[r >> 6] >> (r & 63) & 1) != 0; };
+  float* table = static_cast<float*>(token.half);
+  for (std::size_t r = r0; r < r1;) {
+    if (is_touched(r)) {
+      ++r;
+      continue;
+    }
+    std::size_t end = r + 1;
+    while (end < r1 && !is_touched(end)) ++end;
+    StreamZerosUnfenced(table + r * token.row_floats, (end - r) * token.row_floats);
+    r = end;
+  }
+}
+
 // Thread `self`'s share of the backward (backward_rows): the groups in the
 // plan's order; the whole pass of each group whose position row it owns, and
 // of the others the token rows it owns.
@@ -359,6 +381,7 @@ void BackwardWalk(const GradTable& token, const GradTable& position, const Backw
     return rows;
   };
   for (std::size_t p = 0; p < plan.positions; ++p) {
+    if (token.touched) ZeroSlice(token, self, p, plan.positions);
     const RowsAhead<G> ahead = p + 1 < plan.positions ? rows_ahead(p + 1) : RowsAhead<G>{};
     const std::uint32_t* members = plan.order + plan.start[p];
     const std::size_t count = plan.start[p + 1] - plan.start[p];

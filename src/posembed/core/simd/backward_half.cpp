@@ -71,7 +71,8 @@ void Narrow(void* HWY_RESTRICT out, Dtype dtype, const float* HWY_RESTRICT in, s
 // narrow_rows (simd.h).
 void NarrowRows(void* HWY_RESTRICT out, Dtype dtype, const float* HWY_RESTRICT values, bool by_row,
                 const std::int64_t* HWY_RESTRICT rows, std::size_t count, std::size_t r0, std::size_t r1,
-                std::size_t d, bool write, bool stream, const std::uint64_t* HWY_RESTRICT done) {
+                std::size_t d, bool write, bool zero_unlisted, bool stream,
+                const std::uint64_t* HWY_RESTRICT done) {
   const auto is_done = [&](std::size_t k) {
     const auto r = static_cast<std::size_t>(rows[k]);
     return done && (done[r >> 6] >> (r & 63) & 1) != 0;
@@ -102,6 +103,10 @@ void NarrowRows(void* HWY_RESTRICT out, Dtype dtype, const float* HWY_RESTRICT v
     T* buffer = reinterpret_cast<T*>(bits_buffer);
     for (std::size_t r = r0; r < r1;) {
       const std::size_t next = k < count ? std::min(r1, static_cast<std::size_t>(rows[k])) : r1;
+      if (next > r && !zero_unlisted) {
+        r = next;
+        continue;
+      }
       if (next > r) {  // rows r .. next - 1 are not listed
         if (as_floats) {
           StreamZerosUnfenced(floats_at(r), (next - r) * row_floats);
@@ -160,9 +165,10 @@ void narrow(void* out, Dtype dtype, const float* in, std::size_t n) {
 }
 
 void narrow_rows(void* out, Dtype dtype, const float* values, bool by_row, const std::int64_t* rows,
-                 std::size_t count, std::size_t r0, std::size_t r1, std::size_t d, bool write, bool stream,
-                 const std::uint64_t* done) {
-  HWY_DYNAMIC_DISPATCH(NarrowRows)(out, dtype, values, by_row, rows, count, r0, r1, d, write, stream, done);
+                 std::size_t count, std::size_t r0, std::size_t r1, std::size_t d, bool write,
+                 bool zero_unlisted, bool stream, const std::uint64_t* done) {
+  HWY_DYNAMIC_DISPATCH(NarrowRows)(out, dtype, values, by_row, rows, count, r0, r1, d, write,
+                                   zero_unlisted, stream, done);
 }
 
 }  // namespace posembed::simd
