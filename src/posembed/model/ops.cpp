@@ -132,10 +132,10 @@ void for_query_blocks(std::int64_t T, Body&& body) {
 // product's operands are packed once per head (or per block, for the rows the
 // block's softmax just wrote, which it writes rounded itself) into per-thread
 // buffers, allocated on the first call and reused: pairs along a row of q, dy,
-// att and ds (the first
-// operands of row blocks), of k and v transposed (their second operands,
-// pairs along hd), pairs across rows of v, k, dy, q (pairs along keys or
-// queries) and of att and ds (the transposed first operands of the key blocks).
+// att and ds (the first operands of row blocks), of k and v transposed (their
+// second operands, pairs along hd), pairs across rows of v, k, dy, q (pairs
+// along keys or queries) and of att and ds (the transposed first operands of
+// the key blocks).
 // The buffers are float-typed, bf16 values two to a word, so that transpose()
 // can move pairs as 32-bit words.
 struct HeadPairs {
@@ -419,10 +419,10 @@ float softmax_loss(float* p, const float* z, std::int64_t target, std::int64_t V
   return std::log(sum) + mx - z[target];  // log-sum-exp form
 }
 
-// d (V) += g * (p - onehot(target)), or = when `write`.
 inline float softmax_loss_grad(const float* p, std::int64_t i, std::int64_t target, float g) {
   return (p[i] - (i == target ? 1.0f : 0.0f)) * g;
 }
+// d (V) += g * (p - onehot(target)), or = when `write`.
 VECTOR_CLONES void softmax_loss_backward(float* d, const float* p, std::int64_t target, float g,
                                          std::int64_t V, bool write) {
   if (write) {
