@@ -315,16 +315,12 @@ void AddGroup(const GradTable& token, const GradTable& position, const std::uint
   }
 }
 
-// Slice `step` of `steps` of thread self's share of the untouched rows that
-// the walk zeroes (GradTable::touched): runs of them, streamed, unfenced
-// (the walk fences once at its end).
-HWY_INLINE void ZeroSlice(const GradTable& token, std::uint8_t self, std::size_t step, std::size_t steps) {
-  const std::size_t share0 = token.zero_rows * self / token.zero_parts,
-                    share1 = token.zero_rows * (self + 1u) / token.zero_parts;
-  const std::size_t r0 = share0 + (share1 - share0) * step / steps,
-                    r1 = share0 + (share1 - share0) * (step + 1) / steps;
-  const auto is_touched = [&](std::size_t r) { return (token.touched[r >> 6] >> (r & 63) & 1) != 0; };
-  float* table = static_cast<float*>(token.half);
+// body(first, end) for each run [first, end) of rows in [r0, r1) whose bit
+// in `touched` is clear.
+template <class Body>
+HWY_INLINE void ForEachUntouchedRun(const std::uint64_t* HWY_RESTRICT touched, std::size_t r0, std::size_t r1,
+                                    Body&& body) {
+  const auto is_touched = [&](std::size_t r) { return (touched[r >> 6] >> (r & 63) & 1) != 0; };
   for (std::size_t r = r0; r < r1;) {
     if (is_touched(r)) {
       ++r;
@@ -332,9 +328,23 @@ HWY_INLINE void ZeroSlice(const GradTable& token, std::uint8_t self, std::size_t
     }
     std::size_t end = r + 1;
     while (end < r1 && !is_touched(end)) ++end;
-    StreamZerosUnfenced(table + r * token.row_floats, (end - r) * token.row_floats);
+    body(r, end);
     r = end;
   }
+}
+
+// Slice `step` of `steps` of thread self's share of the untouched rows that
+// the walk zeroes (GradTable::touched), streamed, unfenced (the walk fences
+// once at its end).
+HWY_INLINE void ZeroSlice(const GradTable& token, std::uint8_t self, std::size_t step, std::size_t steps) {
+  const std::size_t share0 = token.zero_rows * self / token.zero_parts,
+                    share1 = token.zero_rows * (self + 1u) / token.zero_parts;
+  const std::size_t r0 = share0 + (share1 - share0) * step / steps,
+                    r1 = share0 + (share1 - share0) * (step + 1) / steps;
+  float* table = static_cast<float*>(token.half);
+  ForEachUntouchedRun(token.touched, r0, r1, [&](std::size_t first, std::size_t end) {
+    StreamZerosUnfenced(table + first * token.row_floats, (end - first) * token.row_floats);
+  });
 }
 
 // Thread `self`'s share of the backward (backward_rows): the groups in the

@@ -41,21 +41,13 @@ void StreamZeros(float* HWY_RESTRICT out, std::size_t n) {
 // gradient of a large vocabulary's table has thousands).
 void ZeroUntouchedRows(float* HWY_RESTRICT grad, const std::uint64_t* HWY_RESTRICT touched, std::size_t r0,
                        std::size_t r1, std::size_t d, bool stream) {
-  const auto is_touched = [&](std::size_t r) { return (touched[r >> 6] >> (r & 63) & 1) != 0; };
-  for (std::size_t r = r0; r < r1;) {
-    if (is_touched(r)) {
-      ++r;
-      continue;
-    }
-    std::size_t end = r + 1;
-    while (end < r1 && !is_touched(end)) ++end;
+  ForEachUntouchedRun(touched, r0, r1, [&](std::size_t first, std::size_t end) {
     if (stream) {
-      StreamZerosUnfenced(grad + r * d, (end - r) * d);
+      StreamZerosUnfenced(grad + first * d, (end - first) * d);
     } else {
-      std::fill_n(grad + r * d, (end - r) * d, 0.0f);
+      std::fill_n(grad + first * d, (end - first) * d, 0.0f);
     }
-    r = end;
-  }
+  });
   if (stream) hwy::FlushStream();
 }
 
