@@ -167,18 +167,32 @@ const std::uint16_t* transposed_pairs(HeadPairs& s, const float* x, std::int64_t
   return x_t;
 }
 
+// A head's operands of its row blocks, (T, hd) each, packed into s: `rows`
+// (its rows rows_ld apart) in pairs along rows, the first operand;
+// `transposed` transposed (transposed_pairs), the scores' second; `pairs` in
+// pairs across rows, the second of the other product. The last two are slices
+// of qkv (rows 3C apart). The forward's are q, k, v; the backward's dy, v, k.
+struct HeadOperands {
+  const std::uint16_t *rows, *transposed, *pairs;
+};
+HeadOperands pack_head(HeadPairs& s, const float* rows, std::int64_t rows_ld,
+                       const float* transposed, const float* pairs, std::int64_t C3,
+                       std::int64_t T, std::int64_t hd) {
+  const std::int64_t hp = (hd + 1) / 2, Tp = (T + 1) / 2;
+  std::uint16_t* r = sized(s.rows, T * 2 * hp);
+  std::uint16_t* p = sized(s.along_t, Tp * 2 * hd);
+  pack_bf16_rows(r, 2 * hp, rows, rows_ld, T, hd);
+  const std::uint16_t* t = transposed_pairs(s, transposed, T, hd, C3);
+  pack_bf16_row_pairs(p, 2 * hd, pairs, C3, T, hd);
+  return {r, t, p};
+}
+
 void attention_head_forward_bf16(float* y, float* a, const float* q, std::int64_t T,
                                  std::int64_t C, std::int64_t hd, float scale) {
   const std::int64_t C3 = 3 * C, hp = (hd + 1) / 2, Tp = (T + 1) / 2;
-  const float* k = q + C;
-  const float* v = q + 2 * C;
   thread_local HeadPairs s;
-  std::uint16_t* qp = sized(s.rows, T * 2 * hp);
-  std::uint16_t* vp = sized(s.along_t, Tp * 2 * hd);
+  const auto [qp, kt, vp] = pack_head(s, q, C3, q + C, q + 2 * C, C3, T, hd);
   std::uint16_t* ap = sized(s.block, kQueryBlock * 2 * Tp);
-  pack_bf16_rows(qp, 2 * hp, q, C3, T, hd);
-  const std::uint16_t* kt = transposed_pairs(s, k, T, hd, C3);
-  pack_bf16_row_pairs(vp, 2 * hd, v, C3, T, hd);
   for_query_blocks(T, [&](std::int64_t i0, std::int64_t rows) {
     const std::int64_t keys = i0 + rows;
     small_gemm_bf16(a + i0 * T, T, qp + i0 * 2 * hp, 2 * hp, 2, kt, 2 * T, rows,
@@ -197,19 +211,13 @@ void attention_head_backward_bf16(float* dq, float* ds, const float* dy, const f
                                   const float* a, std::int64_t T, std::int64_t C, std::int64_t hd,
                                   float scale, bool accumulate) {
   const std::int64_t C3 = 3 * C, hp = (hd + 1) / 2, Tp = (T + 1) / 2;
-  const float* k = q + C;
-  const float* v = q + 2 * C;
   float* dk = dq + C;
   float* dv = dq + 2 * C;
   thread_local HeadPairs s;
-  std::uint16_t* dyp = sized(s.rows, T * 2 * hp);
-  std::uint16_t* kp = sized(s.along_t, Tp * 2 * hd);
+  const auto [dyp, vt, kp] = pack_head(s, dy, C, q + 2 * C, q + C, C3, T, hd);
   std::uint16_t* dsp = sized(s.block, kQueryBlock * 2 * Tp);
   std::uint16_t* att_t = sized(s.att, Tp * 2 * T);
   std::uint16_t* ds_t = sized(s.ds, Tp * 2 * T);
-  pack_bf16_rows(dyp, 2 * hp, dy, C, T, hd);
-  const std::uint16_t* vt = transposed_pairs(s, v, T, hd, C3);
-  pack_bf16_row_pairs(kp, 2 * hd, k, C3, T, hd);
   for_query_blocks(T, [&](std::int64_t i0, std::int64_t rows) {
     const std::int64_t keys = i0 + rows;
     small_gemm_bf16(ds + i0 * T, T, dyp + i0 * 2 * hp, 2 * hp, 2, vt, 2 * T, rows,
