@@ -36,6 +36,9 @@ void ForwardRowsOf(O* HWY_RESTRICT out, const T* HWY_RESTRICT token_table, const
                    Ahead* drawing) {
   const hn::ScalableTag<float> df;
   const std::size_t lanes = hn::Lanes(df);
+  constexpr std::size_t kLine = 64 / sizeof(T);  // elements of a table row's cache line
+  const bool instruction = bf16_instructions;
+  const auto scale = hn::Set(df, mask.scale);
   const auto row = [&](const T* table, std::int64_t id) { return table + static_cast<std::size_t>(id) * d; };
   for (std::size_t r = r0; r < r1; ++r) {
     // The token row two ahead, asked for a line at a time between this row's
@@ -62,12 +65,27 @@ void ForwardRowsOf(O* HWY_RESTRICT out, const T* HWY_RESTRICT token_table, const
         }
         keep = SpanOf(cursor, e, g1 - g);
       }
-      for (std::size_t j = g; j < g1; j += lanes) {
-        const std::size_t count = std::min(lanes, g1 - j);
-        if (ahead && j % (64 / sizeof(T)) < lanes) __builtin_prefetch(ahead + j, 0, 1);
+      // The sum of two rows' lanes from j on, masked and scaled: count lanes.
+      const auto sum = [&](std::size_t j, std::size_t count) {
         auto v = hn::Add(LoadWide(df, a + j, count), LoadWide(df, b + j, count));
-        if constexpr (kMasked) v = ApplyKeep(df, v, keep.At(j - g), mask.scale);
-        StoreNarrow(df, v, o + j, count);
+        if constexpr (kMasked) v = ApplyKeep(df, v, keep.At(j - g), scale);
+        return v;
+      };
+      // Whole vectors two at a time, a prefetch per line, no partial-vector
+      // checks, the instruction flag and the scale read once: a half row is half
+      // a float row's bytes for the same vector work, so this walk ran short of
+      // instructions before memory (a mask's draws share the core too). At
+      // GPT-2's shape, bf16: eval 0.54 -> 0.41 ms, training 1.04 -> 0.89 ms.
+      std::size_t j = g;
+      for (; j + 2 * lanes <= g1; j += 2 * lanes) {
+        if (ahead && j % kLine < 2 * lanes) __builtin_prefetch(ahead + j, 0, 1);
+        StoreWhole(df, sum(j, lanes), o + j, instruction);
+        StoreWhole(df, sum(j + lanes, lanes), o + j + lanes, instruction);
+      }
+      for (; j < g1; j += lanes) {
+        const std::size_t count = std::min(lanes, g1 - j);
+        if (ahead && j % kLine < lanes) __builtin_prefetch(ahead + j, 0, 1);
+        StoreNarrow(df, sum(j, count), o + j, count);
       }
     }
   }

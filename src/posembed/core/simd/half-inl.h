@@ -128,14 +128,18 @@ HWY_INLINE hn::Vec<DF> LoadWide(DF df, const T* HWY_RESTRICT p, std::size_t coun
   }
 }
 
-// v rounded once to T, as 16-bit lanes (a vector of half df's bytes).
+// v rounded once to T, as 16-bit lanes (a vector of half df's bytes). A loop
+// passes `instruction` (bf16_instructions) read once before it: the global is
+// otherwise loaded again after every store, which may alias it.
 template <class T, class DF>
-HWY_INLINE hn::Vec<hn::Rebind<std::uint16_t, DF>> NarrowBits(DF df, hn::Vec<DF> v) {
+HWY_INLINE hn::Vec<hn::Rebind<std::uint16_t, DF>> NarrowBits(DF df, hn::Vec<DF> v,
+                                                             bool instruction = bf16_instructions) {
   const hn::Rebind<std::uint16_t, DF> d16;
+  (void)instruction;  // read on AVX-512 only
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
   if constexpr (std::is_same_v<T, bf16> && hn::MaxLanes(DF()) == 16) {
     // 0x20: subnormal lanes (vfpclassps), which the instruction reads as zeros.
-    if (bf16_instructions && _mm512_fpclass_ps_mask(v.raw, 0x20) == 0) {
+    if (instruction && _mm512_fpclass_ps_mask(v.raw, 0x20) == 0) {
       __m256i bits;
       asm("vcvtneps2bf16 %1, %0" : "=v"(bits) : "v"(v.raw));
       return hn::Vec<decltype(d16)>{bits};
@@ -160,6 +164,18 @@ HWY_INLINE void StoreNarrow(DF df, hn::Vec<DF> v, T* HWY_RESTRICT p, std::size_t
   } else {
     const hn::Rebind<std::uint16_t, DF> d16;
     StorePart(NarrowBits<T>(df, v), d16, reinterpret_cast<std::uint16_t*>(p), count);
+  }
+}
+
+// All lanes of v to p, rounded once to T (bf16 by the instruction where
+// `instruction`, as NarrowBits).
+template <class T, class DF>
+HWY_INLINE void StoreWhole(DF df, hn::Vec<DF> v, T* HWY_RESTRICT p, bool instruction) {
+  if constexpr (std::is_same_v<T, float>) {
+    hn::StoreU(v, df, p);
+  } else {
+    const hn::Rebind<std::uint16_t, DF> d16;
+    hn::StoreU(NarrowBits<T>(df, v, instruction), d16, reinterpret_cast<std::uint16_t*>(p));
   }
 }
 

@@ -272,11 +272,15 @@ HWY_INLINE void GiveKeep(KeepCursor& c, const std::uint64_t* HWY_RESTRICT keep, 
 
 // v * scale in the lanes whose bit of `keep` is set (bit j: lane j), 0 elsewhere.
 template <class DF>
-HWY_INLINE hn::Vec<DF> ApplyKeep(DF df, hn::Vec<DF> v, std::uint32_t keep, float scale) {
+HWY_INLINE hn::Vec<DF> ApplyKeep(DF df, hn::Vec<DF> v, std::uint32_t keep, hn::Vec<DF> scale) {
   // From a local, the compiler keeps the bits in a register (on AVX-512: kmov).
   std::uint8_t bits[sizeof(keep)];
   std::memcpy(bits, &keep, sizeof(keep));
-  return hn::IfThenElseZero(hn::LoadMaskBits(df, bits), hn::Mul(v, hn::Set(df, scale)));
+  return hn::IfThenElseZero(hn::LoadMaskBits(df, bits), hn::Mul(v, scale));
+}
+template <class DF>
+HWY_INLINE hn::Vec<DF> ApplyKeep(DF df, hn::Vec<DF> v, std::uint32_t keep, float scale) {
+  return ApplyKeep(df, v, keep, hn::Set(df, scale));
 }
 
 // Calls body(j, count, keep) over [0, n) in vectors of `lanes`, aligned so
