@@ -197,12 +197,14 @@ void PackBf16Rows(std::uint16_t* HWY_RESTRICT out, std::size_t ldo, const float*
   const hn::ScalableTag<float> d;
   const hn::Rebind<std::uint16_t, decltype(d)> d16;
   const std::size_t lanes = hn::Lanes(d);
+  const bool instruction = simd::bf16_instructions;  // read once (NarrowBits)
   for (std::size_t r = 0; r < rows; ++r) {
     const float* x = in + r * ldi;
     std::uint16_t* y = out + r * ldo;
     std::size_t j = 0;
     for (; j + lanes <= cols; j += lanes) {
-      hn::StoreU(simd::HWY_NAMESPACE::NarrowBits<bf16>(d, hn::LoadU(d, x + j)), d16, y + j);
+      hn::StoreU(simd::HWY_NAMESPACE::NarrowBits<bf16>(d, hn::LoadU(d, x + j), instruction), d16,
+                 y + j);
     }
     for (; j < cols; ++j) {  // the buffer may be another type's: copied as bytes
       const std::uint16_t bits = to_bf16(x[j]).bits;
@@ -218,8 +220,9 @@ void PackBf16RowPairs(std::uint16_t* HWY_RESTRICT out, std::size_t ldo,
   const hn::ScalableTag<float> d;
   const hn::RebindToUnsigned<decltype(d)> du;
   const std::size_t lanes = hn::Lanes(d);
+  const bool instruction = simd::bf16_instructions;  // read once (NarrowBits)
   const auto bits = [&](const float* x) {
-    return hn::PromoteTo(du, simd::HWY_NAMESPACE::NarrowBits<bf16>(d, hn::LoadU(d, x)));
+    return hn::PromoteTo(du, simd::HWY_NAMESPACE::NarrowBits<bf16>(d, hn::LoadU(d, x), instruction));
   };
   for (std::size_t r = 0; r < rows; r += 2) {
     const float* x0 = in + r * ldi;
