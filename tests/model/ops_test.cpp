@@ -4,10 +4,13 @@
 // reference forward, all in double.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <functional>
 #include <limits>
 #include <map>
+#include <span>
+#include <stdexcept>
 #include <string>
 
 #include "posembed/core/parallel.h"
@@ -496,9 +499,18 @@ TEST(Attention, Bf16WithinBf16BoundsOnEveryTarget) {
     test::for_each_target([&] {
       std::vector<float> out(out_ref.size()), att(n(c.B * c.H * c.T * c.T), nan),
           scratch(att.size(), nan), dqkv(qkv.size(), 0.5f);
-      attention_forward(out, att, qkv, c.B, c.T, c.C, c.H, true);
-      attention_backward(dqkv, scratch, dout, qkv, att, c.B, c.T, c.C, c.H,
-                         GradMode::accumulate, true);
+      // The backward reads q, k and v from the forward's packs only: qkv's
+      // NaNs must not reach it.
+      std::vector<std::uint16_t> packs(n(attention_bf16_values(c.B, c.T, c.C, c.H)));
+      attention_forward(out, att, qkv, c.B, c.T, c.C, c.H, packs);
+      attention_backward(dqkv, scratch, dout, std::vector<float>(qkv.size(), nan), att, c.B, c.T,
+                         c.C, c.H, GradMode::accumulate, packs);
+      // Packs short of a head are refused before any head runs.
+      const std::span<std::uint16_t> short_packs = std::span(packs).first(packs.size() - 1);
+      std::vector<float> untouched(out.size(), nan);
+      EXPECT_THROW(attention_forward(untouched, att, qkv, c.B, c.T, c.C, c.H, short_packs),
+                   std::logic_error);
+      EXPECT_TRUE(std::all_of(untouched.begin(), untouched.end(), [](float x) { return std::isnan(x); }));
       expect_all_near(out, out_ref, bound.out, "bf16 attention forward");
       expect_all_near(dqkv, dqkv_ref, bound.dqkv, "bf16 attention dqkv");
       if (bits_by_target.empty()) {

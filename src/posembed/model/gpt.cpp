@@ -296,8 +296,9 @@ Activations make_activations(const GptConfig& c, std::int64_t B, std::int64_t T,
       // (int64) that callers hold beside them.
       const double scratch =
           precision == Precision::bf16
-              ? 2.0 * tokens *
-                    static_cast<double>(2 * bf16_scratch_half(c, 1) + bf16_inputs_per_token(c))
+              ? 2.0 * (tokens * static_cast<double>(2 * bf16_scratch_half(c, 1) +
+                                                    bf16_inputs_per_token(c)) +
+                       static_cast<double>(c.n_layer * attention_bf16_values(B, T, C, H)))
               : 0.0;
       const auto bytes = static_cast<std::uint64_t>(
           4.0 * k.counted + tokens * static_cast<double>(C) / 8.0 + 16.0 * tokens + scratch);
@@ -324,6 +325,11 @@ Activations make_activations(const GptConfig& c, std::int64_t B, std::int64_t T,
       l.fch_gelu_bf16 = take(N * 4 * C);
     }
     a.ln_f_bf16 = take(N * C);
+    const std::int64_t packs = attention_bf16_values(B, T, C, H);
+    a.bf16_attention.assign(sz(c.n_layer * packs), 0);
+    for (std::size_t l = 0; l < a.layers.size(); ++l) {
+      a.layers[l].attention_bf16 = std::span(a.bf16_attention).subspan(l * sz(packs), sz(packs));
+    }
   }
   a.positions.resize(sz(N));
   positions_contiguous(a.positions, B, T, 0);
@@ -489,7 +495,7 @@ double gpt_forward(const Gpt& model, Activations& a, std::span<const std::int64_
                       rounded(L.ln_1_bf16));
     matmul_forward(L.qkv, L.ln_1, w.c_attn_w, w.c_attn_b, N, C, 3 * C,
                    ready(bf16_operands(model, transposed, a, w.c_attn_w, wt.c_attn_w, L.ln_1_bf16)));
-    attention_forward(L.atty, L.att, L.qkv, B, T, C, H, bf16);
+    attention_forward(L.atty, L.att, L.qkv, B, T, C, H, rounded(L.attention_bf16));
     matmul_forward(L.attproj, L.atty, w.attn_proj_w, w.attn_proj_b, N, C, C,
                    bf16_operands(model, transposed, a, w.attn_proj_w, wt.attn_proj_w, L.atty_bf16));
     dropout_forward(L.attproj.first(nc), L.attproj.first(nc), dropout,
@@ -606,7 +612,8 @@ void gpt_backward(const Gpt& model, ParamViews& g, Activations& a,
                     bf16_operands(model, transposed, a, w.attn_proj_w, wt.attn_proj_w,
                                   L.atty_bf16));
     attention_backward(a.d_qkv, a.d_att, a.d_atty, L.qkv, L.att, B, T, C, H, write,
-                       bf16_products(transposed));
+                       bf16_products(transposed) ? L.attention_bf16
+                                                 : std::span<std::uint16_t>());
     matmul_backward(a.d_ln, dw.c_attn_w, dw.c_attn_b, a.d_qkv, L.ln_1, w.c_attn_w, N, C, 3 * C,
                     write, param_mode, wt.c_attn_w,
                     bf16_operands(model, transposed, a, w.c_attn_w, wt.c_attn_w, L.ln_1_bf16));

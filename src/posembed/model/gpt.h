@@ -151,6 +151,10 @@ struct Activations {
   // write ln_1, ln_2, fch_gelu and ln_f there only (rounded once): under
   // bf16 products their fp32 spans, and d_logits, are not written.
   std::vector<std::uint16_t> bf16_inputs;
+  // Precision::bf16: each layer's attention operands that its forward packs
+  // for its backward (ops.h: attention_forward's bf16_packs), n_layer *
+  // attention_bf16_values(B, T, C, H); empty for fp32.
+  std::vector<std::uint16_t> bf16_attention;
   // Forward, per layer l at [l]: (B,T,C) unless noted.
   std::span<float> encoded;
   struct Layer {
@@ -164,8 +168,9 @@ struct Activations {
     std::span<float> fch_dgelu, fch_gelu;          // (B,T,4C): gelu'(fch), gelu(fch)
     std::span<float> mlpproj;                      // after dropout
     std::span<float> residual3;
-    // Precision::bf16: ln_1, atty, ln_2 and fch_gelu rounded (bf16_inputs).
-    std::span<std::uint16_t> ln_1_bf16, atty_bf16, ln_2_bf16, fch_gelu_bf16;
+    // Precision::bf16: ln_1, atty, ln_2 and fch_gelu rounded (bf16_inputs),
+    // the attention's packs (bf16_attention).
+    std::span<std::uint16_t> ln_1_bf16, atty_bf16, ln_2_bf16, fch_gelu_bf16, attention_bf16;
   };
   std::vector<Layer> layers;
   std::span<float> ln_f, ln_f_mean, ln_f_rstd;

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "posembed/core/philox.h"
@@ -135,15 +136,29 @@ void for_query_blocks(std::int64_t T, Body&& body) {
 // att and ds (the first operands of row blocks), of k and v transposed (their
 // second operands, pairs along hd), pairs across rows of v, k, dy, q (pairs
 // along keys or queries) and of att and ds (the transposed first operands of
-// the key blocks).
+// the key blocks). The backward's operands from q, k and v are packed by the
+// forward (BackwardPacks), which has the head's slices in cache; the backward
+// found them in memory, strided.
 // The buffers are float-typed, bf16 values two to a word, so that transpose()
 // can move pairs as 32-bit words.
 struct HeadPairs {
-  std::vector<float> rows, words, along_hd, along_t, block, att, ds, dy, q;
+  std::vector<float> rows, words, along_hd, along_t, block, att, ds, dy;
 };
 std::uint16_t* sized(std::vector<float>& v, std::int64_t values) {
   if (v.size() < sz((values + 1) / 2)) v.resize(sz((values + 1) / 2));
   return reinterpret_cast<std::uint16_t*>(v.data());
+}
+
+// A head's share of attention_forward's bf16_packs, (T, hd) operands: v^T in
+// pairs along hd (the second operand of the scores' gradient), then k and q in
+// pairs across rows (of dq's and dk's products); offsets into it.
+struct BackwardPacks {
+  std::int64_t vt, kp, qp, values;
+};
+BackwardPacks backward_packs(std::int64_t T, std::int64_t hd) {
+  const std::int64_t hp = (hd + 1) / 2, Tp = (T + 1) / 2;
+  const std::int64_t vt = 0, kp = vt + hp * 2 * T, qp = kp + Tp * 2 * hd;
+  return {vt, kp, qp, qp + Tp * 2 * hd};
 }
 
 // The rows of a block's probabilities or their gradient in pairs along keys,
@@ -154,44 +169,34 @@ void pad_last_pairs(std::uint16_t* pairs, std::int64_t ld, std::int64_t rows, st
   for (std::int64_t r = 0; r < rows; ++r) pairs[r * ld + keys] = 0;
 }
 
-// x^T (hd, T) in pairs along hd, x (T, hd) with rows ld apart: x's rows
+// x_t = x^T (hd, T) in pairs along hd, x (T, hd) with rows ld apart: x's rows
 // rounded into pairs, then transposed as 32-bit words.
-const std::uint16_t* transposed_pairs(HeadPairs& s, const float* x, std::int64_t T,
-                                      std::int64_t hd, std::int64_t ld) {
+void transposed_pairs(std::uint16_t* x_t, HeadPairs& s, const float* x, std::int64_t T,
+                      std::int64_t hd, std::int64_t ld) {
   const std::int64_t hp = (hd + 1) / 2;
   std::uint16_t* x_rows = sized(s.words, T * 2 * hp);
-  std::uint16_t* x_t = sized(s.along_hd, hp * 2 * T);
   pack_bf16_rows(x_rows, 2 * hp, x, ld, T, hd);
   transpose(reinterpret_cast<float*>(x_t), reinterpret_cast<const float*>(x_rows), sz(T), sz(hp),
             sz(hp));
-  return x_t;
 }
 
-// A head's operands of its row blocks, (T, hd) each, packed into s: `rows`
-// (its rows rows_ld apart) in pairs along rows, the first operand;
-// `transposed` transposed (transposed_pairs), the scores' second; `pairs` in
-// pairs across rows, the second of the other product. The last two are slices
-// of qkv (rows 3C apart). The forward's are q, k, v; the backward's dy, v, k.
-struct HeadOperands {
-  const std::uint16_t *rows, *transposed, *pairs;
-};
-HeadOperands pack_head(HeadPairs& s, const float* rows, std::int64_t rows_ld,
-                       const float* transposed, const float* pairs, std::int64_t C3,
-                       std::int64_t T, std::int64_t hd) {
-  const std::int64_t hp = (hd + 1) / 2, Tp = (T + 1) / 2;
-  std::uint16_t* r = sized(s.rows, T * 2 * hp);
-  std::uint16_t* p = sized(s.along_t, Tp * 2 * hd);
-  pack_bf16_rows(r, 2 * hp, rows, rows_ld, T, hd);
-  const std::uint16_t* t = transposed_pairs(s, transposed, T, hd, C3);
-  pack_bf16_row_pairs(p, 2 * hd, pairs, C3, T, hd);
-  return {r, t, p};
-}
-
-void attention_head_forward_bf16(float* y, float* a, const float* q, std::int64_t T,
-                                 std::int64_t C, std::int64_t hd, float scale) {
+// saved: the head's BackwardPacks, written here.
+void attention_head_forward_bf16(float* y, float* a, std::uint16_t* saved, const float* q,
+                                 std::int64_t T, std::int64_t C, std::int64_t hd, float scale) {
   const std::int64_t C3 = 3 * C, hp = (hd + 1) / 2, Tp = (T + 1) / 2;
+  const float* k = q + C;
+  const float* v = q + 2 * C;
   thread_local HeadPairs s;
-  const auto [qp, kt, vp] = pack_head(s, q, C3, q + C, q + 2 * C, C3, T, hd);
+  std::uint16_t* qp = sized(s.rows, T * 2 * hp);
+  std::uint16_t* kt = sized(s.along_hd, hp * 2 * T);
+  std::uint16_t* vp = sized(s.along_t, Tp * 2 * hd);
+  pack_bf16_rows(qp, 2 * hp, q, C3, T, hd);
+  transposed_pairs(kt, s, k, T, hd, C3);
+  pack_bf16_row_pairs(vp, 2 * hd, v, C3, T, hd);
+  const BackwardPacks o = backward_packs(T, hd);
+  transposed_pairs(saved + o.vt, s, v, T, hd, C3);
+  pack_bf16_row_pairs(saved + o.kp, 2 * hd, k, C3, T, hd);
+  pack_bf16_row_pairs(saved + o.qp, 2 * hd, q, C3, T, hd);
   std::uint16_t* ap = sized(s.block, kQueryBlock * 2 * Tp);
   for_query_blocks(T, [&](std::int64_t i0, std::int64_t rows) {
     const std::int64_t keys = i0 + rows;
@@ -207,14 +212,20 @@ void attention_head_forward_bf16(float* y, float* a, const float* q, std::int64_
   });
 }
 
-void attention_head_backward_bf16(float* dq, float* ds, const float* dy, const float* q,
+// saved: the head's BackwardPacks, as the forward wrote them.
+void attention_head_backward_bf16(float* dq, float* ds, const float* dy, const std::uint16_t* saved,
                                   const float* a, std::int64_t T, std::int64_t C, std::int64_t hd,
                                   float scale, bool accumulate) {
-  const std::int64_t C3 = 3 * C, hp = (hd + 1) / 2, Tp = (T + 1) / 2;
+  const std::int64_t hp = (hd + 1) / 2, Tp = (T + 1) / 2;
   float* dk = dq + C;
   float* dv = dq + 2 * C;
+  const BackwardPacks o = backward_packs(T, hd);
+  const std::uint16_t* vt = saved + o.vt;
+  const std::uint16_t* kp = saved + o.kp;
+  const std::uint16_t* q_t = saved + o.qp;
   thread_local HeadPairs s;
-  const auto [dyp, vt, kp] = pack_head(s, dy, C, q + 2 * C, q + C, C3, T, hd);
+  std::uint16_t* dyp = sized(s.rows, T * 2 * hp);
+  pack_bf16_rows(dyp, 2 * hp, dy, C, T, hd);
   std::uint16_t* dsp = sized(s.block, kQueryBlock * 2 * Tp);
   std::uint16_t* att_t = sized(s.att, Tp * 2 * T);
   std::uint16_t* ds_t = sized(s.ds, Tp * 2 * T);
@@ -226,33 +237,50 @@ void attention_head_backward_bf16(float* dq, float* ds, const float* dy, const f
       softmax_row_backward(ds + t * T, a + t * T, sz(t + 1), sz(keys), dsp + (t - i0) * 2 * Tp);
     }
     pad_last_pairs(dsp, 2 * Tp, rows, keys);
-    small_gemm_bf16(dq + i0 * C3, C3, dsp, 2 * Tp, 2, kp, 2 * hd, rows, hd, (keys + 1) / 2, scale,
-                    accumulate);
+    small_gemm_bf16(dq + i0 * 3 * C, 3 * C, dsp, 2 * Tp, 2, kp, 2 * hd, rows, hd, (keys + 1) / 2,
+                    scale, accumulate);
     // The key blocks' first operands, att^T and dscore^T: this block's rows
     // paired across queries (i0 is even), over the keys they hold.
     pack_bf16_row_pairs(att_t + i0 * T, 2 * T, a + i0 * T, T, rows, keys);
     pack_bf16_row_pairs(ds_t + i0 * T, 2 * T, ds + i0 * T, T, rows, keys);
   });
   std::uint16_t* dy_t = sized(s.dy, Tp * 2 * hd);
-  std::uint16_t* q_t = sized(s.q, Tp * 2 * hd);
   pack_bf16_row_pairs(dy_t, 2 * hd, dy, C, T, hd);
-  pack_bf16_row_pairs(q_t, 2 * hd, q, C3, T, hd);
   // Key block [j0, j0 + rows) meets queries [j0, T): pair rows from j0 / 2.
   for_query_blocks(T, [&](std::int64_t j0, std::int64_t rows) {
     const std::int64_t pairs = (T - j0 + 1) / 2;
-    small_gemm_bf16(dv + j0 * C3, C3, att_t + j0 * T + 2 * j0, 2, 2 * T, dy_t + j0 * hd, 2 * hd,
-                    rows, hd, pairs, 1.0f, accumulate);
-    small_gemm_bf16(dk + j0 * C3, C3, ds_t + j0 * T + 2 * j0, 2, 2 * T, q_t + j0 * hd, 2 * hd,
-                    rows, hd, pairs, scale, accumulate);
+    small_gemm_bf16(dv + j0 * 3 * C, 3 * C, att_t + j0 * T + 2 * j0, 2, 2 * T, dy_t + j0 * hd,
+                    2 * hd, rows, hd, pairs, 1.0f, accumulate);
+    small_gemm_bf16(dk + j0 * 3 * C, 3 * C, ds_t + j0 * T + 2 * j0, 2, 2 * T, q_t + j0 * hd,
+                    2 * hd, rows, hd, pairs, scale, accumulate);
   });
+}
+
+// The bf16 packs hold at least what attention_bf16_values says: checked
+// before any head runs (an exception must not leave a parallel region).
+void check_bf16_packs(std::size_t size, std::int64_t B, std::int64_t T, std::int64_t C,
+                      std::int64_t H) {
+  if (size < sz(attention_bf16_values(B, T, C, H))) {
+    throw std::logic_error("attention's bf16 packs hold " + std::to_string(size) +
+                           " values; B, T, C, H need " +
+                           std::to_string(attention_bf16_values(B, T, C, H)));
+  }
 }
 
 }  // namespace
 
+std::int64_t attention_bf16_values(std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t H) {
+  return B * H * backward_packs(T, C / H).values;
+}
+
 void attention_forward(std::span<float> out, std::span<float> att, std::span<const float> qkv,
-                       std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t H, bool bf16) {
+                       std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t H,
+                       std::span<std::uint16_t> bf16_packs) {
   const std::int64_t hd = C / H, C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const bool bf16 = !bf16_packs.empty();
+  if (bf16) check_bf16_packs(bf16_packs.size(), B, T, C, H);
+  const std::int64_t head_packs = backward_packs(T, hd).values;
   parallel_pieces(B * H, double(B * H) * double(T * T) * double(C / H), [&](std::int64_t bh) {
     const std::int64_t b = bh / H, h = bh % H;
     const float* q = qkv.data() + b * T * C3 + h * hd;
@@ -260,7 +288,10 @@ void attention_forward(std::span<float> out, std::span<float> att, std::span<con
     const float* v = q + 2 * C;
     float* a = att.data() + bh * T * T;  // (T, T)
     float* y = out.data() + b * T * C + h * hd;
-    if (bf16) return attention_head_forward_bf16(y, a, q, T, C, hd, scale);
+    if (bf16) {
+      return attention_head_forward_bf16(y, a, bf16_packs.data() + bh * head_packs, q, T, C, hd,
+                                         scale);
+    }
     const float* kt = transposed(k, T, hd, C3);  // (hd, T)
     for_query_blocks(T, [&](std::int64_t i0, std::int64_t rows) {
       // scores = scale * q k^T, softmax over keys [0, t], then y = att @ v.
@@ -279,9 +310,13 @@ void attention_forward(std::span<float> out, std::span<float> att, std::span<con
 void attention_backward(std::span<float> dqkv, std::span<float> scratch,
                         std::span<const float> dout, std::span<const float> qkv,
                         std::span<const float> att, std::int64_t B, std::int64_t T, std::int64_t C,
-                        std::int64_t H, GradMode dinp_mode, bool bf16) {
+                        std::int64_t H, GradMode dinp_mode,
+                        std::span<const std::uint16_t> bf16_packs) {
   const std::int64_t hd = C / H, C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const bool bf16 = !bf16_packs.empty();
+  if (bf16) check_bf16_packs(bf16_packs.size(), B, T, C, H);
+  const std::int64_t head_packs = backward_packs(T, hd).values;
   // Each row of dq, dk and dv is one product, so writing needs no zeroing.
   const bool accumulate = !writes(dinp_mode);
   parallel_pieces(B * H, double(B * H) * double(T * T) * double(C / H), [&](std::int64_t bh) {
@@ -295,7 +330,10 @@ void attention_backward(std::span<float> dqkv, std::span<float> scratch,
     const float* a = att.data() + bh * T * T;
     const float* dy = dout.data() + b * T * C + h * hd;
     float* ds = scratch.data() + bh * T * T;
-    if (bf16) return attention_head_backward_bf16(dq, ds, dy, q, a, T, C, hd, scale, accumulate);
+    if (bf16) {
+      return attention_head_backward_bf16(dq, ds, dy, bf16_packs.data() + bh * head_packs, a, T, C,
+                                          hd, scale, accumulate);
+    }
     const float* vt = transposed(v, T, hd, C3);  // (hd, T)
     // Query blocks: datt = dy v^T, dscore = the softmax's VJP of datt (in
     // place), dq (+)= scale * dscore @ k.

@@ -128,20 +128,23 @@ void layernorm_backward(std::span<float> dinp, std::span<float> dweight, std::sp
 // rows (column min(t | 7, T - 1)); entries further right are never read (some
 // hold scores, the rest whatever the buffer held). qkv
 // (B, T, 3C): q, k, v side by side, head h in columns [h*hd, (h+1)*hd) of each third.
-// bf16 (precision bf16): the four products of the forward and backward
-// multiply bf16 copies of their operands (q, k, v, att, dout and the scores'
-// gradient, each rounded once) with fp32 sums (small_gemm_bf16); the softmax,
-// its gradient and att stay fp32. The same blocks either way.
+// bf16_packs (precision bf16; empty: fp32): the four products of the forward
+// and backward multiply bf16 copies of their operands (q, k, v, att, dout and
+// the scores' gradient, each rounded once) with fp32 sums (small_gemm_bf16);
+// the softmax, its gradient and att stay fp32. The same blocks either way.
+// The forward writes into bf16_packs (attention_bf16_values values) the
+// backward's operands from q, k and v, which the backward then reads there.
 void attention_forward(std::span<float> out, std::span<float> att, std::span<const float> qkv,
                        std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t H,
-                       bool bf16 = false);
+                       std::span<std::uint16_t> bf16_packs = {});
+std::int64_t attention_bf16_values(std::int64_t B, std::int64_t T, std::int64_t C, std::int64_t H);
 // dqkv (B, T, 3C) += VJP of dout (B, T, C); scratch (B, H, T, T) is overwritten
-// where att is written.
+// where att is written. With bf16_packs (the forward's) qkv is not read.
 void attention_backward(std::span<float> dqkv, std::span<float> scratch,
                         std::span<const float> dout, std::span<const float> qkv,
                         std::span<const float> att, std::int64_t B, std::int64_t T, std::int64_t C,
                         std::int64_t H, GradMode dinp_mode = GradMode::accumulate,
-                        bool bf16 = false);
+                        std::span<const std::uint16_t> bf16_packs = {});
 
 // GELU, tanh approximation (GPT-2's gelu_new). out, inp: (N)
 void gelu_forward(std::span<float> out, std::span<const float> inp);
