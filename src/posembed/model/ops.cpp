@@ -216,7 +216,7 @@ void attention_head_forward_bf16(float* y, float* a, std::uint16_t* saved, const
 void attention_head_backward_bf16(float* dq, float* ds, const float* dy, const std::uint16_t* saved,
                                   const float* a, std::int64_t T, std::int64_t C, std::int64_t hd,
                                   float scale, bool accumulate) {
-  const std::int64_t hp = (hd + 1) / 2, Tp = (T + 1) / 2;
+  const std::int64_t C3 = 3 * C, hp = (hd + 1) / 2, Tp = (T + 1) / 2;
   float* dk = dq + C;
   float* dv = dq + 2 * C;
   const BackwardPacks o = backward_packs(T, hd);
@@ -237,8 +237,8 @@ void attention_head_backward_bf16(float* dq, float* ds, const float* dy, const s
       softmax_row_backward(ds + t * T, a + t * T, sz(t + 1), sz(keys), dsp + (t - i0) * 2 * Tp);
     }
     pad_last_pairs(dsp, 2 * Tp, rows, keys);
-    small_gemm_bf16(dq + i0 * 3 * C, 3 * C, dsp, 2 * Tp, 2, kp, 2 * hd, rows, hd, (keys + 1) / 2,
-                    scale, accumulate);
+    small_gemm_bf16(dq + i0 * C3, C3, dsp, 2 * Tp, 2, kp, 2 * hd, rows, hd, (keys + 1) / 2, scale,
+                    accumulate);
     // The key blocks' first operands, att^T and dscore^T: this block's rows
     // paired across queries (i0 is even), over the keys they hold.
     pack_bf16_row_pairs(att_t + i0 * T, 2 * T, a + i0 * T, T, rows, keys);
@@ -249,10 +249,10 @@ void attention_head_backward_bf16(float* dq, float* ds, const float* dy, const s
   // Key block [j0, j0 + rows) meets queries [j0, T): pair rows from j0 / 2.
   for_query_blocks(T, [&](std::int64_t j0, std::int64_t rows) {
     const std::int64_t pairs = (T - j0 + 1) / 2;
-    small_gemm_bf16(dv + j0 * 3 * C, 3 * C, att_t + j0 * T + 2 * j0, 2, 2 * T, dy_t + j0 * hd,
-                    2 * hd, rows, hd, pairs, 1.0f, accumulate);
-    small_gemm_bf16(dk + j0 * 3 * C, 3 * C, ds_t + j0 * T + 2 * j0, 2, 2 * T, q_t + j0 * hd,
-                    2 * hd, rows, hd, pairs, scale, accumulate);
+    small_gemm_bf16(dv + j0 * C3, C3, att_t + j0 * T + 2 * j0, 2, 2 * T, dy_t + j0 * hd, 2 * hd,
+                    rows, hd, pairs, 1.0f, accumulate);
+    small_gemm_bf16(dk + j0 * C3, C3, ds_t + j0 * T + 2 * j0, 2, 2 * T, q_t + j0 * hd, 2 * hd,
+                    rows, hd, pairs, scale, accumulate);
   });
 }
 

@@ -50,9 +50,8 @@ void BackwardRowsHalf(const GradTable& token, const GradTable& position, const B
 }
 
 // Row `row` of a table of T: values (d floats) rounded once; accumulate: added
-// to what the row holds first, in float.
-// Whole vectors first, the instruction flag read once (as the half forward's
-// walk), then a partial one.
+// to what the row holds first, in float. Whole vectors first, the instruction
+// flag read once (as the half forward's walk), then a partial one.
 template <class T>
 HWY_INLINE void NarrowRow(T* HWY_RESTRICT to, const float* HWY_RESTRICT values, std::size_t d, bool accumulate) {
   const hn::ScalableTag<float> df;
