@@ -120,14 +120,14 @@ Vd bound(Vd mag, double n) {
 
 // out, dinp, dweight, dbias of one bf16 product (accumulated onto a start
 // value), the tied layer's too; then against the double reference ops given
-// the bf16-rounded operands. Shapes cross the 128-row pieces and 64-row
-// weight pieces. Same bits on 1, 2 and 3 threads, and with the forward's
+// the bf16-rounded operands. Shapes cross the 128-row pieces and the 128-row
+// weight pieces (a partial last one in either layout). Same bits on 1, 2 and 3 threads, and with the forward's
 // rounded input kept for the backward (Bf16Operands::input) as without.
 TEST(Bf16, ProductsMatchTheDoubleReferenceOnRoundedOperands) {
   struct Case {
     std::int64_t N, C, OC;
   };
-  for (const Case c : {Case{300, 70, 90}, Case{129, 33, 256}, Case{5, 8, 24}}) {
+  for (const Case c : {Case{300, 70, 90}, Case{129, 33, 256}, Case{70, 200, 40}, Case{5, 8, 24}}) {
     const auto n = [](std::int64_t v) { return static_cast<std::size_t>(v); };
     const auto inp = random_floats(n(c.N * c.C), 31), w = random_floats(n(c.C * c.OC), 32, 0.1),
                bias = random_floats(n(c.OC), 33), dout = random_floats(n(c.N * c.OC), 34);
