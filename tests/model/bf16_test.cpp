@@ -120,8 +120,9 @@ Vd bound(Vd mag, double n) {
 
 // out, dinp, dweight, dbias of one bf16 product (accumulated onto a start
 // value), the tied layer's too; then against the double reference ops given
-// the bf16-rounded operands. Shapes cross the 128-row pieces and the 128-row
-// weight pieces (a partial last one in either layout). Same bits on 1, 2 and 3 threads, and with the forward's
+// the bf16-rounded operands. Shapes cross the 128-row pieces and the weight
+// gradient's pieces (gemm_bf16_gradient_rows: 128 or 64 rows; a partial last
+// one in either layout). Same bits on 1, 2 and 3 threads, and with the forward's
 // rounded input kept for the backward (Bf16Operands::input) as without.
 TEST(Bf16, ProductsMatchTheDoubleReferenceOnRoundedOperands) {
   struct Case {

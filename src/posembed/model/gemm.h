@@ -32,6 +32,13 @@ void gemm_bf16(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t 
                const std::uint16_t* a, std::int64_t lda, const std::uint16_t* b, std::int64_t ldb,
                float beta, float* c, std::int64_t ldc);
 
+// Output rows of a weight gradient per gemm_bf16 call (a transposed first
+// operand, summed over the tokens): 128 where oneDNN multiplies bf16 on AMX
+// tiles, 64 elsewhere. oneDNN runs a transposed operand's slice through its
+// gemm and a whole one (128 rows of a 128-wide layer) through brgemm, which
+// with AMX is the faster, and without it the slower.
+std::int64_t gemm_bf16_gradient_rows();
+
 // The library, its version and the instruction set its JIT kernels target,
 // e.g. "oneDNN 2.6.3 dnnl_sgemm, JIT for avx512_core_bf16".
 std::string gemm_library();

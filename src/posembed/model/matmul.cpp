@@ -190,13 +190,8 @@ void matmul_backward_any(std::span<float> dinp, std::span<float> dweight, std::s
                     : in_out       ? transposed_operand(weight.data(), C, OC, dinp_pieces, weight_t)
                                    : Operand{weight.data(), Trans::no, C};
   // dweight (R, K) += a^T @ b over all N rows, in pieces of output rows: 32
-  // for fp32; 128 for bf16. oneDNN runs its gemm, not brgemm, on a transposed
-  // slice of a, and a piece of all R rows is no slice: with AMX, brgemm took
-  // 126 us for the trainer's (128, 384) qkv gradient against 2 x 102 us in
-  // 64-row pieces, and where R is larger 128-row slices took 55 us against 2 x
-  // 36 us (Intel Xeon, oneDNN's verbose timings). On AMD EPYC Zen 4, 64-row
-  // pieces took 0.92x the time of 32-row ones.
-  const std::int64_t kOutPiece = bf16.enabled() ? 128 : 32;
+  // for fp32, gemm.h's choice for bf16.
+  const std::int64_t kOutPiece = bf16.enabled() ? gemm_bf16_gradient_rows() : 32;
   const float* a = in_out ? inp.data() : dout.data();
   const float* b = in_out ? dout.data() : inp.data();
   const std::int64_t R = in_out ? C : OC, K = in_out ? OC : C;
