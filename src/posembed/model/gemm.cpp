@@ -140,8 +140,8 @@ std::int64_t gemm_bf16_gradient_rows() {
   // family 6 model 207, one thread). On AMD EPYC Zen 4, 64-row slices took
   // 0.92x the time of 32-row ones.
   // The ISA values are bit sets, each holding the ones below it.
-  static const bool amx = (dnnl_get_effective_cpu_isa() & dnnl_cpu_isa_avx512_core_amx) ==
-                          dnnl_cpu_isa_avx512_core_amx;
+  static const bool amx =
+      (dnnl_get_effective_cpu_isa() & dnnl_cpu_isa_avx512_core_amx) == dnnl_cpu_isa_avx512_core_amx;
   return amx ? 128 : 64;
 }
 
