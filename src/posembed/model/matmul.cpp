@@ -191,11 +191,11 @@ void matmul_backward_any(std::span<float> dinp, std::span<float> dweight, std::s
                                    : Operand{weight.data(), Trans::no, C};
   // dweight (R, K) += a^T @ b over all N rows, in pieces of output rows: 32
   // for fp32, gemm.h's choice for bf16.
-  const std::int64_t kOutPiece = bf16.enabled() ? gemm_bf16_gradient_rows() : 32;
+  const std::int64_t out_piece = bf16.enabled() ? gemm_bf16_gradient_rows() : 32;
   const float* a = in_out ? inp.data() : dout.data();
   const float* b = in_out ? dout.data() : inp.data();
   const std::int64_t R = in_out ? C : OC, K = in_out ? OC : C;
-  const std::int64_t dweight_pieces = pieces(R, kOutPiece);
+  const std::int64_t dweight_pieces = pieces(R, out_piece);
   const std::int64_t bias_strips = dbias.empty() ? 0 : pieces(OC, kColStrip);
   const double work = 2 * double(N) * double(C) * double(OC);
   const auto dinp_piece = [&](std::int64_t p) {
@@ -213,7 +213,7 @@ void matmul_backward_any(std::span<float> dinp, std::span<float> dweight, std::s
   parallel_rows_then_tasks(
       dinp_pieces, dweight_pieces + bias_strips, work, dinp_piece, [&](std::int64_t t) {
         if (t < dweight_pieces) {
-          const std::int64_t r0 = t * kOutPiece, rows = std::min(R - r0, kOutPiece);
+          const std::int64_t r0 = t * out_piece, rows = std::min(R - r0, out_piece);
           if (bf16.enabled()) {
             gemm_bf16(Trans::yes, Trans::no, rows, K, N, (in_out ? inp_b : dout_b) + r0, R,
                       in_out ? dout_b : inp_b, K, beta_of(param_mode), dweight.data() + r0 * K, K);
