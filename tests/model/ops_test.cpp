@@ -13,12 +13,13 @@
 #include <stdexcept>
 #include <string>
 
-#include "posembed/core/parallel.h"
-#include "posembed/model/ops.h"
-#include "posembed/core/simd.h"
-#include "posembed/model/reference.h"
 #include "core/hwy_targets.h"
 #include "core/test_util.h"
+#include "posembed/core/parallel.h"
+#include "posembed/core/simd.h"
+#include "posembed/model/ops.h"
+#include "posembed/model/reference.h"
+#include "posembed/model/small_gemm.h"
 #include "test_util.h"
 
 namespace posembed::model {
@@ -496,40 +497,48 @@ TEST(Attention, Bf16WithinBf16BoundsOnEveryTarget) {
     ref::attention_forward(out_ref, to_double(qkv), c.B, c.T, c.C, c.H);
     ref::attention_backward(dqkv_ref, to_double(dout), to_double(qkv), c.B, c.T, c.C, c.H);
     std::map<std::string, std::vector<std::uint32_t>> bits_by_target;
-    test::for_each_target([&] {
-      std::vector<float> out(out_ref.size()), att(n(c.B * c.H * c.T * c.T), nan),
-          scratch(att.size(), nan), dqkv(qkv.size(), 0.5f);
-      // The backward reads q, k and v from the forward's packs only: qkv's
-      // NaNs must not reach it.
-      std::vector<std::uint16_t> packs(n(attention_bf16_values(c.B, c.T, c.C, c.H)));
-      attention_forward(out, att, qkv, c.B, c.T, c.C, c.H, packs);
-      attention_backward(dqkv, scratch, dout, std::vector<float>(qkv.size(), nan), att, c.B, c.T,
-                         c.C, c.H, GradMode::accumulate, packs);
-      // Packs short of a head are refused before any head runs.
-      const std::span<std::uint16_t> short_packs = std::span(packs).first(packs.size() - 1);
-      std::vector<float> untouched(out.size(), nan);
-      EXPECT_THROW(attention_forward(untouched, att, qkv, c.B, c.T, c.C, c.H, short_packs),
-                   std::logic_error);
-      EXPECT_TRUE(std::all_of(untouched.begin(), untouched.end(), [](float x) { return std::isnan(x); }));
-      expect_all_near(out, out_ref, bound.out, "bf16 attention forward");
-      expect_all_near(dqkv, dqkv_ref, bound.dqkv, "bf16 attention dqkv");
-      if (bits_by_target.empty()) {
-        // Not the fp32 attention: its operands really are rounded.
-        std::vector<float> out32(out.size()), dqkv32(qkv.size(), 0.5f);
-        attention_forward(out32, att, qkv, c.B, c.T, c.C, c.H);
-        attention_backward(dqkv32, scratch, dout, qkv, att, c.B, c.T, c.C, c.H);
-        EXPECT_NE(out32, out);
-        EXPECT_NE(dqkv32, dqkv);
-      }
-      // The softmax rows' sums run in each target's vector width, so the bits
-      // compared are those of one target with and without the instruction.
-      std::vector<std::uint32_t> bits = test::as_bits(out), dbits = test::as_bits(dqkv);
-      bits.insert(bits.end(), dbits.begin(), dbits.end());
-      const auto [seen, first] = bits_by_target.emplace(simd::target_name(), bits);
-      if (!first) {
-        EXPECT_EQ(bits, seen->second) << simd::target_name();
-      }
-    });
+    const bool widened_here = bf16_products_widened();
+    // The products in pair tiles and widened, on each target: the same bits.
+    for (const bool widened : {false, true}) {
+      set_bf16_products_widened(widened);
+      SCOPED_TRACE(widened ? "products widened" : "pair tiles");
+      test::for_each_target([&] {
+        std::vector<float> out(out_ref.size()), att(n(c.B * c.H * c.T * c.T), nan),
+            scratch(att.size(), nan), dqkv(qkv.size(), 0.5f);
+        // The backward reads q, k and v from the forward's packs only: qkv's
+        // NaNs must not reach it.
+        std::vector<std::uint16_t> packs(n(attention_bf16_values(c.B, c.T, c.C, c.H)));
+        attention_forward(out, att, qkv, c.B, c.T, c.C, c.H, packs);
+        attention_backward(dqkv, scratch, dout, std::vector<float>(qkv.size(), nan), att, c.B, c.T,
+                           c.C, c.H, GradMode::accumulate, packs);
+        // Packs short of a head are refused before any head runs.
+        const std::span<std::uint16_t> short_packs = std::span(packs).first(packs.size() - 1);
+        std::vector<float> untouched(out.size(), nan);
+        EXPECT_THROW(attention_forward(untouched, att, qkv, c.B, c.T, c.C, c.H, short_packs),
+                     std::logic_error);
+        EXPECT_TRUE(
+            std::all_of(untouched.begin(), untouched.end(), [](float x) { return std::isnan(x); }));
+        expect_all_near(out, out_ref, bound.out, "bf16 attention forward");
+        expect_all_near(dqkv, dqkv_ref, bound.dqkv, "bf16 attention dqkv");
+        if (bits_by_target.empty()) {
+          // Not the fp32 attention: its operands really are rounded.
+          std::vector<float> out32(out.size()), dqkv32(qkv.size(), 0.5f);
+          attention_forward(out32, att, qkv, c.B, c.T, c.C, c.H);
+          attention_backward(dqkv32, scratch, dout, qkv, att, c.B, c.T, c.C, c.H);
+          EXPECT_NE(out32, out);
+          EXPECT_NE(dqkv32, dqkv);
+        }
+        // The softmax rows' sums run in each target's vector width, so the bits
+        // compared are those of one target with and without the instruction.
+        std::vector<std::uint32_t> bits = test::as_bits(out), dbits = test::as_bits(dqkv);
+        bits.insert(bits.end(), dbits.begin(), dbits.end());
+        const auto [seen, first] = bits_by_target.emplace(simd::target_name(), bits);
+        if (!first) {
+          EXPECT_EQ(bits, seen->second) << simd::target_name();
+        }
+      });
+    }
+    set_bf16_products_widened(widened_here);
   }
 }
 

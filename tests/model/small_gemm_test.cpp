@@ -5,7 +5,9 @@
 // not depend on the shape of the product it is computed in. small_gemm_bf16
 // (bf16 pairs) against its plain loop in float bit for bit on every target,
 // with and without avx512_bf16's instruction, and in double; its packing
-// against to_bf16 element by element.
+// against to_bf16 element by element; small_gemm on its operands widened to
+// floats against it, bit for bit, and the widened floats rounded straight from
+// float against packing then widening.
 #include "posembed/model/small_gemm.h"
 
 #include <gtest/gtest.h>
@@ -189,6 +191,110 @@ TEST(SmallGemmBf16, EqualsItsPlainLoopBitForBitOnEveryTarget) {
             }
           }
         }
+      }
+    }
+  });
+}
+
+// Widened, each pair's high value first: the floats the pairs hold, in
+// small_gemm's order, so its product has small_gemm_bf16's bits.
+TEST(SmallGemmBf16, WideningKeepsEachPairsValuesHighFirst) {
+  test::for_each_target([&] {
+    for (const std::int64_t rows : {1, 2, 5}) {
+      for (const std::int64_t pairs : {1, 7, 8, 9, 16, 33}) {
+        SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(pairs) + " pairs");
+        const auto at = [](std::int64_t i) { return static_cast<std::size_t>(i); };
+        const std::int64_t ldi = 2 * pairs + 6;
+        const std::vector<std::uint16_t> in = random_bf16(at(rows * ldi), 52);
+        const auto value = [&](std::int64_t r, std::int64_t p, int half) {
+          return to_float(bf16{in[at(r * ldi + 2 * p + half)]});
+        };
+        const std::int64_t ld_along = 2 * pairs + 1;
+        std::vector<float> along(at(rows * ld_along), kSentinel);
+        widen_bf16_pairs(along.data(), ld_along, in.data(), ldi, rows, pairs);
+        const std::int64_t ld_rows = pairs + 1;
+        std::vector<float> pair_rows(at(2 * rows * ld_rows), kSentinel);
+        widen_bf16_pair_rows(pair_rows.data(), ld_rows, in.data(), ldi, rows, pairs);
+        for (std::int64_t r = 0; r < rows; ++r) {
+          for (std::int64_t p = 0; p < pairs; ++p) {
+            EXPECT_EQ(along[at(r * ld_along + 2 * p)], value(r, p, 1)) << r << ", " << p;
+            EXPECT_EQ(along[at(r * ld_along + 2 * p + 1)], value(r, p, 0)) << r << ", " << p;
+            EXPECT_EQ(pair_rows[at(2 * r * ld_rows + p)], value(r, p, 1)) << r << ", " << p;
+            EXPECT_EQ(pair_rows[at((2 * r + 1) * ld_rows + p)], value(r, p, 0)) << r << ", " << p;
+          }
+          EXPECT_EQ(along[at(r * ld_along + 2 * pairs)], kSentinel);
+          EXPECT_EQ(pair_rows[at(2 * r * ld_rows + pairs)], kSentinel);
+          EXPECT_EQ(pair_rows[at((2 * r + 1) * ld_rows + pairs)], kSentinel);
+        }
+      }
+    }
+  });
+}
+
+TEST(SmallGemmBf16, SmallGemmOnWidenedOperandsGivesTheSameBits) {
+  test::for_each_target([&] {
+    for (const std::int64_t M : {1, 6, 8, 9}) {
+      for (const std::int64_t N : {1, 17, 32, 35}) {
+        for (const std::int64_t K2 : {1, 16, 35}) {
+          for (const bool transposed : {false, true}) {
+            SCOPED_TRACE("M " + std::to_string(M) + ", N " + std::to_string(N) + ", K2 " +
+                         std::to_string(K2) + (transposed ? ", a transposed" : ""));
+            const PairProduct p = make_pair_product(M, N, K2, transposed);
+            const auto at = [](std::int64_t i) { return static_cast<std::size_t>(i); };
+            std::vector<float> want = p.c0, c = p.c0;
+            small_gemm_bf16(want.data(), p.ldc(), p.a.data(), p.a_row(), p.a_col(), p.b.data(),
+                            p.ldb(), M, N, K2, 0.625f, true);
+            std::vector<float> a(at(M * 2 * K2)), b(at(2 * K2 * N));
+            widen_bf16_pair_rows(b.data(), N, p.b.data(), p.ldb(), K2, N);
+            if (transposed) {
+              widen_bf16_pair_rows(a.data(), M, p.a.data(), p.a_col(), K2, M);
+              small_gemm(c.data(), p.ldc(), a.data(), 1, M, b.data(), N, M, N, 2 * K2, 0.625f,
+                         true);
+            } else {
+              widen_bf16_pairs(a.data(), 2 * K2, p.a.data(), p.a_row(), M, K2);
+              small_gemm(c.data(), p.ldc(), a.data(), 2 * K2, 1, b.data(), N, M, N, 2 * K2, 0.625f,
+                         true);
+            }
+            ASSERT_EQ(test::as_bits(c), test::as_bits(want));
+          }
+        }
+      }
+    }
+  });
+}
+
+// Rounded straight to widened floats: the floats of packing, then widening.
+TEST(SmallGemmBf16, RoundingToWidenedFloatsIsPackingThenWidening) {
+  test::for_each_target([&] {
+    for (const std::int64_t rows : {1, 2, 7, 8, 33}) {
+      for (const std::int64_t cols : {1, 2, 8, 15, 16, 17, 24, 40}) {
+        SCOPED_TRACE(std::to_string(rows) + " x " + std::to_string(cols));
+        const auto at = [](std::int64_t i) { return static_cast<std::size_t>(i); };
+        const std::int64_t ldi = cols + 3, pair_cols = (cols + 1) / 2, pair_rows = (rows + 1) / 2;
+        std::vector<float> in = random_floats(at(rows * ldi), 53);
+        in[0] = std::numeric_limits<float>::quiet_NaN();
+        in[at(ldi * rows - 4)] = 0x1.8p-134f;  // a subnormal tie
+        const auto expect_same = [&](const std::vector<float>& got, const std::vector<float>& want,
+                                     const char* what) {
+          ASSERT_EQ(test::as_bits(got), test::as_bits(want)) << what;
+        };
+        // Along rows: one spare column each, which stays kSentinel.
+        const std::int64_t ld_along = 2 * pair_cols + 1;
+        std::vector<std::uint16_t> packed(at(rows * 2 * pair_cols));
+        pack_bf16_rows(packed.data(), 2 * pair_cols, in.data(), ldi, rows, cols);
+        std::vector<float> want(at(rows * ld_along), kSentinel), got = want;
+        widen_bf16_pairs(want.data(), ld_along, packed.data(), 2 * pair_cols, rows, pair_cols);
+        round_bf16_pairs_swapped(got.data(), ld_along, in.data(), ldi, rows, cols);
+        expect_same(got, want, "pairs along rows");
+        // Across rows: pair rows of cols pairs, one spare float column.
+        const std::int64_t ld_rows = cols + 1;
+        std::vector<std::uint16_t> row_pairs(at(pair_rows * 2 * cols));
+        pack_bf16_row_pairs(row_pairs.data(), 2 * cols, in.data(), ldi, rows, cols);
+        want.assign(at(2 * pair_rows * ld_rows), kSentinel);
+        got = want;
+        widen_bf16_pair_rows(want.data(), ld_rows, row_pairs.data(), 2 * cols, pair_rows, cols);
+        round_bf16_row_pairs_swapped(got.data(), ld_rows, in.data(), ldi, rows, cols);
+        expect_same(got, want, "pairs across rows");
       }
     }
   });

@@ -256,6 +256,108 @@ void attention_head_backward_bf16(float* dq, float* ds, const float* dy, const s
   });
 }
 
+// Where small_gemm_bf16's pair tiles are the slower (small_gemm.h:
+// bf16_products_widened), the same products in small_gemm's fp32 tiles on
+// the operands widened, each pair's high value first: the same bits. The
+// operands the forward rounds from float are rounded straight to floats; the
+// softmax's bf16 rows and the forward's BackwardPacks are widened from their
+// pairs. K counts values: 2 * the pairs. Per-thread buffers as HeadPairs'.
+struct WideForward {
+  std::vector<float> q, k, kt, v, att_block;
+};
+struct WideBackward {
+  std::vector<float> vt, k, q_t, dy, ds_block, att_t, ds_t, dy_t;
+};
+float* sized_floats(std::vector<float>& v, std::int64_t values) {
+  if (v.size() < sz(values)) v.resize(sz(values));
+  return v.data();
+}
+
+void attention_head_forward_widened(float* y, float* a, std::uint16_t* saved, const float* q,
+                                    std::int64_t T, std::int64_t C, std::int64_t hd, float scale) {
+  const std::int64_t C3 = 3 * C, K = 2 * ((hd + 1) / 2), Tp = (T + 1) / 2;
+  const float* k = q + C;
+  const float* v = q + 2 * C;
+  thread_local WideForward s;
+  thread_local HeadPairs pairs;
+  float* qw = sized_floats(s.q, T * K);
+  float* k_rows = sized_floats(s.k, T * K);
+  float* kt = sized_floats(s.kt, K * T);
+  float* vw = sized_floats(s.v, 2 * Tp * hd);
+  round_bf16_pairs_swapped(qw, K, q, C3, T, hd);
+  round_bf16_pairs_swapped(k_rows, K, k, C3, T, hd);
+  transpose(kt, k_rows, sz(T), sz(K), sz(K));
+  round_bf16_row_pairs_swapped(vw, hd, v, C3, T, hd);
+  const BackwardPacks o = backward_packs(T, hd);
+  transposed_pairs(saved + o.vt, pairs, v, T, hd, C3);
+  pack_bf16_row_pairs(saved + o.kp, 2 * hd, k, C3, T, hd);
+  pack_bf16_row_pairs(saved + o.qp, 2 * hd, q, C3, T, hd);
+  std::uint16_t* ap = sized(pairs.block, kQueryBlock * 2 * Tp);
+  float* aw = sized_floats(s.att_block, kQueryBlock * 2 * Tp);
+  for_query_blocks(T, [&](std::int64_t i0, std::int64_t rows) {
+    const std::int64_t keys = i0 + rows, pairs_k = (keys + 1) / 2;
+    small_gemm(a + i0 * T, T, qw + i0 * K, K, 1, kt, T, rows, score_columns(keys, T), K, scale,
+               false);
+    for (std::int64_t t = i0; t < keys; ++t) {
+      float max = 0;
+      softmax_row(a + t * T, a + t * T, sz(t + 1), sz(keys), &max, ap + (t - i0) * 2 * Tp);
+    }
+    pad_last_pairs(ap, 2 * Tp, rows, keys);
+    widen_bf16_pairs(aw, 2 * pairs_k, ap, 2 * Tp, rows, pairs_k);
+    small_gemm(y + i0 * C, C, aw, 2 * pairs_k, 1, vw, hd, rows, hd, 2 * pairs_k, 1.0f, false);
+  });
+}
+
+void attention_head_backward_widened(float* dq, float* ds, const float* dy,
+                                     const std::uint16_t* saved, const float* a, std::int64_t T,
+                                     std::int64_t C, std::int64_t hd, float scale,
+                                     bool accumulate) {
+  const std::int64_t C3 = 3 * C, hp = (hd + 1) / 2, K = 2 * hp, Tp = (T + 1) / 2;
+  float* dk = dq + C;
+  float* dv = dq + 2 * C;
+  const BackwardPacks o = backward_packs(T, hd);
+  thread_local WideBackward s;
+  thread_local HeadPairs pairs;
+  float* vt = sized_floats(s.vt, K * T);
+  float* kw = sized_floats(s.k, 2 * Tp * hd);
+  float* q_t = sized_floats(s.q_t, 2 * Tp * hd);
+  widen_bf16_pair_rows(vt, T, saved + o.vt, 2 * T, hp, T);
+  widen_bf16_pair_rows(kw, hd, saved + o.kp, 2 * hd, Tp, hd);
+  widen_bf16_pair_rows(q_t, hd, saved + o.qp, 2 * hd, Tp, hd);
+  float* dyw = sized_floats(s.dy, T * K);
+  round_bf16_pairs_swapped(dyw, K, dy, C, T, hd);
+  std::uint16_t* dsp = sized(pairs.block, kQueryBlock * 2 * Tp);
+  float* dsw = sized_floats(s.ds_block, kQueryBlock * 2 * Tp);
+  // att and dscore with their rows swapped in pairs, rounded: the key
+  // blocks' first operands, transposed by strides.
+  float* att_t = sized_floats(s.att_t, 2 * Tp * T);
+  float* ds_t = sized_floats(s.ds_t, 2 * Tp * T);
+  for_query_blocks(T, [&](std::int64_t i0, std::int64_t rows) {
+    const std::int64_t keys = i0 + rows, pairs_k = (keys + 1) / 2;
+    small_gemm(ds + i0 * T, T, dyw + i0 * K, K, 1, vt, T, rows, score_columns(keys, T), K, 1.0f,
+               false);
+    for (std::int64_t t = i0; t < keys; ++t) {
+      softmax_row_backward(ds + t * T, a + t * T, sz(t + 1), sz(keys), dsp + (t - i0) * 2 * Tp);
+    }
+    pad_last_pairs(dsp, 2 * Tp, rows, keys);
+    widen_bf16_pairs(dsw, 2 * pairs_k, dsp, 2 * Tp, rows, pairs_k);
+    small_gemm(dq + i0 * C3, C3, dsw, 2 * pairs_k, 1, kw, hd, rows, hd, 2 * pairs_k, scale,
+               accumulate);
+    round_bf16_row_pairs_swapped(att_t + i0 * T, T, a + i0 * T, T, rows, keys);
+    round_bf16_row_pairs_swapped(ds_t + i0 * T, T, ds + i0 * T, T, rows, keys);
+  });
+  float* dy_t = sized_floats(s.dy_t, 2 * Tp * hd);
+  round_bf16_row_pairs_swapped(dy_t, hd, dy, C, T, hd);
+  // Key block [j0, j0 + rows) meets queries [j0, T): rows from j0.
+  for_query_blocks(T, [&](std::int64_t j0, std::int64_t rows) {
+    const std::int64_t Kj = 2 * ((T - j0 + 1) / 2);  // queries [j0, T) in whole pairs
+    small_gemm(dv + j0 * C3, C3, att_t + j0 * T + j0, 1, T, dy_t + j0 * hd, hd, rows, hd, Kj, 1.0f,
+               accumulate);
+    small_gemm(dk + j0 * C3, C3, ds_t + j0 * T + j0, 1, T, q_t + j0 * hd, hd, rows, hd, Kj, scale,
+               accumulate);
+  });
+}
+
 // The bf16 packs hold at least what attention_bf16_values says: checked
 // before any head runs (an exception must not leave a parallel region).
 void check_bf16_packs(std::size_t size, std::int64_t B, std::int64_t T, std::int64_t C,
@@ -278,7 +380,7 @@ void attention_forward(std::span<float> out, std::span<float> att, std::span<con
                        std::span<std::uint16_t> bf16_packs) {
   const std::int64_t hd = C / H, C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const bool bf16 = !bf16_packs.empty();
+  const bool bf16 = !bf16_packs.empty(), widened = bf16_products_widened();
   if (bf16) check_bf16_packs(bf16_packs.size(), B, T, C, H);
   const std::int64_t head_packs = backward_packs(T, hd).values;
   parallel_pieces(B * H, double(B * H) * double(T * T) * double(C / H), [&](std::int64_t bh) {
@@ -289,8 +391,9 @@ void attention_forward(std::span<float> out, std::span<float> att, std::span<con
     float* a = att.data() + bh * T * T;  // (T, T)
     float* y = out.data() + b * T * C + h * hd;
     if (bf16) {
-      return attention_head_forward_bf16(y, a, bf16_packs.data() + bh * head_packs, q, T, C, hd,
-                                         scale);
+      std::uint16_t* saved = bf16_packs.data() + bh * head_packs;
+      if (widened) return attention_head_forward_widened(y, a, saved, q, T, C, hd, scale);
+      return attention_head_forward_bf16(y, a, saved, q, T, C, hd, scale);
     }
     const float* kt = transposed(k, T, hd, C3);  // (hd, T)
     for_query_blocks(T, [&](std::int64_t i0, std::int64_t rows) {
@@ -314,7 +417,7 @@ void attention_backward(std::span<float> dqkv, std::span<float> scratch,
                         std::span<const std::uint16_t> bf16_packs) {
   const std::int64_t hd = C / H, C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const bool bf16 = !bf16_packs.empty();
+  const bool bf16 = !bf16_packs.empty(), widened = bf16_products_widened();
   if (bf16) check_bf16_packs(bf16_packs.size(), B, T, C, H);
   const std::int64_t head_packs = backward_packs(T, hd).values;
   // Each row of dq, dk and dv is one product, so writing needs no zeroing.
@@ -331,8 +434,11 @@ void attention_backward(std::span<float> dqkv, std::span<float> scratch,
     const float* dy = dout.data() + b * T * C + h * hd;
     float* ds = scratch.data() + bh * T * T;
     if (bf16) {
-      return attention_head_backward_bf16(dq, ds, dy, bf16_packs.data() + bh * head_packs, a, T, C,
-                                          hd, scale, accumulate);
+      const std::uint16_t* saved = bf16_packs.data() + bh * head_packs;
+      if (widened) {
+        return attention_head_backward_widened(dq, ds, dy, saved, a, T, C, hd, scale, accumulate);
+      }
+      return attention_head_backward_bf16(dq, ds, dy, saved, a, T, C, hd, scale, accumulate);
     }
     const float* vt = transposed(v, T, hd, C3);  // (hd, T)
     // Query blocks: datt = dy v^T, dscore = the softmax's VJP of datt (in

@@ -240,6 +240,113 @@ void PackBf16RowPairs(std::uint16_t* HWY_RESTRICT out, std::size_t ldo,
     }
   }
 }
+
+void WidenBf16Pairs(float* HWY_RESTRICT out, std::size_t ldo, const std::uint16_t* HWY_RESTRICT in,
+                    std::size_t ldi, std::size_t rows, std::size_t pairs) {
+  // A pair (low, high) is one 32-bit word; widened, the 64 bits of (high,
+  // low) as floats: the high value's bits in place, the low one's moved up 48.
+  const hn::ScalableTag<std::uint64_t> d64;
+  const hn::Rebind<std::uint32_t, decltype(d64)> d32;
+  const std::size_t lanes = hn::Lanes(d64);
+  for (std::size_t r = 0; r < rows; ++r) {
+    const auto* x = reinterpret_cast<const std::uint32_t*>(in + r * ldi);
+    float* y = out + r * ldo;
+    std::size_t p = 0;
+    for (; p + lanes <= pairs; p += lanes) {
+      const auto w = hn::PromoteTo(d64, hn::LoadU(d32, x + p));
+      const auto swapped = hn::Or(hn::And(w, hn::Set(d64, 0xFFFF0000u)), hn::ShiftLeft<48>(w));
+      // Stored as 64-bit words (memcpy or vector stores: no typed access).
+      hn::StoreU(swapped, d64, reinterpret_cast<std::uint64_t*>(y + 2 * p));
+    }
+    for (; p < pairs; ++p) {
+      const std::uint32_t pair = LoadPair(in + r * ldi + 2 * p);
+      y[2 * p] = std::bit_cast<float>(pair & 0xFFFF0000u);
+      y[2 * p + 1] = std::bit_cast<float>(pair << 16);
+    }
+  }
+}
+
+void WidenBf16PairRows(float* HWY_RESTRICT out, std::size_t ldo,
+                       const std::uint16_t* HWY_RESTRICT in, std::size_t ldi, std::size_t pair_rows,
+                       std::size_t cols) {
+  const hn::ScalableTag<float> d;
+  const hn::Half<decltype(d)> dh;  // a key block's 8 rows (ops.cpp) in one AVX-512 half
+  const auto widen = [](auto df, const std::uint32_t* x, float* high, float* low) {
+    const hn::RebindToUnsigned<decltype(df)> du;
+    const auto w = hn::LoadU(du, x);
+    hn::StoreU(hn::BitCast(df, hn::And(w, hn::Set(du, 0xFFFF0000u))), df, high);
+    hn::StoreU(hn::BitCast(df, hn::ShiftLeft<16>(w)), df, low);
+  };
+  for (std::size_t p = 0; p < pair_rows; ++p) {
+    const auto* x = reinterpret_cast<const std::uint32_t*>(in + p * ldi);
+    float* high = out + 2 * p * ldo;
+    float* low = high + ldo;
+    std::size_t j = 0;
+    for (; j + hn::Lanes(d) <= cols; j += hn::Lanes(d)) widen(d, x + j, high + j, low + j);
+    for (; j + hn::Lanes(dh) <= cols; j += hn::Lanes(dh)) widen(dh, x + j, high + j, low + j);
+    for (; j < cols; ++j) {
+      const std::uint32_t pair = LoadPair(in + p * ldi + 2 * j);
+      high[j] = std::bit_cast<float>(pair & 0xFFFF0000u);
+      low[j] = std::bit_cast<float>(pair << 16);
+    }
+  }
+}
+
+// v rounded to bf16 once, as floats.
+template <class D>
+HWY_INLINE hn::Vec<D> RoundedToBf16(D d, hn::Vec<D> v, bool instruction) {
+  const hn::RebindToUnsigned<D> du;
+  return hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(
+                            du, simd::HWY_NAMESPACE::NarrowBits<bf16>(d, v, instruction))));
+}
+HWY_INLINE float RoundedToBf16(float x) {
+  return to_float(to_bf16(x));
+}
+
+void RoundBf16PairsSwapped(float* HWY_RESTRICT out, std::size_t ldo, const float* HWY_RESTRICT in,
+                           std::size_t ldi, std::size_t rows, std::size_t cols) {
+  // Unused where single lanes hold no pair (HWY_SCALAR).
+  [[maybe_unused]] const hn::ScalableTag<float> d;
+  [[maybe_unused]] const bool instruction = simd::bf16_instructions;  // read once (NarrowBits)
+  for (std::size_t r = 0; r < rows; ++r) {
+    const float* x = in + r * ldi;
+    float* y = out + r * ldo;
+    std::size_t j = 0;
+#if HWY_TARGET != HWY_SCALAR
+    for (; j + hn::Lanes(d) <= cols; j += hn::Lanes(d)) {
+      hn::StoreU(hn::Shuffle2301(RoundedToBf16(d, hn::LoadU(d, x + j), instruction)), d, y + j);
+    }
+#endif
+    for (; j < cols; j += 2) {  // j is even: vectors hold pairs
+      y[j] = j + 1 < cols ? RoundedToBf16(x[j + 1]) : 0.0f;
+      y[j + 1] = RoundedToBf16(x[j]);
+    }
+  }
+}
+
+void RoundBf16RowPairsSwapped(float* HWY_RESTRICT out, std::size_t ldo,
+                              const float* HWY_RESTRICT in, std::size_t ldi, std::size_t rows,
+                              std::size_t cols) {
+  const hn::ScalableTag<float> d;
+  const hn::Half<decltype(d)> dh;                    // rows of a multiple of 8 values (ops.cpp)
+  const bool instruction = simd::bf16_instructions;  // read once (NarrowBits)
+  // y = x rounded, or zeros for a missing row.
+  const auto round_row = [&](float* HWY_RESTRICT y, const float* HWY_RESTRICT x) {
+    const auto round = [&](auto df, std::size_t j) {
+      hn::StoreU(x != nullptr ? RoundedToBf16(df, hn::LoadU(df, x + j), instruction) : hn::Zero(df),
+                 df, y + j);
+    };
+    std::size_t j = 0;
+    for (; j + hn::Lanes(d) <= cols; j += hn::Lanes(d)) round(d, j);
+    for (; j + hn::Lanes(dh) <= cols; j += hn::Lanes(dh)) round(dh, j);
+    for (; j < cols; ++j) y[j] = x != nullptr ? RoundedToBf16(x[j]) : 0.0f;
+  };
+  for (std::size_t r = 0; r < rows; r += 2) {
+    float* high = out + r * ldo;
+    round_row(high, r + 1 < rows ? in + (r + 1) * ldi : nullptr);
+    round_row(high + ldo, in + r * ldi);
+  }
+}
 }  // namespace HWY_NAMESPACE
 }  // namespace posembed::model
 HWY_AFTER_NAMESPACE();
@@ -251,6 +358,40 @@ HWY_EXPORT(SmallGemm);
 HWY_EXPORT(SmallGemmBf16);
 HWY_EXPORT(PackBf16Rows);
 HWY_EXPORT(PackBf16RowPairs);
+HWY_EXPORT(WidenBf16Pairs);
+HWY_EXPORT(WidenBf16PairRows);
+HWY_EXPORT(RoundBf16PairsSwapped);
+HWY_EXPORT(RoundBf16RowPairsSwapped);
+
+namespace {
+// bf16_products_widened's default (docs/performance-log.md, seventh round).
+// AMD Zen 4 runs one 512-bit vdpbf16ps a cycle, as many as vfmadd231ps: twice
+// the multiply-adds, so the pair tiles. On an Intel Xeon (family 6 model 207)
+// a tile of vdpbf16ps took 1.9 times the fp32 tile's time on the widened
+// operands, and a layer's attention forward and backward 1.17 times as long
+// as widened; without the instruction the pair tiles widen inside the tile,
+// slower still.
+bool PairTilesPay() {
+  simd::cap_instruction_set();  // sets bf16_instructions, whichever library loads first
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  return simd::bf16_instructions && __builtin_cpu_is("amd");
+#else
+  return false;
+#endif
+}
+bool products_widened = !PairTilesPay();
+}  // namespace
+
+bool bf16_products_widened() {
+  return products_widened;
+}
+
+bool set_bf16_products_widened(bool on) {
+  const bool was = products_widened;
+  products_widened = on;
+  return was;
+}
 
 void small_gemm(float* c, std::int64_t ldc, const float* a, std::int64_t a_row, std::int64_t a_col,
                 const float* b, std::int64_t ldb, std::int64_t M, std::int64_t N, std::int64_t K,
@@ -274,6 +415,26 @@ void pack_bf16_rows(std::uint16_t* out, std::int64_t ldo, const float* in, std::
 void pack_bf16_row_pairs(std::uint16_t* out, std::int64_t ldo, const float* in, std::int64_t ldi,
                          std::int64_t rows, std::int64_t cols) {
   HWY_DYNAMIC_DISPATCH(PackBf16RowPairs)(out, sz(ldo), in, sz(ldi), sz(rows), sz(cols));
+}
+
+void widen_bf16_pairs(float* out, std::int64_t ldo, const std::uint16_t* in, std::int64_t ldi,
+                      std::int64_t rows, std::int64_t pairs) {
+  HWY_DYNAMIC_DISPATCH(WidenBf16Pairs)(out, sz(ldo), in, sz(ldi), sz(rows), sz(pairs));
+}
+
+void widen_bf16_pair_rows(float* out, std::int64_t ldo, const std::uint16_t* in, std::int64_t ldi,
+                          std::int64_t pair_rows, std::int64_t cols) {
+  HWY_DYNAMIC_DISPATCH(WidenBf16PairRows)(out, sz(ldo), in, sz(ldi), sz(pair_rows), sz(cols));
+}
+
+void round_bf16_pairs_swapped(float* out, std::int64_t ldo, const float* in, std::int64_t ldi,
+                              std::int64_t rows, std::int64_t cols) {
+  HWY_DYNAMIC_DISPATCH(RoundBf16PairsSwapped)(out, sz(ldo), in, sz(ldi), sz(rows), sz(cols));
+}
+
+void round_bf16_row_pairs_swapped(float* out, std::int64_t ldo, const float* in, std::int64_t ldi,
+                                  std::int64_t rows, std::int64_t cols) {
+  HWY_DYNAMIC_DISPATCH(RoundBf16RowPairsSwapped)(out, sz(ldo), in, sz(ldi), sz(rows), sz(cols));
 }
 
 }  // namespace posembed::model

@@ -66,6 +66,36 @@ void pack_bf16_rows(std::uint16_t* out, std::int64_t ldo, const float* in, std::
 void pack_bf16_row_pairs(std::uint16_t* out, std::int64_t ldo, const float* in, std::int64_t ldi,
                          std::int64_t rows, std::int64_t cols);
 
+// small_gemm_bf16's operands as floats, each pair's high value first, so that
+// small_gemm on them sums the same products in the same order: its bits (for
+// normal numbers, as above), in fp32 register tiles.
+// pairs along rows: out (rows, 2 * pairs), rows ldo floats apart, from in's
+// rows of `pairs` pairs, ldi 16-bit elements apart; pair (low, high) becomes
+// the floats (high, low).
+void widen_bf16_pairs(float* out, std::int64_t ldo, const std::uint16_t* in, std::int64_t ldi,
+                      std::int64_t rows, std::int64_t pairs);
+// pair rows: float rows 2p and 2p + 1 of out (ldo floats apart) hold the high
+// and the low values of in's pair row p (cols pairs, ldi 16-bit elements apart).
+void widen_bf16_pair_rows(float* out, std::int64_t ldo, const std::uint16_t* in, std::int64_t ldi,
+                          std::int64_t pair_rows, std::int64_t cols);
+
+// The same floats from float operands, each value rounded to bf16 once (as
+// the packing below): round_bf16_pairs_swapped gives widen_bf16_pairs of
+// pack_bf16_rows's pairs, out (rows, 2 * ceil(cols / 2)); and
+// round_bf16_row_pairs_swapped widen_bf16_pair_rows of pack_bf16_row_pairs's,
+// out (2 * ceil(rows / 2), cols), a missing row 2p + 1 as zeros.
+void round_bf16_pairs_swapped(float* out, std::int64_t ldo, const float* in, std::int64_t ldi,
+                              std::int64_t rows, std::int64_t cols);
+void round_bf16_row_pairs_swapped(float* out, std::int64_t ldo, const float* in, std::int64_t ldi,
+                                  std::int64_t rows, std::int64_t cols);
+
+// Whether precision bf16's attention (model/ops.cpp) runs its products as
+// small_gemm on widened operands rather than small_gemm_bf16's pair tiles: the
+// same bits, whichever is faster on this CPU (small_gemm.cpp says which).
+bool bf16_products_widened();
+// Tests and measurements: sets it; returns what it was.
+bool set_bf16_products_widened(bool on);
+
 // The plain loop small_gemm_bf16 computes, in any scalar type: in float with
 // fused multiply-adds it is the kernel's definition, bit for bit; tests run it
 // in double too.
