@@ -22,6 +22,7 @@
 #include "posembed/model/gemm.h"
 #include "posembed/model/init_from.h"
 #include "posembed/model/sample.h"
+#include "posembed/model/small_gemm.h"
 #include "posembed/model/train.h"
 
 namespace posembed::cli {
@@ -119,9 +120,14 @@ class TrainPrinter {
           e.sharded ? "sharded (ZeRO-1)" : "on every rank",
           static_cast<double>(e.bytes_per_step) / 1e6);
     }
+    const char* products = "fp32";
+    if (t.precision == model::Precision::bf16) {
+      products = model::bf16_products_widened()
+                     ? "bf16 (fp32 sums; attention tiles in fp32 on the bf16 values)"
+                     : "bf16 (fp32 sums; attention tiles on bf16 pairs)";
+    }
     std::printf("compute: GEMM %s; embedding kernels %s; products in %s\n",
-                model::gemm_library().c_str(), simd::target_name(),
-                t.precision == model::Precision::bf16 ? "bf16 (fp32 sums)" : "fp32");
+                model::gemm_library().c_str(), simd::target_name(), products);
     std::fflush(stdout);
   }
 
