@@ -130,7 +130,8 @@ void layernorm_backward(std::span<float> dinp, std::span<float> dweight, std::sp
 // (B, T, 3C): q, k, v side by side, head h in columns [h*hd, (h+1)*hd) of each third.
 // bf16_packs (precision bf16; empty: fp32): the four products of the forward
 // and backward multiply bf16 copies of their operands (q, k, v, att, dout and
-// the scores' gradient, each rounded once) with fp32 sums (small_gemm_bf16);
+// the scores' gradient, each rounded once) with fp32 sums (small_gemm_bf16,
+// or where faster small_gemm on them widened: small_gemm.h, the same bits);
 // the softmax, its gradient and att stay fp32. The same blocks either way.
 // The forward writes into bf16_packs (attention_bf16_values values) the
 // backward's operands from q, k and v, which the backward then reads there.

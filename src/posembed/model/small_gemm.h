@@ -80,7 +80,7 @@ void widen_bf16_pair_rows(float* out, std::int64_t ldo, const std::uint16_t* in,
                           std::int64_t pair_rows, std::int64_t cols);
 
 // The same floats from float operands, each value rounded to bf16 once (as
-// the packing below): round_bf16_pairs_swapped gives widen_bf16_pairs of
+// the packing above): round_bf16_pairs_swapped gives widen_bf16_pairs of
 // pack_bf16_rows's pairs, out (rows, 2 * ceil(cols / 2)); and
 // round_bf16_row_pairs_swapped widen_bf16_pair_rows of pack_bf16_row_pairs's,
 // out (2 * ceil(rows / 2), cols), a missing row 2p + 1 as zeros.
