@@ -259,9 +259,10 @@ void attention_head_backward_bf16(float* dq, float* ds, const float* dy, const s
 // Where small_gemm_bf16's pair tiles are the slower (small_gemm.h:
 // bf16_products_widened), the same products in small_gemm's fp32 tiles on
 // the operands widened, each pair's high value first: the same bits. The
-// operands the forward rounds from float are rounded straight to floats; the
-// softmax's bf16 rows and the forward's BackwardPacks are widened from their
-// pairs. K counts values: 2 * the pairs. Per-thread buffers as HeadPairs'.
+// operands rounded from float here (q, k, v, dy, att, dscore) are rounded
+// straight into widened floats; the softmax's bf16 rows and the forward's
+// BackwardPacks are widened from their pairs. K counts values: 2 * the
+// pairs. Per-thread buffers as HeadPairs'.
 struct WideForward {
   std::vector<float> q, k, kt, v, att_block;
 };
