@@ -144,9 +144,12 @@ void for_query_blocks(std::int64_t T, Body&& body) {
 struct HeadPairs {
   std::vector<float> rows, words, along_hd, along_t, block, att, ds, dy;
 };
+float* sized_floats(std::vector<float>& v, std::int64_t values) {
+  if (v.size() < sz(values)) v.resize(sz(values));
+  return v.data();
+}
 std::uint16_t* sized(std::vector<float>& v, std::int64_t values) {
-  if (v.size() < sz((values + 1) / 2)) v.resize(sz((values + 1) / 2));
-  return reinterpret_cast<std::uint16_t*>(v.data());
+  return reinterpret_cast<std::uint16_t*>(sized_floats(v, (values + 1) / 2));
 }
 
 // A head's share of attention_forward's bf16_packs, (T, hd) operands: v^T in
@@ -180,6 +183,17 @@ void transposed_pairs(std::uint16_t* x_t, HeadPairs& s, const float* x, std::int
             sz(hp));
 }
 
+// The head's BackwardPacks from its slices of q, k and v (rows C3 apart),
+// written into `saved` by either forward.
+void save_backward_packs(std::uint16_t* saved, HeadPairs& s, const float* q, std::int64_t T,
+                         std::int64_t C, std::int64_t hd) {
+  const std::int64_t C3 = 3 * C;
+  const BackwardPacks o = backward_packs(T, hd);
+  transposed_pairs(saved + o.vt, s, q + 2 * C, T, hd, C3);
+  pack_bf16_row_pairs(saved + o.kp, 2 * hd, q + C, C3, T, hd);
+  pack_bf16_row_pairs(saved + o.qp, 2 * hd, q, C3, T, hd);
+}
+
 // saved: the head's BackwardPacks, written here.
 void attention_head_forward_bf16(float* y, float* a, std::uint16_t* saved, const float* q,
                                  std::int64_t T, std::int64_t C, std::int64_t hd, float scale) {
@@ -193,10 +207,7 @@ void attention_head_forward_bf16(float* y, float* a, std::uint16_t* saved, const
   pack_bf16_rows(qp, 2 * hp, q, C3, T, hd);
   transposed_pairs(kt, s, k, T, hd, C3);
   pack_bf16_row_pairs(vp, 2 * hd, v, C3, T, hd);
-  const BackwardPacks o = backward_packs(T, hd);
-  transposed_pairs(saved + o.vt, s, v, T, hd, C3);
-  pack_bf16_row_pairs(saved + o.kp, 2 * hd, k, C3, T, hd);
-  pack_bf16_row_pairs(saved + o.qp, 2 * hd, q, C3, T, hd);
+  save_backward_packs(saved, s, q, T, C, hd);
   std::uint16_t* ap = sized(s.block, kQueryBlock * 2 * Tp);
   for_query_blocks(T, [&](std::int64_t i0, std::int64_t rows) {
     const std::int64_t keys = i0 + rows;
@@ -269,10 +280,6 @@ struct WideForward {
 struct WideBackward {
   std::vector<float> vt, k, q_t, dy, ds_block, att_t, ds_t, dy_t;
 };
-float* sized_floats(std::vector<float>& v, std::int64_t values) {
-  if (v.size() < sz(values)) v.resize(sz(values));
-  return v.data();
-}
 
 void attention_head_forward_widened(float* y, float* a, std::uint16_t* saved, const float* q,
                                     std::int64_t T, std::int64_t C, std::int64_t hd, float scale) {
@@ -289,10 +296,7 @@ void attention_head_forward_widened(float* y, float* a, std::uint16_t* saved, co
   round_bf16_pairs_swapped(k_rows, K, k, C3, T, hd);
   transpose(kt, k_rows, sz(T), sz(K), sz(K));
   round_bf16_row_pairs_swapped(vw, hd, v, C3, T, hd);
-  const BackwardPacks o = backward_packs(T, hd);
-  transposed_pairs(saved + o.vt, pairs, v, T, hd, C3);
-  pack_bf16_row_pairs(saved + o.kp, 2 * hd, k, C3, T, hd);
-  pack_bf16_row_pairs(saved + o.qp, 2 * hd, q, C3, T, hd);
+  save_backward_packs(saved, pairs, q, T, C, hd);
   std::uint16_t* ap = sized(pairs.block, kQueryBlock * 2 * Tp);
   float* aw = sized_floats(s.att_block, kQueryBlock * 2 * Tp);
   for_query_blocks(T, [&](std::int64_t i0, std::int64_t rows) {

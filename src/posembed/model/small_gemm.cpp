@@ -275,7 +275,7 @@ void WidenBf16PairRows(float* HWY_RESTRICT out, std::size_t ldo,
     const hn::RebindToUnsigned<decltype(df)> du;
     const auto w = hn::LoadU(du, x);
     hn::StoreU(hn::BitCast(df, hn::And(w, hn::Set(du, 0xFFFF0000u))), df, high);
-    hn::StoreU(hn::BitCast(df, hn::ShiftLeft<16>(w)), df, low);
+    hn::StoreU(simd::HWY_NAMESPACE::WidenBf16(df, w), df, low);
   };
   for (std::size_t p = 0; p < pair_rows; ++p) {
     const auto* x = reinterpret_cast<const std::uint32_t*>(in + p * ldi);
@@ -296,8 +296,8 @@ void WidenBf16PairRows(float* HWY_RESTRICT out, std::size_t ldo,
 template <class D>
 HWY_INLINE hn::Vec<D> RoundedToBf16(D d, hn::Vec<D> v, bool instruction) {
   const hn::RebindToUnsigned<D> du;
-  return hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(
-                            du, simd::HWY_NAMESPACE::NarrowBits<bf16>(d, v, instruction))));
+  namespace half = simd::HWY_NAMESPACE;
+  return half::WidenBf16(d, hn::PromoteTo(du, half::NarrowBits<bf16>(d, v, instruction)));
 }
 HWY_INLINE float RoundedToBf16(float x) {
   return to_float(to_bf16(x));
