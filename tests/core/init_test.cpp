@@ -93,10 +93,13 @@ TEST(Init, LayerTablesFollowTheConfig) {
   const EmbeddingLayer layer = make_embedding_layer(
       {.vocab_size = 300, .max_seq_len = 200, .embed_dim = 64, .seed = 5,
        .token_init = {InitKind::zeros, 0}, .position_init = {InitKind::scaled, 0}});
-  EXPECT_EQ(layer.token_table, std::vector<float>(300 * 64, 0.0f));
-  std::vector<float> expected(200 * 64);
+  EXPECT_EQ(layer.token_table, LineFloats(300 * 64, 0.0f));
+  LineFloats expected(200 * 64);
   init_table(expected, {InitKind::scaled, 0}, 64, 5, RandomStream::position_init);
   EXPECT_EQ(layer.position_table, expected);
+  // On cache lines, as PyTorch's tensors (core/aligned.h).
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(layer.token_table.data()) % kLineBytes, 0u);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(layer.position_table.data()) % kLineBytes, 0u);
 }
 
 }  // namespace

@@ -227,6 +227,41 @@ TEST(Gpt, Bf16WeightsNeedBf16Activations) {
   }
 }
 
+// Every activation and transposed weight starts on a cache line
+// (core/aligned.h), at a shape where no size is a multiple of a line's 16
+// floats: their row loops and products then read no vector across two lines.
+TEST(Gpt, BuffersStartOnCacheLines) {
+  const GptConfig c = tiny_config();  // C 8; B 3, T 5 below: B*T*C = 120 floats, 7.5 lines
+  const Gpt model = make_gpt(c);
+  const auto on_line = [](const void* p) {
+    return reinterpret_cast<std::uintptr_t>(p) % kLineBytes == 0;
+  };
+  EXPECT_TRUE(on_line(model.memory.data()));
+  Activations a = make_activations(c, 3, 5, Precision::bf16);
+  std::vector<std::span<float>> spans{
+      a.encoded, a.ln_f,       a.ln_f_mean, a.ln_f_rstd, a.logits,    a.probs,
+      a.losses,  a.d_residual, a.d_ln,      a.d_atty,    a.d_attproj, a.d_qkv,
+      a.d_att,   a.d_fch,      a.d_mlpproj, a.d_logits,  a.d_losses};
+  for (const auto& l : a.layers) {
+    spans.insert(spans.end(), {l.ln_1, l.ln_1_mean, l.ln_1_rstd, l.qkv, l.atty, l.att, l.attproj,
+                               l.residual2, l.ln_2, l.ln_2_mean, l.ln_2_rstd, l.fch_dgelu,
+                               l.fch_gelu, l.mlpproj, l.residual3});
+  }
+  const TransposedWeights t = make_transposed_weights(c, Precision::bf16);
+  spans.push_back(t.wte);
+  for (const auto& b : t.h)
+    spans.insert(spans.end(), {b.c_attn_w, b.attn_proj_w, b.c_fc_w, b.mlp_proj_w});
+  for (std::size_t i = 0; i < spans.size(); ++i)
+    EXPECT_TRUE(on_line(spans[i].data())) << "span " << i;
+  for (const void* p : {static_cast<const void*>(a.bf16_scratch.data()),
+                        static_cast<const void*>(a.bf16_inputs.data()),
+                        static_cast<const void*>(a.bf16_attention.data()),
+                        static_cast<const void*>(t.params_bf16.data()),
+                        static_cast<const void*>(t.memory_bf16.data())}) {
+    EXPECT_TRUE(on_line(p));
+  }
+}
+
 // A gradient written fresh (GradMode::write, the trainer's micro-batches) into
 // a buffer of NaNs holds the values of zero_grad and accumulating, with and
 // without dropout and with the position table frozen: every element is
@@ -374,7 +409,7 @@ TEST(Gpt, CheckpointWithNonFiniteValuesIsRefused) {
     save_checkpoint(path, model, Checkpoint{c, TrainConfig{}, 1, "x", false, "", ""}, model.m,
                     model.v);
     Gpt into = make_gpt(c);
-    const std::vector<float> before = into.memory;
+    const LineFloats before = into.memory;
     try {
       load_checkpoint(path, into, into.m, into.v);
       ADD_FAILURE() << k.file_name << ": loaded";

@@ -69,7 +69,7 @@ TrainOptions small_run(const fs::path& dir) {
   return o;
 }
 
-std::vector<float> params_of(const fs::path& checkpoint) {
+LineFloats params_of(const fs::path& checkpoint) {
   Gpt m = load_checkpoint(checkpoint, nullptr, true);
   return m.memory;  // params | zero grads | m | v
 }

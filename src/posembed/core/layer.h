@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "posembed/core/aligned.h"
 #include "posembed/core/config.h"
 #include "posembed/core/embedding.h"
 
@@ -16,8 +17,8 @@ namespace posembed {
 
 struct EmbeddingLayer {
   EmbeddingConfig config;
-  std::vector<float> token_table;     // (vocab_size, embed_dim)
-  std::vector<float> position_table;  // (max_seq_len, embed_dim)
+  LineFloats token_table;             // (vocab_size, embed_dim), on cache lines (aligned.h)
+  LineFloats position_table;          // (max_seq_len, embed_dim)
   std::uint64_t dropout_step = 0;     // training forwards so far
 };
 

@@ -54,7 +54,7 @@ EmbeddingLayer layer_from_file(const SafetensorsFile& file, const std::string& p
   validate(layer.config);
   check_tables_fit_in_memory(layer.config);  // the tables are copied out of the file below
   const EmbeddingConfig& c = layer.config;
-  const auto load_table = [&](const std::string& name, std::int64_t rows, std::vector<float>& out) {
+  const auto load_table = [&](const std::string& name, std::int64_t rows, LineFloats& out) {
     const TensorInfo* t = file.find(prefix + name);
     if (!t) throw Error(file.source() + ": tensor '" + prefix + name + "' is missing");
     if (t->dtype != DType::F32 || t->shape != std::vector<std::int64_t>{rows, c.embed_dim}) {

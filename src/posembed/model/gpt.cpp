@@ -18,17 +18,19 @@
 namespace posembed::model {
 namespace {
 
-
 // Carves consecutive spans out of one buffer: first a counting pass (base ==
-// nullptr), then the real one.
+// nullptr), then the real one. Each span starts on a cache line (the buffer
+// does: core/aligned.h), so the row loops' vectors do not straddle two lines.
 struct Carver {
+  static constexpr std::int64_t kLineFloats = kLineBytes / sizeof(float);
   float* base = nullptr;
   std::size_t used = 0;
   double counted = 0;  // `used` in double: cannot wrap, so it can be checked against memory
   std::span<float> take(std::int64_t n) {
     std::span<float> s = base ? std::span<float>(base + used, sz(n)) : std::span<float>();
-    used += sz(n);
-    counted += static_cast<double>(n);
+    const std::int64_t padded = (n + kLineFloats - 1) / kLineFloats * kLineFloats;
+    used += sz(padded);
+    counted += static_cast<double>(padded);
     return s;
   }
 };
@@ -60,7 +62,7 @@ Bf16Operands bf16_operands(const Gpt& model, const TransposedWeights* t, Activat
                            std::span<const float> weight, std::span<const float> weight_t,
                            std::span<std::uint16_t> input) {
   if (!bf16_products(t)) return {};
-  const auto same_place = [](const std::vector<std::uint16_t>& copy, const float* base,
+  const auto same_place = [](const LineVector<std::uint16_t>& copy, const float* base,
                              std::span<const float> view) {
     return std::span<const std::uint16_t>(copy.data() + (view.data() - base), view.size());
   };

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "posembed/core/aligned.h"
 #include "posembed/core/config.h"
 #include "posembed/core/embedding.h"
 #include "posembed/model/bf16.h"
@@ -103,7 +104,7 @@ struct Gpt {
   std::vector<ParamTensor> tensors;  // in buffer order: wte, wpe, other 2-D weights, then 1-D
   std::size_t num_params = 0;
   std::size_t num_decayed = 0;       // params [0, num_decayed) are the decayed 2-D weights
-  std::vector<float> memory;         // params | grads (num_params each) | m | v (moments.size() each)
+  LineFloats memory;  // params | grads (num_params each) | m | v (moments.size() each)
   std::span<float> params, grads, m, v;
   ParamRange moments;                // m[i], v[i] belong to params[moments.begin + i]
   ParamViews p, g;                   // views into params and grads
@@ -137,24 +138,24 @@ std::span<float> tensor_view(const Gpt& model, std::span<float> buffer, const Pa
 struct Activations {
   GptConfig config;                     // the model they were sized for (checked on use)
   std::int64_t batch = 0, seq_len = 0;  // the shape they were sized for
-  std::vector<float> memory;
+  LineFloats memory;
   std::vector<std::int64_t> positions;  // (B, T): 0..T-1 per row
   // (ceil(B*T*C / 64)): the embedding dropout's mask, kept by the forward for
   // the backward (core/embedding.h), which then need not draw it again.
   std::vector<std::uint64_t> embedding_mask;
   // Precision::bf16: the products' bf16 copies of the activations they read
   // (ops.h's Bf16Operands::scratch), 2 * B*T * max(4C, V); empty for fp32.
-  std::vector<std::uint16_t> bf16_scratch;
+  LineVector<std::uint16_t> bf16_scratch;
   // Precision::bf16: the rounded inputs of the products whose backward reads
   // them again (Bf16Operands::input), kept from the forward: the *_bf16 spans
   // below, B*T * (8C * n_layer + C); empty for fp32. LayerNorm and GELU
   // write ln_1, ln_2, fch_gelu and ln_f there only (rounded once): under
   // bf16 products their fp32 spans, and d_logits, are not written.
-  std::vector<std::uint16_t> bf16_inputs;
+  LineVector<std::uint16_t> bf16_inputs;
   // Precision::bf16: each layer's attention operands that its forward packs
   // for its backward (ops.h: attention_forward's bf16_packs), n_layer *
   // attention_bf16_values(B, T, C, H); empty for fp32.
-  std::vector<std::uint16_t> bf16_attention;
+  LineVector<std::uint16_t> bf16_attention;
   // Forward, per layer l at [l]: (B,T,C) unless noted.
   std::span<float> encoded;
   struct Layer {
@@ -205,9 +206,9 @@ Activations make_activations(const GptConfig& config, std::int64_t batch, std::i
 struct TransposedWeights {
   GptConfig config;  // the model they were sized for (checked on use)
   Precision precision = Precision::fp32;
-  std::vector<std::uint16_t> params_bf16;  // (num_params) model.params rounded; bf16 only
-  std::vector<std::uint16_t> memory_bf16;  // memory rounded, element for element; bf16 only
-  std::vector<float> memory;
+  LineVector<std::uint16_t> params_bf16;  // (num_params) model.params rounded; bf16 only
+  LineVector<std::uint16_t> memory_bf16;  // memory rounded, element for element; bf16 only
+  LineFloats memory;
   std::span<float> wte;  // (C, V)
   struct Block {  // (3C, C), (C, C), (4C, C), (C, 4C)
     std::span<float> c_attn_w, attn_proj_w, c_fc_w, mlp_proj_w;

@@ -64,7 +64,7 @@ StepStats train_step(Gpt& model, Activations& acts, std::span<const std::int64_t
 struct MicroBatchSlot {
   Activations acts;                           // one micro-batch
   std::vector<std::int64_t> inputs, targets;  // (micro_batch, T)
-  std::vector<float> grads;                   // (P), laid out as model.grads
+  LineFloats grads;                           // (P), laid out as model.grads
   ParamViews grad_views;                      // param_views of grads
   std::exception_ptr error;                   // what its thread threw, rethrown after the wave
 };

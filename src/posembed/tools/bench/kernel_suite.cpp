@@ -8,6 +8,7 @@
 #include <random>
 #include <set>
 
+#include "posembed/core/aligned.h"
 #include "posembed/core/error.h"
 #include "posembed/core/half.h"
 #include "posembed/core/layer.h"
@@ -26,26 +27,9 @@ std::vector<To> cast(const std::vector<From, Allocator>& v) {
   return std::vector<To>(v.begin(), v.end());
 }
 
-// The bench's arrays start on a cache line (64 bytes), as PyTorch's CPU
-// allocator aligns every tensor. malloc's large blocks start 16 bytes past a
-// page, where no row of a table sits on a line; the backwards, which stream
-// fresh rows in whole lines where they can, took 1.15-1.3x the time there
-// (AMD EPYC Zen 4, docs/performance-log.md).
-template <class T>
-struct LineAllocator {
-  using value_type = T;
-  static constexpr std::align_val_t kLine{64};
-  LineAllocator() = default;
-  template <class U>
-  LineAllocator(const LineAllocator<U>&) {}  // NOLINT: allocators convert implicitly
-  T* allocate(std::size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), kLine)); }
-  void deallocate(T* p, std::size_t) { ::operator delete(p, kLine); }
-  template <class U>
-  bool operator==(const LineAllocator<U>&) const {
-    return true;
-  }
-};
-using Floats = std::vector<float, LineAllocator<float>>;
+// The bench's arrays start on a cache line (core/aligned.h), as PyTorch's
+// tensors do.
+using Floats = LineFloats;
 
 void check(bool ok, const std::string& what) {
   if (!ok) throw Error("bench validation failed: " + what);
