@@ -10,6 +10,7 @@
 
 #include "oneapi/dnnl/dnnl.h"
 #include "oneapi/dnnl/dnnl.hpp"
+#include "posembed/core/aligned.h"
 
 namespace posembed::model {
 namespace {
@@ -123,7 +124,7 @@ void gemm_bf16(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t 
   mm.a.set_data_handle(const_cast<std::uint16_t*>(a));
   mm.b.set_data_handle(const_cast<std::uint16_t*>(b));
   mm.c.set_data_handle(c);
-  thread_local std::vector<std::uint8_t> scratch;  // grows to the largest once
+  thread_local LineVector<std::uint8_t> scratch;  // grows to the largest once
   const std::size_t scratch_bytes = mm.scratchpad.get_desc().get_size();
   if (scratch.size() < scratch_bytes) scratch.resize(scratch_bytes);
   mm.scratchpad.set_data_handle(scratch.data());

@@ -9,6 +9,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "posembed/core/aligned.h"
 #include "posembed/core/sizes.h"
 #include "posembed/model/bf16.h"
 #include "posembed/model/gemm.h"
@@ -146,8 +147,8 @@ void matmul_backward_any(std::span<float> dinp, std::span<float> dweight, std::s
   // gradient's column sums are taken by row piece in the same pass, while the
   // piece is in cache (later, after the products had read only dout's bf16
   // copy, reading dout again took 3% of a bf16 step), and added in piece order.
-  thread_local std::vector<float> bias_piece_storage;
-  std::vector<float>& bias_piece_sums = bias_piece_storage;  // (row pieces, OC); for the team
+  thread_local LineFloats bias_piece_storage;
+  LineFloats& bias_piece_sums = bias_piece_storage;  // (row pieces, OC); for the team
   const std::uint16_t* dout_b = nullptr;
   const std::uint16_t* inp_b = nullptr;
   if (bf16.enabled()) {

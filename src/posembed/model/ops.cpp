@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "posembed/core/aligned.h"
 #include "posembed/core/philox.h"
 #include "posembed/core/sizes.h"
 #include "posembed/model/ops_internal.h"
@@ -142,13 +143,13 @@ void for_query_blocks(std::int64_t T, Body&& body) {
 // The buffers are float-typed, bf16 values two to a word, so that transpose()
 // can move pairs as 32-bit words.
 struct HeadPairs {
-  std::vector<float> rows, words, along_hd, along_t, block, att, ds, dy;
+  LineFloats rows, words, along_hd, along_t, block, att, ds, dy;
 };
-float* sized_floats(std::vector<float>& v, std::int64_t values) {
+float* sized_floats(LineFloats& v, std::int64_t values) {
   if (v.size() < sz(values)) v.resize(sz(values));
   return v.data();
 }
-std::uint16_t* sized(std::vector<float>& v, std::int64_t values) {
+std::uint16_t* sized(LineFloats& v, std::int64_t values) {
   return reinterpret_cast<std::uint16_t*>(sized_floats(v, (values + 1) / 2));
 }
 
@@ -275,10 +276,10 @@ void attention_head_backward_bf16(float* dq, float* ds, const float* dy, const s
 // BackwardPacks are widened from their pairs. K counts values: 2 * the
 // pairs. Per-thread buffers as HeadPairs'.
 struct WideForward {
-  std::vector<float> q, k, kt, v, att_block;
+  LineFloats q, k, kt, v, att_block;
 };
 struct WideBackward {
-  std::vector<float> vt, k, q_t, dy, ds_block, att_t, ds_t, dy_t;
+  LineFloats vt, k, q_t, dy, ds_block, att_t, ds_t, dy_t;
 };
 
 void attention_head_forward_widened(float* y, float* a, std::uint16_t* saved, const float* q,

@@ -12,6 +12,7 @@
 #include <numbers>
 #include <vector>
 
+#include "posembed/core/aligned.h"
 #include "posembed/core/embedding.h"
 #include "posembed/model/row_ops.h"
 
@@ -166,7 +167,7 @@ inline float gelu_grad(float x) {
 // 69 GFLOP/s; a head's causal scores: 13 against 9 us), so products transpose
 // their operand once and multiply by the copy.
 inline const float* transposed(const float* a, std::int64_t rows, std::int64_t cols, std::int64_t lda) {
-  thread_local std::vector<float> b;
+  thread_local LineFloats b;
   b.resize(static_cast<std::size_t>(rows * cols));
   transpose(b.data(), a, static_cast<std::size_t>(rows), static_cast<std::size_t>(cols),
             static_cast<std::size_t>(lda));
