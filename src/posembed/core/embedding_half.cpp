@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "posembed/core/aligned.h"
 #include "posembed/core/embedding.h"
 #include "posembed/core/embedding_internal.h"
 #include "posembed/core/error.h"
@@ -28,7 +29,7 @@ std::string dtype_text(Dtype dtype) { return std::string(dtype_name(dtype)); }
 // are this call's alone); a float gradient is its own. Empty: frozen.
 std::span<float> float_sums(TensorSpan grad, GradMode mode) {
   if (grad.dtype == Dtype::f32 || grad.empty()) return {static_cast<float*>(grad.data), grad.size};
-  thread_local std::vector<float> scratch;
+  thread_local LineFloats scratch;
   if (scratch.capacity() < grad.size) {
     assign_zeros_huge(scratch, grad.size);
   } else {
