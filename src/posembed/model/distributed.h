@@ -46,6 +46,7 @@
 #include <span>
 #include <vector>
 
+#include "posembed/core/aligned.h"
 #include "posembed/model/gpt.h"
 #include "posembed/model/strategy.h"
 
@@ -117,8 +118,8 @@ class MpiRanks final : public Strategy {
   // The layout, sized by prepare.
   IndexRange mine;                 // this rank's micro-batches
   std::vector<ParamRange> shards;  // every rank's parameters (whole pieces)
-  std::vector<float> sent;         // (mine.size, P), grouped by destination shard
-  std::vector<float> received;     // (M, own shard) in micro-batch order
+  LineFloats sent;                 // (mine.size, P), grouped by destination shard
+  LineFloats received;             // (M, own shard) in micro-batch order
   std::vector<std::span<const float>> received_by_micro_batch;  // (M) views of received
   // Elements of `sent` for each rank and of `received` from it, its shard in
   // floats and in pieces, and (set by each call) its share of gathered values.

@@ -261,8 +261,8 @@ void validate_batch(const GptConfig& config, const Activations& acts,
 struct KvCache {
   GptConfig config;         // the model it was sized for (checked on use)
   std::int64_t length = 0;  // tokens cached; the next token's position
-  std::vector<float> k, v;
-  std::vector<float> x, ln, qkv, atty, attproj, fch, fch_gelu, att;  // one-token scratch
+  LineFloats k, v;
+  LineFloats x, ln, qkv, atty, attproj, fch, fch_gelu, att;  // one-token scratch
 };
 KvCache make_kv_cache(const GptConfig& config);
 // Appends token at position cache.length and writes its next-token logits (V).
