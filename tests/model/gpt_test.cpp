@@ -253,6 +253,14 @@ TEST(Gpt, BuffersStartOnCacheLines) {
     spans.insert(spans.end(), {b.c_attn_w, b.attn_proj_w, b.c_fc_w, b.mlp_proj_w});
   for (std::size_t i = 0; i < spans.size(); ++i)
     EXPECT_TRUE(on_line(spans[i].data())) << "span " << i;
+  std::vector<std::span<std::uint16_t>> halves{a.ln_f_bf16};
+  for (const auto& l : a.layers) {
+    halves.insert(halves.end(),
+                  {l.ln_1_bf16, l.atty_bf16, l.ln_2_bf16, l.fch_gelu_bf16, l.attention_bf16});
+  }
+  for (std::size_t i = 0; i < halves.size(); ++i) {
+    EXPECT_TRUE(on_line(halves[i].data())) << "bf16 span " << i;
+  }
   for (const void* p : {static_cast<const void*>(a.bf16_scratch.data()),
                         static_cast<const void*>(a.bf16_inputs.data()),
                         static_cast<const void*>(a.bf16_attention.data()),

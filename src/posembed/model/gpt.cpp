@@ -18,19 +18,25 @@
 namespace posembed::model {
 namespace {
 
-// Carves consecutive spans out of one buffer: first a counting pass (base ==
-// nullptr), then the real one. Each span starts on a cache line (the buffer
-// does: core/aligned.h), so the row loops' vectors do not straddle two lines.
+// n values of T rounded up to whole cache lines: where spans carved one after
+// another from a buffer that starts on a line (core/aligned.h) each start on
+// one, so the row loops' vectors do not straddle two lines.
+template <class T>
+std::int64_t on_lines(std::int64_t n) {
+  constexpr auto kPerLine = static_cast<std::int64_t>(kLineBytes / sizeof(T));
+  return (n + kPerLine - 1) / kPerLine * kPerLine;
+}
+
+// Carves consecutive spans out of one buffer, each on a line: first a
+// counting pass (base == nullptr), then the real one.
 struct Carver {
-  static constexpr std::int64_t kLineFloats = kLineBytes / sizeof(float);
   float* base = nullptr;
   std::size_t used = 0;
   double counted = 0;  // `used` in double: cannot wrap, so it can be checked against memory
   std::span<float> take(std::int64_t n) {
     std::span<float> s = base ? std::span<float>(base + used, sz(n)) : std::span<float>();
-    const std::int64_t padded = (n + kLineFloats - 1) / kLineFloats * kLineFloats;
-    used += sz(padded);
-    counted += static_cast<double>(padded);
+    used += sz(on_lines<float>(n));
+    counted += static_cast<double>(on_lines<float>(n));
     return s;
   }
 };
@@ -49,7 +55,8 @@ bool bf16_products(const TransposedWeights* t) {
 }
 
 // Values per token of Activations::bf16_inputs: each block's ln_1, atty, ln_2
-// (C each) and fch_gelu (4C), and ln_f.
+// (C each) and fch_gelu (4C), and ln_f (and the padding that puts each on a
+// cache line: under a line per span).
 std::int64_t bf16_inputs_per_token(const GptConfig& c) {
   return (8 * c.n_layer + 1) * c.embedding.embed_dim;
 }
@@ -313,11 +320,13 @@ Activations make_activations(const GptConfig& c, std::int64_t B, std::int64_t T,
   }
   if (precision == Precision::bf16) {
     a.bf16_scratch.assign(2 * sz(bf16_scratch_half(c, N)), 0);
-    a.bf16_inputs.assign(sz(N * bf16_inputs_per_token(c)), 0);
+    // bf16_inputs_per_token's spans, each on a line.
+    const std::int64_t NC = on_lines<std::uint16_t>(N * C);
+    a.bf16_inputs.assign(sz(c.n_layer * (3 * NC + on_lines<std::uint16_t>(N * 4 * C)) + NC), 0);
     std::span<std::uint16_t> rest(a.bf16_inputs);
     const auto take = [&](std::int64_t n) {
       const std::span<std::uint16_t> part = rest.first(sz(n));
-      rest = rest.subspan(sz(n));
+      rest = rest.subspan(sz(on_lines<std::uint16_t>(n)));
       return part;
     };
     for (auto& l : a.layers) {
@@ -328,9 +337,10 @@ Activations make_activations(const GptConfig& c, std::int64_t B, std::int64_t T,
     }
     a.ln_f_bf16 = take(N * C);
     const std::int64_t packs = attention_bf16_values(B, T, C, H);
-    a.bf16_attention.assign(sz(c.n_layer * packs), 0);
+    const std::size_t stride = sz(on_lines<std::uint16_t>(packs));
+    a.bf16_attention.assign(sz(c.n_layer) * stride, 0);
     for (std::size_t l = 0; l < a.layers.size(); ++l) {
-      a.layers[l].attention_bf16 = std::span(a.bf16_attention).subspan(l * sz(packs), sz(packs));
+      a.layers[l].attention_bf16 = std::span(a.bf16_attention).subspan(l * stride, sz(packs));
     }
   }
   a.positions.resize(sz(N));
