@@ -1,11 +1,15 @@
 #include "posembed/io/checkpoint.h"
 
+#include <bit>
+#include <cmath>
 #include <cstring>
+#include <limits>
 
 #include <gtest/gtest.h>
 
 #include "io/io_test_util.h"
 #include "posembed/core/error.h"
+#include "posembed/core/half.h"
 #include "posembed/core/position_ids.h"
 #include "posembed/io/names.h"
 
@@ -57,6 +61,63 @@ TEST(Checkpoint, SavedLayerReloadsExactly) {
   EXPECT_EQ(t.token->name, "wte.weight");
 }
 
+// BF16 and F16 tables: each value rounded once to nearest even (core/half.h's
+// conversions, which tests/core checks against their definitions), a NaN, an
+// overflow to inf and a tie among them; loaded back widened exactly, the
+// config and dropout step as with F32. Other dtypes are refused, nothing written.
+template <class T>
+void expect_half_round_trip(DType dtype) {
+  test::TempDir dir;
+  EmbeddingLayer layer = make_embedding_layer(small_config());
+  layer.token_table[0] = std::numeric_limits<float>::quiet_NaN();
+  layer.token_table[1] = 1e30f;                              // inf in F16
+  layer.token_table[2] = std::bit_cast<float>(0x3F808000u);  // a bf16 tie: to even
+  layer.position_table[3] = 1.0f + 0x1p-11f;                 // an fp16 tie: to even
+  layer.dropout_step = 7;
+  save_layer(dir / "half.safetensors", layer, dtype);
+  const auto file = SafetensorsFile::open(dir / "half.safetensors");
+  const EmbeddingLayer back = load_layer(dir / "half.safetensors");
+  EXPECT_EQ(back.config, layer.config);
+  EXPECT_EQ(back.dropout_step, 7u);
+  const std::pair<const char*, const LineFloats*> tables[] = {
+      {"wte.weight", &layer.token_table}, {"wpe.weight", &layer.position_table}};
+  for (const auto& [name, want] : tables) {
+    const TensorInfo* t = file.find(name);
+    ASSERT_NE(t, nullptr) << name;
+    EXPECT_EQ(t->dtype, dtype) << name;
+    ASSERT_EQ(t->data.size(), want->size() * 2) << name;
+    const LineFloats& got =
+        name == std::string("wte.weight") ? back.token_table : back.position_table;
+    ASSERT_EQ(got.size(), want->size());
+    for (std::size_t i = 0; i < want->size(); ++i) {
+      std::uint16_t bits = 0;
+      std::memcpy(&bits, t->data.data() + 2 * i, 2);
+      const T rounded = from_float<T>((*want)[i]);
+      ASSERT_EQ(bits, rounded.bits) << name << " element " << i;
+      const float wide = to_float(rounded);
+      ASSERT_TRUE(std::bit_cast<std::uint32_t>(got[i]) == std::bit_cast<std::uint32_t>(wide) ||
+                  (std::isnan(got[i]) && std::isnan(wide)))
+          << name << " element " << i;
+    }
+  }
+}
+
+TEST(Checkpoint, HalfTablesSaveRoundedOnceAndLoadWidened) {
+  expect_half_round_trip<bf16>(DType::BF16);
+  expect_half_round_trip<fp16>(DType::F16);
+  test::TempDir dir;
+  const EmbeddingLayer layer = make_embedding_layer(small_config());
+  try {
+    save_layer(dir / "f64.safetensors", layer, DType::F64);
+    ADD_FAILURE() << "saved as F64";
+  } catch (const Error& e) {
+    EXPECT_STREQ(
+        e.what(),
+        "save_layer: dtype F64 is not one a layer's tables are saved in; use F32, BF16 or F16");
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir / "f64.safetensors"));
+}
+
 // Save after 3 training forwards, reload, and the 4th and 5th outputs (dropout
 // masks included) equal those of the run that never stopped.
 TEST(Checkpoint, ResumedLayerDrawsTheSameDropoutMasks) {
@@ -100,12 +161,15 @@ TEST(Checkpoint, LoadRejectsWrongFilesWithReasons) {
   rejects(m, tensors, "lacks 'dropout_step'");
   m = meta;
   m["max_seq_len"] = "34";
-  rejects(m, tensors, "must be F32 [34, 12]");
+  rejects(m, tensors, "must be F32, BF16 or F16 [34, 12]");
   m = meta;
   m["dropout"] = "1.5";
   rejects(m, tensors, "dropout");
   rejects({{"format", "pt"}}, tensors, "not a posembed layer checkpoint");
   rejects(meta, {tensors[0]}, "'wpe.weight' is missing");
+  // A table in a dtype a layer is not saved in.
+  const std::vector<std::byte> wide = convert_from_f32(DType::F64, layer.position_table);
+  rejects(meta, {tensors[0], {"wpe.weight", DType::F64, {33, 12}, wide}}, "but is F64");
 }
 
 TEST(Checkpoint, PrefixedTensorsForLargerCheckpoints) {

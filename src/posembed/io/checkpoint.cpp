@@ -5,6 +5,14 @@
 #include "posembed/core/error.h"
 
 namespace posembed::io {
+namespace {
+
+// The dtypes a layer's tables are saved in and loaded from.
+bool is_layer_dtype(DType dtype) {
+  return dtype == DType::F32 || dtype == DType::BF16 || dtype == DType::F16;
+}
+
+}  // namespace
 
 std::map<std::string, std::string> layer_metadata(const EmbeddingLayer& layer) {
   std::map<std::string, std::string> meta;
@@ -57,23 +65,42 @@ EmbeddingLayer layer_from_file(const SafetensorsFile& file, const std::string& p
   const auto load_table = [&](const std::string& name, std::int64_t rows, LineFloats& out) {
     const TensorInfo* t = file.find(prefix + name);
     if (!t) throw Error(file.source() + ": tensor '" + prefix + name + "' is missing");
-    if (t->dtype != DType::F32 || t->shape != std::vector<std::int64_t>{rows, c.embed_dim}) {
-      throw Error(file.source() + ": tensor '" + t->name + "' must be F32 [" + std::to_string(rows) +
-                  ", " + std::to_string(c.embed_dim) + "] as the metadata says, but is " +
-                  std::string(dtype_name(t->dtype)) + " with " + std::to_string(t->shape.size()) +
-                  " dims and " + std::to_string(t->numel()) + " elements");
+    if (!is_layer_dtype(t->dtype) || t->shape != std::vector<std::int64_t>{rows, c.embed_dim}) {
+      throw Error(file.source() + ": tensor '" + t->name + "' must be F32, BF16 or F16 [" +
+                  std::to_string(rows) + ", " + std::to_string(c.embed_dim) +
+                  "] as the metadata says, but is " + std::string(dtype_name(t->dtype)) + " with " +
+                  std::to_string(t->shape.size()) + " dims and " + std::to_string(t->numel()) +
+                  " elements");
     }
-    out.resize(static_cast<std::size_t>(t->numel()));
-    if (!out.empty()) std::memcpy(out.data(), t->data.data(), t->data.size());
+    if (t->dtype == DType::F32) {
+      out.resize(static_cast<std::size_t>(t->numel()));
+      if (!out.empty()) std::memcpy(out.data(), t->data.data(), t->data.size());
+    } else {
+      const std::vector<float> wide = file.to_f32(*t);  // exact
+      out.assign(wide.begin(), wide.end());
+    }
   };
   load_table("wte.weight", c.vocab_size, layer.token_table);
   load_table("wpe.weight", c.max_seq_len, layer.position_table);
   return layer;
 }
 
-void save_layer(const std::filesystem::path& path, const EmbeddingLayer& layer) {
+void save_layer(const std::filesystem::path& path, const EmbeddingLayer& layer, DType dtype) {
+  if (!is_layer_dtype(dtype)) {
+    throw Error("save_layer: dtype " + std::string(dtype_name(dtype)) +
+                " is not one a layer's tables are saved in; use F32, BF16 or F16");
+  }
   validate(layer.config);
-  const auto tensors = layer_tensors(layer);
+  auto tensors = layer_tensors(layer);
+  std::vector<std::byte> rounded[2];  // the tables in `dtype`, when not F32
+  if (dtype != DType::F32) {
+    const std::span<const float> tables[2] = {layer.token_table, layer.position_table};
+    for (std::size_t k = 0; k < 2; ++k) {
+      rounded[k] = convert_from_f32(dtype, tables[k]);
+      tensors[k].dtype = dtype;
+      tensors[k].data = rounded[k];
+    }
+  }
   save_safetensors(path, tensors, layer_metadata(layer));
 }
 
