@@ -79,15 +79,18 @@ void expect_half_round_trip(DType dtype) {
   const EmbeddingLayer back = load_layer(dir / "half.safetensors");
   EXPECT_EQ(back.config, layer.config);
   EXPECT_EQ(back.dropout_step, 7u);
-  const std::pair<const char*, const LineFloats*> tables[] = {
-      {"wte.weight", &layer.token_table}, {"wpe.weight", &layer.position_table}};
-  for (const auto& [name, want] : tables) {
+  const struct {
+    const char* name;
+    const LineFloats* want;
+    const LineFloats* got;
+  } tables[] = {{"wte.weight", &layer.token_table, &back.token_table},
+                {"wpe.weight", &layer.position_table, &back.position_table}};
+  for (const auto& [name, want, loaded] : tables) {
     const TensorInfo* t = file.find(name);
     ASSERT_NE(t, nullptr) << name;
     EXPECT_EQ(t->dtype, dtype) << name;
     ASSERT_EQ(t->data.size(), want->size() * 2) << name;
-    const LineFloats& got =
-        name == std::string("wte.weight") ? back.token_table : back.position_table;
+    const LineFloats& got = *loaded;
     ASSERT_EQ(got.size(), want->size());
     for (std::size_t i = 0; i < want->size(); ++i) {
       std::uint16_t bits = 0;

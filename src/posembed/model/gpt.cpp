@@ -35,8 +35,9 @@ struct Carver {
   double counted = 0;  // `used` in double: cannot wrap, so it can be checked against memory
   std::span<float> take(std::int64_t n) {
     std::span<float> s = base ? std::span<float>(base + used, sz(n)) : std::span<float>();
-    used += sz(on_lines<float>(n));
-    counted += static_cast<double>(on_lines<float>(n));
+    const std::int64_t padded = on_lines<float>(n);
+    used += sz(padded);
+    counted += static_cast<double>(padded);
     return s;
   }
 };
@@ -55,8 +56,8 @@ bool bf16_products(const TransposedWeights* t) {
 }
 
 // Values per token of Activations::bf16_inputs: each block's ln_1, atty, ln_2
-// (C each) and fch_gelu (4C), and ln_f (and the padding that puts each on a
-// cache line: under a line per span).
+// (C each) and fch_gelu (4C), and ln_f. Not counted: the padding that puts
+// each span on a cache line (under a line a span; make_activations adds it).
 std::int64_t bf16_inputs_per_token(const GptConfig& c) {
   return (8 * c.n_layer + 1) * c.embedding.embed_dim;
 }
