@@ -13,6 +13,7 @@
 
 #include "io/io_test_util.h"
 #include "posembed/core/error.h"
+#include "posembed/core/half.h"
 
 namespace posembed::io {
 namespace {
@@ -133,6 +134,57 @@ TEST(Safetensors, SmallFloatCodesRoundTripExhaustively) {
   expect_codes_round_trip<std::uint16_t>(DType::BF16);
   expect_codes_round_trip<std::uint8_t>(DType::F8_E4M3);
   expect_codes_round_trip<std::uint8_t>(DType::F8_E5M2);
+}
+
+// Decoding into a caller's buffer (load_layer's tables): every 16-bit code
+// of F16 and BF16 against core/half.h's widening, an independent decoder
+// (a NaN as a NaN);
+// F32's bits copied as they are (NaN payloads, -0); F64 rounded once; and
+// a buffer of the wrong size refused before anything is written.
+TEST(Safetensors, DecodesIntoAGivenBuffer) {
+  std::vector<std::uint16_t> codes(1 << 16);
+  for (std::size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<std::uint16_t>(i);
+  std::vector<float> out(codes.size());
+  for (const DType dtype : {DType::F16, DType::BF16}) {
+    convert_to_f32(dtype, bytes_of(codes), out);
+    for (std::size_t i = 0; i < codes.size(); ++i) {
+      const float want = dtype == DType::F16 ? to_float(fp16{codes[i]}) : to_float(bf16{codes[i]});
+      if (std::isnan(want)) {  // (the two decoders may differ in a NaN's quiet bit)
+        ASSERT_TRUE(std::isnan(out[i])) << dtype_name(dtype) << " code " << i;
+        continue;
+      }
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(out[i]), std::bit_cast<std::uint32_t>(want))
+          << dtype_name(dtype) << " code " << i;
+    }
+  }
+  const std::vector<std::uint32_t> f32_bits{0x7FC01234u, 0xFF800001u, 0x80000000u, 0x00000001u,
+                                            0x3F800000u};
+  std::vector<float> f32_out(f32_bits.size());
+  convert_to_f32(DType::F32, bytes_of(f32_bits), f32_out);
+  for (std::size_t i = 0; i < f32_bits.size(); ++i) {
+    EXPECT_EQ(std::bit_cast<std::uint32_t>(f32_out[i]), f32_bits[i]) << i;
+  }
+  const std::vector<double> f64{1.0 + 0x1p-24, 1.0 + 0x1.8p-24, -0x1p-149 / 2};
+  std::vector<float> f64_out(f64.size());
+  convert_to_f32(DType::F64, bytes_of(f64), f64_out);
+  for (std::size_t i = 0; i < f64.size(); ++i)
+    EXPECT_EQ(f64_out[i], static_cast<float>(f64[i])) << i;
+
+  std::vector<float> short_out(4, 7.0f);
+  EXPECT_THROW(
+      {
+        try {
+          convert_to_f32(DType::BF16, bytes_of(std::vector<std::uint16_t>{1, 2, 3, 4, 5}),
+                         short_out);
+        } catch (const Error& e) {
+          EXPECT_STREQ(e.what(),
+                       "5 BF16 elements go into 4 values; give as many values as elements");
+          throw;
+        }
+      },
+      Error);
+  EXPECT_THROW(convert_to_f32(DType::F64, bytes_of(f64), short_out), Error);
+  EXPECT_EQ(short_out, std::vector<float>(4, 7.0f));  // untouched
 }
 
 // Encoding picks the nearest representable value, ties to even: checked in

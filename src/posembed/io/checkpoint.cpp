@@ -1,7 +1,5 @@
 #include "posembed/io/checkpoint.h"
 
-#include <cstring>
-
 #include "posembed/core/error.h"
 
 namespace posembed::io {
@@ -72,13 +70,8 @@ EmbeddingLayer layer_from_file(const SafetensorsFile& file, const std::string& p
                   std::to_string(t->shape.size()) + " dims and " + std::to_string(t->numel()) +
                   " elements");
     }
-    if (t->dtype == DType::F32) {
-      out.resize(static_cast<std::size_t>(t->numel()));
-      if (!out.empty()) std::memcpy(out.data(), t->data.data(), t->data.size());
-    } else {
-      const std::vector<float> wide = file.to_f32(*t);  // exact
-      out.assign(wide.begin(), wide.end());
-    }
+    out.resize(static_cast<std::size_t>(t->numel()));
+    convert_to_f32(t->dtype, t->data, out);  // exact for the three
   };
   load_table("wte.weight", c.vocab_size, layer.token_table);
   load_table("wpe.weight", c.max_seq_len, layer.position_table);

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <limits>
 #include <set>
+#include <type_traits>
 
 #include <nlohmann/json.hpp>
 
@@ -158,16 +159,37 @@ std::uint8_t minifloat_from_float(float x, MiniFloat f) {
   return static_cast<std::uint8_t>(sign | (exp_field << f.mant_bits) | mant);
 }
 
-template <class Out>
-std::vector<Out> convert(DType dtype, std::span<const std::byte> data) {
+// The number of `dtype` elements in `data`; throws when it is not whole.
+std::size_t element_count(DType dtype, std::span<const std::byte> data) {
   const std::size_t size = dtype_size(dtype);
   if (data.size() % size != 0) {
     throw Error(std::to_string(data.size()) + " bytes are not a whole number of " +
                 std::string(dtype_name(dtype)) + " elements");
   }
-  const std::size_t n = data.size() / size;
-  std::vector<Out> out(n);
+  return data.size() / size;
+}
+
+// element_count, which must be `values`, the size of what they are decoded into.
+std::size_t element_count(DType dtype, std::span<const std::byte> data, std::size_t values) {
+  const std::size_t n = element_count(dtype, data);
+  if (values != n) {
+    throw Error(std::to_string(n) + " " + std::string(dtype_name(dtype)) + " elements go into " +
+                std::to_string(values) + " values; give as many values as elements");
+  }
+  return n;
+}
+
+// Decodes data's elements into out, as many as there are elements.
+template <class Out>
+void convert_into(DType dtype, std::span<const std::byte> data, std::span<Out> out) {
+  const std::size_t size = dtype_size(dtype), n = element_count(dtype, data, out.size());
   const std::byte* p = data.data();
+  if constexpr (std::is_same_v<Out, float>) {
+    if (dtype == DType::F32) {  // the same bits: a copy (a GPT-2 token table is 154 MB)
+      if (n != 0) std::memcpy(out.data(), p, n * sizeof(float));
+      return;
+    }
+  }
   auto fill = [&](auto decode) {
     for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<Out>(decode(p + i * size));
   };
@@ -192,6 +214,12 @@ std::vector<Out> convert(DType dtype, std::span<const std::byte> data) {
       fill([](const std::byte* q) { return minifloat_to_double(load<std::uint8_t>(q), kE5M2); });
       break;
   }
+}
+
+template <class Out>
+std::vector<Out> convert(DType dtype, std::span<const std::byte> data) {
+  std::vector<Out> out(element_count(dtype, data));
+  convert_into<Out>(dtype, data, out);
   return out;
 }
 
@@ -253,20 +281,25 @@ std::int64_t TensorInfo::numel() const {
   return n;
 }
 
-std::vector<float> convert_to_f32(DType dtype, std::span<const std::byte> data) {
+void convert_to_f32(DType dtype, std::span<const std::byte> data, std::span<float> out) {
   // F64 and the 64-bit integers round once, from their exact value.
   if (dtype == DType::F64 || dtype == DType::I64 || dtype == DType::U64) {
-    const std::size_t n = data.size() / 8;
-    std::vector<float> out(n);
+    const std::size_t n = element_count(dtype, data, out.size());
     for (std::size_t i = 0; i < n; ++i) {
       const std::byte* q = data.data() + i * 8;
       out[i] = dtype == DType::F64   ? static_cast<float>(load<double>(q))
                : dtype == DType::I64 ? static_cast<float>(load<std::int64_t>(q))
                                      : static_cast<float>(load<std::uint64_t>(q));
     }
-    return out;
+    return;
   }
-  return convert<float>(dtype, data);  // every other dtype is exact in double, then rounds once
+  convert_into<float>(dtype, data, out);  // every other dtype is exact in double, then rounds once
+}
+
+std::vector<float> convert_to_f32(DType dtype, std::span<const std::byte> data) {
+  std::vector<float> out(element_count(dtype, data));
+  convert_to_f32(dtype, data, out);
+  return out;
 }
 
 std::vector<double> convert_to_f64(DType dtype, std::span<const std::byte> data) {

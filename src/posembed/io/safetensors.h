@@ -88,6 +88,9 @@ class SafetensorsFile {
 
 // Element conversions, usable without a file.
 std::vector<float> convert_to_f32(DType dtype, std::span<const std::byte> data);
+// The same into `out`, which holds as many values as data has elements (else
+// posembed::Error): a large table goes straight into its own buffer.
+void convert_to_f32(DType dtype, std::span<const std::byte> data, std::span<float> out);
 std::vector<double> convert_to_f64(DType dtype, std::span<const std::byte> data);
 // Encodes fp32 values as `dtype` (floats round to nearest even; integer types
 // round to nearest and saturate; BOOL is value != 0).
