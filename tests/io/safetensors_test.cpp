@@ -13,7 +13,6 @@
 
 #include "io/io_test_util.h"
 #include "posembed/core/error.h"
-#include "posembed/core/half.h"
 
 namespace posembed::io {
 namespace {
@@ -136,11 +135,20 @@ TEST(Safetensors, SmallFloatCodesRoundTripExhaustively) {
   expect_codes_round_trip<std::uint8_t>(DType::F8_E5M2);
 }
 
+// binary16's value from its fields, in double (an independent decoder).
+double half_value(std::uint16_t h) {
+  const int exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF;
+  const double magnitude = exponent == 0    ? std::ldexp(mantissa, -24)
+                           : exponent == 31 ? (mantissa ? std::nan("") : HUGE_VAL)
+                                            : std::ldexp(1024 + mantissa, exponent - 25);
+  return (h & 0x8000) ? -magnitude : magnitude;
+}
+
 // Decoding into a caller's buffer (load_layer's tables): every 16-bit code
-// of F16 and BF16 against core/half.h's widening, an independent decoder
-// (a NaN as a NaN);
-// F32's bits copied as they are (NaN payloads, -0); F64 rounded once; and
-// a buffer of the wrong size refused before anything is written.
+// of F16 against its value from the fields and of BF16 against the float of
+// its bits shifted up (a NaN as a NaN); F32's bits copied as they are (NaN
+// payloads, -0); F64 rounded once; and a buffer of the wrong size refused
+// before anything is written.
 TEST(Safetensors, DecodesIntoAGivenBuffer) {
   std::vector<std::uint16_t> codes(1 << 16);
   for (std::size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<std::uint16_t>(i);
@@ -148,13 +156,16 @@ TEST(Safetensors, DecodesIntoAGivenBuffer) {
   for (const DType dtype : {DType::F16, DType::BF16}) {
     convert_to_f32(dtype, bytes_of(codes), out);
     for (std::size_t i = 0; i < codes.size(); ++i) {
-      const float want = dtype == DType::F16 ? to_float(fp16{codes[i]}) : to_float(bf16{codes[i]});
-      if (std::isnan(want)) {  // (the two decoders may differ in a NaN's quiet bit)
+      const double want =
+          dtype == DType::F16
+              ? half_value(codes[i])
+              : static_cast<double>(std::bit_cast<float>(std::uint32_t{codes[i]} << 16));
+      if (std::isnan(want)) {
         ASSERT_TRUE(std::isnan(out[i])) << dtype_name(dtype) << " code " << i;
         continue;
       }
-      ASSERT_EQ(std::bit_cast<std::uint32_t>(out[i]), std::bit_cast<std::uint32_t>(want))
-          << dtype_name(dtype) << " code " << i;
+      ASSERT_EQ(static_cast<double>(out[i]), want) << dtype_name(dtype) << " code " << i;
+      ASSERT_EQ(std::signbit(out[i]), std::signbit(want)) << dtype_name(dtype) << " code " << i;
     }
   }
   const std::vector<std::uint32_t> f32_bits{0x7FC01234u, 0xFF800001u, 0x80000000u, 0x00000001u,

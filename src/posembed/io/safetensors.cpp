@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <bit>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -18,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "posembed/core/error.h"
+#include "posembed/core/half.h"
 
 namespace posembed::io {
 
@@ -54,52 +54,6 @@ T load(const std::byte* p) {
   T value;
   std::memcpy(&value, p, sizeof value);  // the data need not be aligned
   return value;
-}
-
-float f32_from_bits(std::uint32_t bits) { return std::bit_cast<float>(bits); }
-
-// IEEE binary16 -> binary32, exact.
-float half_to_float(std::uint16_t h) {
-  const std::uint32_t sign = std::uint32_t{h & 0x8000u} << 16;
-  const std::uint32_t exp = (h >> 10) & 0x1Fu;
-  const std::uint32_t mant = h & 0x3FFu;
-  if (exp == 0) {  // zero or subnormal: mant * 2^-24, exact in fp32
-    const float magnitude = std::ldexp(static_cast<float>(mant), -24);
-    return sign ? -magnitude : magnitude;
-  }
-  if (exp == 31) return f32_from_bits(sign | 0x7F800000u | (mant << 13));  // inf / NaN
-  return f32_from_bits(sign | ((exp - 15 + 127) << 23) | (mant << 13));
-}
-
-// binary32 -> binary16, round to nearest even; NaN stays NaN (quiet).
-std::uint16_t float_to_half(float f) {
-  const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
-  const auto sign = static_cast<std::uint16_t>((x >> 16) & 0x8000u);
-  const std::uint32_t a = x & 0x7FFFFFFFu;
-  if (a > 0x7F800000u) return static_cast<std::uint16_t>(sign | 0x7E00u | ((a >> 13) & 0x3FFu));
-  if (a >= 0x477FF000u) return static_cast<std::uint16_t>(sign | 0x7C00u);  // >= 65520: inf
-  const std::uint32_t e = a >> 23;
-  if (e < 113) {  // below 2^-14: a subnormal half, round(value * 2^24)
-    if (e < 101) return sign;  // below 2^-26: rounds to zero
-    const std::uint32_t m = (a & 0x7FFFFFu) | 0x800000u;
-    const std::uint32_t shift = 126 - e;  // value * 2^24 = m * 2^(e - 126)
-    std::uint32_t q = m >> shift;
-    const std::uint32_t rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (q & 1u))) ++q;
-    return static_cast<std::uint16_t>(sign | q);
-  }
-  std::uint32_t h = ((e - 112) << 10) | ((a >> 13) & 0x3FFu);
-  const std::uint32_t rem = a & 0x1FFFu;
-  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;  // a carry into the exponent is right
-  return static_cast<std::uint16_t>(sign | h);
-}
-
-float bf16_to_float(std::uint16_t b) { return f32_from_bits(std::uint32_t{b} << 16); }
-
-std::uint16_t float_to_bf16(float f) {
-  const std::uint32_t x = std::bit_cast<std::uint32_t>(f);
-  if ((x & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<std::uint16_t>((x >> 16) | 0x40u);
-  return static_cast<std::uint16_t>((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
 }
 
 // 8-bit floats. E4M3 ("fn"): bias 7, no infinities, S.1111.111 is NaN, max 448.
@@ -203,8 +157,12 @@ void convert_into(DType dtype, std::span<const std::byte> data, std::span<Out> o
     case DType::I32: fill([](const std::byte* q) { return load<std::int32_t>(q); }); break;
     case DType::U64: fill([](const std::byte* q) { return load<std::uint64_t>(q); }); break;
     case DType::I64: fill([](const std::byte* q) { return load<std::int64_t>(q); }); break;
-    case DType::F16: fill([](const std::byte* q) { return half_to_float(load<std::uint16_t>(q)); }); break;
-    case DType::BF16: fill([](const std::byte* q) { return bf16_to_float(load<std::uint16_t>(q)); }); break;
+    case DType::F16:
+      fill([](const std::byte* q) { return to_float(fp16{load<std::uint16_t>(q)}); });
+      break;
+    case DType::BF16:
+      fill([](const std::byte* q) { return to_float(bf16{load<std::uint16_t>(q)}); });
+      break;
     case DType::F32: fill([](const std::byte* q) { return load<float>(q); }); break;
     case DType::F64: fill([](const std::byte* q) { return load<double>(q); }); break;
     case DType::F8_E4M3:
@@ -321,8 +279,12 @@ std::vector<std::byte> convert_from_f32(DType dtype, std::span<const float> valu
       case DType::I32: store(out, i, saturate<std::int32_t>(x)); break;
       case DType::U64: store(out, i, saturate<std::uint64_t>(x)); break;
       case DType::I64: store(out, i, saturate<std::int64_t>(x)); break;
-      case DType::F16: store(out, i, float_to_half(x)); break;
-      case DType::BF16: store(out, i, float_to_bf16(x)); break;
+      case DType::F16:
+        store(out, i, to_fp16(x).bits);
+        break;
+      case DType::BF16:
+        store(out, i, to_bf16(x).bits);
+        break;
       case DType::F32: store(out, i, x); break;
       case DType::F64: store(out, i, static_cast<double>(x)); break;
       case DType::F8_E4M3: store(out, i, minifloat_from_float(x, kE4M3)); break;
