@@ -147,7 +147,7 @@ double half_value(std::uint16_t h) {
 // Decoding into a caller's buffer (load_layer's tables): every 16-bit code
 // of F16 against its value from the fields and of BF16 against the float of
 // its bits shifted up (a NaN as a NaN); F32's bits copied as they are (NaN
-// payloads, -0); F64 rounded once; and a buffer of the wrong size refused
+// payloads, -0); F64 and 64-bit integers rounded once; and a buffer of the wrong size refused
 // before anything is written.
 TEST(Safetensors, DecodesIntoAGivenBuffer) {
   std::vector<std::uint16_t> codes(1 << 16);
@@ -180,6 +180,17 @@ TEST(Safetensors, DecodesIntoAGivenBuffer) {
   convert_to_f32(DType::F64, bytes_of(f64), f64_out);
   for (std::size_t i = 0; i < f64.size(); ++i)
     EXPECT_EQ(f64_out[i], static_cast<float>(f64[i])) << i;
+  // 2^54 + 2^30 + 1 rounds up to 2^54 + 2^31 at once; through double it
+  // would tie at 2^54 + 2^30 and go down to 2^54.
+  const std::int64_t wide = (std::int64_t{1} << 54) + (std::int64_t{1} << 30) + 1;
+  std::vector<float> int_out(2);
+  convert_to_f32(DType::I64, bytes_of(std::vector<std::int64_t>{wide, -wide}), int_out);
+  EXPECT_EQ(int_out[0], 0x1p54f + 0x1p31f);
+  EXPECT_EQ(int_out[1], -(0x1p54f + 0x1p31f));
+  convert_to_f32(DType::U64,
+                 bytes_of(std::vector<std::uint64_t>{static_cast<std::uint64_t>(wide), 0}),
+                 int_out);
+  EXPECT_EQ(int_out[0], 0x1p54f + 0x1p31f);
 
   std::vector<float> short_out(4, 7.0f);
   EXPECT_THROW(

@@ -239,25 +239,14 @@ std::int64_t TensorInfo::numel() const {
   return n;
 }
 
+// Each element converts once from its exact value (the decoders return the
+// stored type, or a double that holds it exactly), so it rounds once.
 void convert_to_f32(DType dtype, std::span<const std::byte> data, std::span<float> out) {
-  // F64 and the 64-bit integers round once, from their exact value.
-  if (dtype == DType::F64 || dtype == DType::I64 || dtype == DType::U64) {
-    const std::size_t n = element_count(dtype, data, out.size());
-    for (std::size_t i = 0; i < n; ++i) {
-      const std::byte* q = data.data() + i * 8;
-      out[i] = dtype == DType::F64   ? static_cast<float>(load<double>(q))
-               : dtype == DType::I64 ? static_cast<float>(load<std::int64_t>(q))
-                                     : static_cast<float>(load<std::uint64_t>(q));
-    }
-    return;
-  }
-  convert_into<float>(dtype, data, out);  // every other dtype is exact in double, then rounds once
+  convert_into<float>(dtype, data, out);
 }
 
 std::vector<float> convert_to_f32(DType dtype, std::span<const std::byte> data) {
-  std::vector<float> out(element_count(dtype, data));
-  convert_to_f32(dtype, data, out);
-  return out;
+  return convert<float>(dtype, data);
 }
 
 std::vector<double> convert_to_f64(DType dtype, std::span<const std::byte> data) {
