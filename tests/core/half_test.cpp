@@ -148,6 +148,9 @@ void expect_vector_conversions_match() {
     std::vector<T> narrowed(floats.size());
     narrow_row(narrowed, floats, false);
     EXPECT_EQ(bits_of(narrowed), bits_of(halves));
+    std::vector<T> whole(floats.size());  // simd::narrow, the trainer's and io's
+    simd::narrow(whole.data(), dtype_of<T>(), floats.data(), floats.size());
+    EXPECT_EQ(bits_of(whole), bits_of(halves));
     // Every half widened (adding -0 keeps every value, zeros of both signs
     // included; a signaling NaN comes back quiet, as the scalar path has it).
     std::vector<T> every(65536), want(65536);

@@ -18,6 +18,7 @@
 
 #include "posembed/core/error.h"
 #include "posembed/core/half.h"
+#include "posembed/core/simd.h"
 
 namespace posembed::io {
 
@@ -254,31 +255,66 @@ std::vector<double> convert_to_f64(DType dtype, std::span<const std::byte> data)
 }
 
 std::vector<std::byte> convert_from_f32(DType dtype, std::span<const float> values) {
-  const std::size_t size = dtype_size(dtype);
-  std::vector<std::byte> out(values.size() * size);
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    const float x = values[i];
-    switch (dtype) {
-      case DType::BOOL: store(out, i, static_cast<std::uint8_t>(x != 0.0f)); break;
-      case DType::U8: store(out, i, saturate<std::uint8_t>(x)); break;
-      case DType::I8: store(out, i, saturate<std::int8_t>(x)); break;
-      case DType::U16: store(out, i, saturate<std::uint16_t>(x)); break;
-      case DType::I16: store(out, i, saturate<std::int16_t>(x)); break;
-      case DType::U32: store(out, i, saturate<std::uint32_t>(x)); break;
-      case DType::I32: store(out, i, saturate<std::int32_t>(x)); break;
-      case DType::U64: store(out, i, saturate<std::uint64_t>(x)); break;
-      case DType::I64: store(out, i, saturate<std::int64_t>(x)); break;
-      case DType::F16:
-        store(out, i, to_fp16(x).bits);
-        break;
-      case DType::BF16:
-        store(out, i, to_bf16(x).bits);
-        break;
-      case DType::F32: store(out, i, x); break;
-      case DType::F64: store(out, i, static_cast<double>(x)); break;
-      case DType::F8_E4M3: store(out, i, minifloat_from_float(x, kE4M3)); break;
-      case DType::F8_E5M2: store(out, i, minifloat_from_float(x, kE5M2)); break;
-    }
+  const std::size_t n = values.size();
+  std::vector<std::byte> out(n * dtype_size(dtype));
+  if (n == 0) return out;
+  // Half tables (a GPT-2 token table is 38.6 million values) through the
+  // layer's vector rounding, which gives to_bf16/to_fp16's bits on every
+  // target (tests/core/half_test.cpp): the scalar loop took longer than
+  // writing the file.
+  if (dtype == DType::BF16 || dtype == DType::F16) {
+    simd::narrow(out.data(), dtype == DType::BF16 ? Dtype::bf16 : Dtype::f16, values.data(), n);
+    return out;
+  }
+  if (dtype == DType::F32) {
+    std::memcpy(out.data(), values.data(), n * sizeof(float));
+    return out;
+  }
+  auto put = [&](auto encode) {
+    using T = decltype(encode(0.0f));
+    for (std::size_t i = 0; i < n; ++i) store<T>(out, i, encode(values[i]));
+  };
+  switch (dtype) {
+    case DType::BOOL:
+      put([](float x) { return static_cast<std::uint8_t>(x != 0.0f); });
+      break;
+    case DType::U8:
+      put(saturate<std::uint8_t>);
+      break;
+    case DType::I8:
+      put(saturate<std::int8_t>);
+      break;
+    case DType::U16:
+      put(saturate<std::uint16_t>);
+      break;
+    case DType::I16:
+      put(saturate<std::int16_t>);
+      break;
+    case DType::U32:
+      put(saturate<std::uint32_t>);
+      break;
+    case DType::I32:
+      put(saturate<std::int32_t>);
+      break;
+    case DType::U64:
+      put(saturate<std::uint64_t>);
+      break;
+    case DType::I64:
+      put(saturate<std::int64_t>);
+      break;
+    case DType::F64:
+      put([](float x) { return static_cast<double>(x); });
+      break;
+    case DType::F8_E4M3:
+      put([](float x) { return minifloat_from_float(x, kE4M3); });
+      break;
+    case DType::F8_E5M2:
+      put([](float x) { return minifloat_from_float(x, kE5M2); });
+      break;
+    case DType::F16:
+    case DType::BF16:
+    case DType::F32:
+      break;  // above
   }
   return out;
 }
