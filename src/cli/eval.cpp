@@ -16,6 +16,7 @@
 #include "posembed/core/config.h"
 #include "posembed/core/error.h"
 #include "posembed/core/parallel.h"
+#include "posembed/io/safetensors.h"
 #include "posembed/model/corpus.h"
 #include "posembed/model/eval.h"
 #include "posembed/model/extend.h"
@@ -98,9 +99,20 @@ void run_eval(const EvalOptions& o) {
       model::init_from(o.checkpoint, source.config, std::nullopt, o.allow_non_finite);
   model::Gpt gpt =
       resize ? model::resize_positions(loaded.model, T, *resize) : std::move(loaded.model);
+  // The table `posembed resize` writes for this file: in a dtype narrower than
+  // fp32 its new rows are rounded once to it (the old ones are its values).
+  const io::DType file_dtype = source.position_dtype;
+  const bool rounded = resize && file_dtype != io::DType::F32 && file_dtype != io::DType::F64;
+  if (rounded) {
+    const std::vector<std::byte> narrow = io::convert_from_f32(file_dtype, gpt.p.wpe);
+    io::convert_to_f32(file_dtype, narrow, gpt.p.wpe);
+  }
   const model::PositionLoss loss = model::position_loss(gpt, text, starts, T, o.batch);
 
-  const std::string extended = resize ? model::describe(*resize, rows, T) : "";
+  const std::string extended =
+      !resize ? ""
+              : model::describe(*resize, rows, T) +
+                    (rounded ? ", kept in " + std::string(io::dtype_name(file_dtype)) : "");
   if (!o.plot.empty()) {
     const std::filesystem::path ckpt(o.checkpoint);
     tools::LinePlot p;

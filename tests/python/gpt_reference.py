@@ -59,6 +59,19 @@ def read_safetensors(path):
     return tensors, meta
 
 
+def write_bf16_safetensors(path, tensors):
+    """tensors: name -> bfloat16 tensor, written as safetensors BF16 (raw bits)."""
+    header, blobs, offset = {}, [], 0
+    for name, t in tensors.items():
+        raw = t.contiguous().view(torch.int16).numpy().tobytes()
+        header[name] = {"dtype": "BF16", "shape": list(t.shape), "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    text = json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
 def forward(p, idx, cfg):
     B, T = idx.shape
     C, H, L = cfg["embed_dim"], cfg["n_head"], cfg["n_layer"]
@@ -174,7 +187,8 @@ def windows(size, T, count):
     return starts if count >= n else [starts[i * n // count] for i in range(count)]
 
 
-def reference_by_position(weights, meta, text, T, extend, count):
+def reference_by_position(weights, meta, text, T, extend, count, round_to=None):
+    """round_to: the dtype the extended table is rounded to (a half file's)."""
     p = {n: torch.tensor(w, dtype=torch.float64) for n, w in weights.items()
          if not n.startswith("optimizer.")}
     wpe, M = p["wpe.weight"], p["wpe.weight"].shape[0]
@@ -183,6 +197,8 @@ def reference_by_position(weights, meta, text, T, extend, count):
     elif extend == "interpolate":
         p["wpe.weight"] = F.interpolate(wpe.t()[None], size=T, mode="linear",
                                         align_corners=False)[0].t()
+    if round_to is not None:
+        p["wpe.weight"] = p["wpe.weight"].to(round_to).double()
     cfg = {k: int(meta["model." + k]) for k in ("embed_dim", "n_head", "n_layer")}
     data = torch.tensor(list(text), dtype=torch.int64)
     starts = windows(len(text), T, count)
@@ -231,6 +247,29 @@ def check_eval(exe, work, text_source):
         if [b["begin"] for b in got["buckets"]] != list(range(0, T, 7)):
             fail("buckets do not cover the window in steps of 7")
     print(f"eval: per-position losses within {worst:.2g} of float64 PyTorch (tol {EVAL_TOL})")
+
+    # A BF16 GPT-2-named copy: --extend keeps the file's dtype, so the new rows are
+    # rounded to bf16 as `posembed resize` writes them; the same losses, bit for
+    # bit, as resize and then eval, and the float64 reference on the rounded table.
+    half = {n: torch.from_numpy(w).to(torch.bfloat16) for n, w in weights.items()
+            if not n.startswith("optimizer.")}
+    half_file = os.path.join(work, "bf16.safetensors")
+    write_bf16_safetensors(half_file, half)
+    common = ["--data", text_file, "--seq-len", "60", "--json", "--windows", "30", "--n-head",
+              meta["model.n_head"], "--threads", "1"]
+    got = json.loads(run([exe, "eval", half_file, "--extend", "interpolate"] + common).stdout)
+    resized = os.path.join(work, "bf16_60.safetensors")
+    run([exe, "resize", half_file, "--max-seq-len", "60", "--method", "interpolate", "-o", resized])
+    via_resize = json.loads(run([exe, "eval", resized] + common).stdout)
+    if got["by_position"] != via_resize["by_position"] or "kept in BF16" not in got["extend"]:
+        fail(f"eval --extend on a BF16 file ({got['extend']!r}) is not resize + eval: "
+             f"{got['mean']!r} vs {via_resize['mean']!r}")
+    widened = {n: t.float().numpy() for n, t in half.items()}
+    want, _ = reference_by_position(widened, meta, text, 60, "interpolate", 30, round_to=torch.bfloat16)
+    err = float(np.max(np.abs(np.array(got["by_position"]) - want)))
+    if err > EVAL_TOL:
+        fail(f"BF16 file, --extend interpolate: per-position loss off by {err:.3g} (tol {EVAL_TOL})")
+    print(f"eval: a BF16 file extended in BF16, as resize writes it; within {err:.2g} of float64")
 
     # Past the table without --extend: an error naming both numbers and the fix, status 2.
     r = run([exe, "eval", ckpt, "--data", text_file, "--seq-len", "60"], want_rc=1)

@@ -61,6 +61,7 @@ InitSource inspect(const io::SafetensorsFile& file, const GptConfig& fallback) {
                 "); --init-from needs a byte-level model");
   }
   s.kind = "GPT-2 names, " + std::string(io::dtype_name(wte->dtype));
+  s.position_dtype = wpe->dtype;
   return s;
 }
 

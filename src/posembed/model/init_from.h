@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "posembed/io/safetensors.h"
 #include "posembed/model/checkpoint.h"
 #include "posembed/model/extend.h"
 #include "posembed/model/gpt.h"
@@ -30,6 +31,7 @@ struct InitSource {
                                       // record n_head, so config.n_head is then the caller's
   std::string kind;                   // "trainer checkpoint at step 1000", "GPT-2 names, F16"
   std::string prefix;                 // "" or "transformer."
+  io::DType position_dtype = io::DType::F32;  // the file's position table (trainer: F32)
 };
 
 // Whether `path` is a posembed trainer checkpoint (its metadata says so).
