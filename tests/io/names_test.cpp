@@ -95,6 +95,27 @@ TEST(Names, OverridesAndFailures) {
   EXPECT_EQ(detect_tables(file, {.position_name = "nope", .offset_rows = {}}).position, nullptr);
 }
 
+// An integer table under a position table's name is no table: resize would
+// draw or interpolate into integers. The note names its dtype.
+TEST(Names, IntegerTablesAreNotPositionTables) {
+  for (const DType dtype : {DType::I32, DType::I64, DType::U8, DType::BOOL}) {
+    const auto file = make_file({{"wte.weight", {9, 4}}, {"wpe.weight", {16, 4}, dtype}});
+    const DetectedTables t = detect_tables(file);
+    EXPECT_EQ(t.position, nullptr) << dtype_name(dtype);
+    ASSERT_EQ(t.notes.size(), 1u);
+    EXPECT_NE(t.notes[0].find("'wpe.weight' is " + std::string(dtype_name(dtype)) +
+                              "; a position table holds floating-point values"),
+              std::string::npos)
+        << t.notes[0];
+    EXPECT_EQ(detect_tables(file, {.position_name = "wpe.weight", .offset_rows = {}}).position,
+              nullptr);
+  }
+  for (const DType dtype : {DType::F16, DType::BF16, DType::F64, DType::F8_E4M3}) {
+    const auto file = make_file({{"wte.weight", {9, 4}}, {"wpe.weight", {16, 4}, dtype}});
+    EXPECT_NE(detect_tables(file).position, nullptr) << dtype_name(dtype);
+  }
+}
+
 TEST(Names, ParameterCountSkipsIntegerBuffers) {
   const auto file = make_file({{"ids", {1, 32}, DType::I64}, {"a", {3, 4}}, {"b", {5}, DType::BF16}});
   EXPECT_EQ(parameter_count(file), 17);

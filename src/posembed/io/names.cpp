@@ -124,6 +124,13 @@ DetectedTables detect_tables(const SafetensorsFile& file, const DetectOptions& o
     out.position = nullptr;
     return out;
   }
+  if (!is_float(out.position->dtype)) {
+    out.notes.push_back("'" + out.position->name + "' is " +
+                        std::string(dtype_name(out.position->dtype)) +
+                        "; a position table holds floating-point values (F32, F16, BF16, F64, F8)");
+    out.position = nullptr;
+    return out;
+  }
   // RoBERTa and its descendants use BERT's names with 2 offset rows.
   if (pattern && pattern->family == "BERT") {
     const std::string p = lower(prefix);
