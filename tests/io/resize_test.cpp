@@ -1,5 +1,6 @@
 #include "posembed/io/resize.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -130,6 +131,35 @@ TEST(Resize, InitKeepsOldRowsAndDrawsNewRowsFromTheResizeStream) {
   const auto other_seed = convert_to_f32(
       DType::F32, resize_rows(std::as_bytes(std::span(old_values)), DType::F32, {offset, m, n, d, ResizeMethod::init, init, 100}));
   EXPECT_NE(other_seed.back(), out.back());
+}
+
+// New rows drawn beyond the file's dtype would be written as infinities, a
+// table every loader refuses: an error naming the count and the limit, and
+// nothing returned. A std that fits is kept, draws that round to the largest
+// finite value included.
+TEST(Resize, InitThatOverflowsTheDTypeIsRefused) {
+  const std::vector<float> table(8, 0.25f);  // (4, 2)
+  const auto f16 = convert_from_f32(DType::F16, table);
+  const RowResize wide{0, 4, 40, 2, ResizeMethod::init, {InitKind::normal, 1e5}, 1};
+  try {
+    resize_rows(f16, DType::F16, wide);
+    ADD_FAILURE() << "normal:1e5 into F16 accepted";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("new values outside F16's finite range (largest 65504)"), std::string::npos)
+        << what;
+    EXPECT_NE(what.find(" of 72 new values"), std::string::npos) << what;
+  }
+  const auto f32 =
+      convert_to_f32(DType::F32, resize_rows(std::as_bytes(std::span(table)), DType::F32, wide));
+  EXPECT_TRUE(std::all_of(f32.begin(), f32.end(), [](float x) { return std::isfinite(x); }));
+  const RowResize fits{0, 4, 40, 2, ResizeMethod::init, {InitKind::trunc_normal, 3e4},
+                       1};  // |x| <= 6e4
+  const auto narrow = convert_to_f32(DType::F16, resize_rows(f16, DType::F16, fits));
+  EXPECT_TRUE(std::all_of(narrow.begin(), narrow.end(), [](float x) { return std::isfinite(x); }));
+  EXPECT_THROW(resize_rows(std::as_bytes(std::span(table)), DType::F32,
+                           {0, 4, 40, 2, ResizeMethod::init, {InitKind::normal, 1e39}, 1}),
+               Error);
 }
 
 TEST(Resize, RejectsRequestsThatMakeNoSense) {

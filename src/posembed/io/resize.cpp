@@ -1,5 +1,6 @@
 #include "posembed/io/resize.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -26,6 +27,26 @@ ResizeMethod parse_resize_method(std::string_view text) {
   }
   throw Error("resize method '" + std::string(text) + "' is not one of crop, tile, interpolate, init");
 }
+
+namespace {
+// The largest finite value of a float dtype, as text for messages.
+std::string largest_finite(DType dtype) {
+  switch (dtype) {
+    case DType::F16:
+      return "65504";
+    case DType::BF16:
+      return "3.39e38";
+    case DType::F8_E4M3:
+      return "448";
+    case DType::F8_E5M2:
+      return "57344";
+    case DType::F64:
+      return "1.8e308";
+    default:
+      return "3.40e38";
+  }
+}
+}  // namespace
 
 void validate_resize(const RowResize& r) {
   const std::string n = std::to_string(r.new_len), m = std::to_string(r.old_len);
@@ -115,6 +136,17 @@ std::vector<std::byte> resize_rows(std::span<const std::byte> table, DType dtype
       init_table(drawn, r.init, r.embed_dim, r.seed, RandomStream::resize_init,
                  static_cast<std::uint64_t>((offset + old_len) * d));
       const auto bytes = convert_from_f32(dtype, drawn);
+      // A wide init overflows a narrow dtype (normal:100000 in F16) or float
+      // itself: a table of infinities that every loader refuses.
+      const std::vector<float> stored = convert_to_f32(dtype, bytes);
+      const auto overflowed =
+          std::count_if(stored.begin(), stored.end(), [](float x) { return !std::isfinite(x); });
+      if (overflowed != 0) {
+        throw Error("init " + to_string(r.init) + " drew " + std::to_string(overflowed) + " of " +
+                    std::to_string(stored.size()) + " new values outside " +
+                    std::string(dtype_name(dtype)) + "'s finite range (largest " +
+                    largest_finite(dtype) + "); give the new rows a smaller standard deviation");
+      }
       std::memcpy(new_rows + old_len * row_bytes, bytes.data(), bytes.size());
       break;
     }
