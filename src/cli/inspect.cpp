@@ -20,12 +20,6 @@ struct InspectOptions {
   std::optional<std::int64_t> offset;  // offset override
 };
 
-std::string shape_text(const std::vector<std::int64_t>& shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 void run_inspect(const InspectOptions& options) {
   const io::DetectOptions detect = detect_options(options.name, options.offset, "--offset");
   if (options.json) {
@@ -49,13 +43,14 @@ void run_inspect(const InspectOptions& options) {
   std::printf("\n%-*s  %-7s  %-14s  %s\n", static_cast<int>(width), "name", "dtype", "shape", "bytes");
   for (const auto& x : file.tensors()) {
     std::printf("%-*s  %-7s  %-14s  %s\n", static_cast<int>(width), x.name.c_str(),
-                std::string(io::dtype_name(x.dtype)).c_str(), shape_text(x.shape).c_str(),
+                std::string(io::dtype_name(x.dtype)).c_str(), io::shape_text(x.shape).c_str(),
                 tools::with_commas(static_cast<std::int64_t>(x.data.size())).c_str());
   }
   std::printf("\n");
   if (t.position) {
     std::printf("position table: %s (%s), %s %s\n", t.position->name.c_str(), t.family.c_str(),
-                std::string(io::dtype_name(t.position->dtype)).c_str(), shape_text(t.position->shape).c_str());
+                std::string(io::dtype_name(t.position->dtype)).c_str(),
+                io::shape_text(t.position->shape).c_str());
     std::printf("  offset rows %lld (%s)\n", static_cast<long long>(t.offset_rows), t.offset_reason.c_str());
     std::printf("  max_seq_len %lld, embed_dim %lld\n", static_cast<long long>(t.max_seq_len),
                 static_cast<long long>(t.embed_dim));
@@ -66,7 +61,8 @@ void run_inspect(const InspectOptions& options) {
   }
   if (t.token) {
     std::printf("token table: %s, %s %s\n", t.token->name.c_str(),
-                std::string(io::dtype_name(t.token->dtype)).c_str(), shape_text(t.token->shape).c_str());
+                std::string(io::dtype_name(t.token->dtype)).c_str(),
+                io::shape_text(t.token->shape).c_str());
   } else {
     std::printf("token table: not found\n");
   }

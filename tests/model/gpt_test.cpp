@@ -10,11 +10,12 @@
 
 #include "posembed/core/error.h"
 #include "posembed/core/reference.h"
+#include "posembed/io/safetensors.h"
 #include "posembed/model/bf16.h"
+#include "posembed/model/checkpoint.h"
 #include "posembed/model/gpt.h"
 #include "posembed/model/ops.h"
 #include "posembed/model/reference.h"
-#include "posembed/model/checkpoint.h"
 #include "test_util.h"
 
 namespace posembed::model {
@@ -432,6 +433,49 @@ TEST(Gpt, CheckpointWithNonFiniteValuesIsRefused) {
     EXPECT_TRUE(same_bits(into.memory, model.memory)) << k.file_name;  // the bad value included
   }
   std::filesystem::remove(path);
+}
+
+// A trainer checkpoint with one table converted to BF16 (as a user's script
+// might): refused with the tensor's dtype and shape, what it must be and the
+// way to use the file (--init-from), the model it would load into untouched.
+TEST(Gpt, CheckpointWithAHalfTensorIsRefusedWithItsDtype) {
+  const GptConfig c = tiny_config();
+  const auto dir = std::filesystem::temp_directory_path();
+  const auto saved = dir / "posembed_gpt_f32_test.safetensors",
+             converted = dir / "posembed_gpt_bf16_test.safetensors";
+  Gpt model = make_gpt(c);
+  save_checkpoint(saved, model, Checkpoint{c, TrainConfig{}, 1, "x", false, "", ""}, model.m,
+                  model.v);
+  {
+    const io::SafetensorsFile file = io::SafetensorsFile::open(saved);
+    std::vector<io::TensorToWrite> tensors;
+    std::vector<std::byte> half;
+    for (const io::TensorInfo& t : file.tensors()) {
+      if (t.name == "wpe.weight") {
+        half = io::convert_from_f32(io::DType::BF16, file.to_f32(t));
+        tensors.push_back({t.name, io::DType::BF16, t.shape, half});
+      } else {
+        tensors.push_back({t.name, t.dtype, t.shape, t.data});
+      }
+    }
+    io::save_safetensors(converted, tensors, file.metadata());
+  }
+  Gpt into = make_gpt(c);
+  const LineFloats before = into.memory;
+  const std::string rows = std::to_string(c.embedding.max_seq_len),
+                    width = std::to_string(c.embedding.embed_dim);
+  try {
+    load_checkpoint(converted, into, into.m, into.v);
+    ADD_FAILURE() << "a BF16 wpe.weight loaded";
+  } catch (const Error& e) {
+    const std::string want = "tensor 'wpe.weight' is BF16 [" + rows + ", " + width +
+                             "], but a trainer checkpoint holds F32 [" + rows + ", " + width + "]";
+    EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--init-from"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(std::memcmp(into.memory.data(), before.data(), before.size() * sizeof(float)), 0);
+  std::filesystem::remove(saved);
+  std::filesystem::remove(converted);
 }
 
 TEST(Gpt, InitialisationFollowsGpt2) {

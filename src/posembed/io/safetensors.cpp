@@ -211,6 +211,17 @@ std::string describe(const nlohmann::json& value) {
   return text;
 }
 
+// A shape whose entries were checked to be non-negative integers, as text:
+// "[32, 8]"; past 8 dims, the first 8 and the count.
+std::string dims_text(const nlohmann::json& shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size() && i < 8; ++i) {
+    s += (i ? ", " : "") + std::to_string(shape[i].get<std::uint64_t>());
+  }
+  if (shape.size() > 8) s += ", ... (" + std::to_string(shape.size()) + " dims)";
+  return s + "]";
+}
+
 std::uint64_t checked_mul(std::uint64_t a, std::uint64_t b, bool& overflow) {
   if (a != 0 && b > std::numeric_limits<std::uint64_t>::max() / a) overflow = true;
   return a * b;
@@ -232,6 +243,12 @@ bool is_float(DType dtype) {
     case DType::F8_E4M3: case DType::F8_E5M2: return true;
     default: return false;
   }
+}
+
+std::string shape_text(std::span<const std::int64_t> shape) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
 }
 
 std::int64_t TensorInfo::numel() const {
@@ -498,7 +515,7 @@ void SafetensorsFile::parse() {
     }
     const std::uint64_t expected = checked_mul(numel, dtype_size(*dtype), overflow);
     if (overflow || numel > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
-      fail(where + ": shape " + describe(*shape_it) + " overflows a 64-bit byte count");
+      fail(where + ": shape " + dims_text(*shape_it) + " overflows a 64-bit byte count");
     }
     if (!offsets_it->is_array() || offsets_it->size() != 2 || !(*offsets_it)[0].is_number_unsigned() ||
         !(*offsets_it)[1].is_number_unsigned()) {
@@ -512,9 +529,10 @@ void SafetensorsFile::parse() {
            "] run past the data buffer of " + std::to_string(buffer_bytes) + " bytes; the file is truncated");
     }
     if (end - begin != expected) {
-      fail(where + ": " + std::string(dtype_name(*dtype)) + " shape " + describe(*shape_it) + " needs " +
-           std::to_string(expected) + " bytes but data_offsets [" + std::to_string(begin) + ", " +
-           std::to_string(end) + "] hold " + std::to_string(end - begin));
+      fail(where + ": " + std::string(dtype_name(*dtype)) + " shape " + dims_text(*shape_it) +
+           " needs " + std::to_string(expected) + " bytes but data_offsets [" +
+           std::to_string(begin) + ", " + std::to_string(end) + "] hold " +
+           std::to_string(end - begin));
     }
     info.data = {buffer + begin, static_cast<std::size_t>(end - begin)};
     ranges.push_back({begin, end, tensors_.size()});

@@ -38,6 +38,8 @@ std::string_view dtype_name(DType dtype);        // "F32", "BF16", ...
 std::size_t dtype_size(DType dtype);             // bytes per element
 std::optional<DType> parse_dtype(std::string_view name);
 bool is_float(DType dtype);
+// "[32, 768]" (a scalar's empty shape "[]"), for messages.
+std::string shape_text(std::span<const std::int64_t> shape);
 
 struct TensorInfo {
   std::string name;

@@ -173,8 +173,11 @@ void load_tensors(const io::SafetensorsFile& file, Gpt& model, std::span<float> 
     const io::TensorInfo* ti = file.find(name);
     if (!ti) throw Error(file.source() + ": tensor '" + name + "' is missing");
     if (ti->shape != t.shape || ti->dtype != io::DType::F32) {
-      throw Error(file.source() + ": tensor '" + name +
-                  "' has the wrong shape or dtype (want F32)");
+      throw Error(file.source() + ": tensor '" + name + "' is " +
+                  std::string(io::dtype_name(ti->dtype)) + " " + io::shape_text(ti->shape) +
+                  ", but a trainer checkpoint holds F32 " + io::shape_text(t.shape) +
+                  " (fp32 master weights, in either precision): this file was converted; "
+                  "--init-from starts a new run from it in any float dtype");
     }
     plan.emplace_back(ti, buf.subspan(t.offset, t.numel));
   };

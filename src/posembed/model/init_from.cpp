@@ -8,12 +8,6 @@
 namespace posembed::model {
 namespace {
 
-std::string shape_text(const std::vector<std::int64_t>& shape) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 bool is_trainer(const io::SafetensorsFile& file) {
   const auto format = file.metadata().find("format");
   return format != file.metadata().end() && format->second == kCheckpointFormat;
@@ -43,8 +37,8 @@ InitSource inspect(const io::SafetensorsFile& file, const GptConfig& fallback) {
                 "GPT-2-named safetensors file");
   }
   if (wte->shape.size() != 2 || wpe->shape.size() != 2 || wte->shape[1] != wpe->shape[1]) {
-    throw Error(src + ": wte.weight " + shape_text(wte->shape) + " and wpe.weight " +
-                shape_text(wpe->shape) + " are not two tables of the same width");
+    throw Error(src + ": wte.weight " + io::shape_text(wte->shape) + " and wpe.weight " +
+                io::shape_text(wpe->shape) + " are not two tables of the same width");
   }
   s.config = fallback;
   s.config.embedding.vocab_size = wte->shape[0];
@@ -108,8 +102,8 @@ InitFrom init_from(const std::filesystem::path& path, const GptConfig& config,
     if (!ti) throw Error(src + ": tensor '" + source.prefix + t.name + "' is missing");
     if (ti->shape != t.shape || !io::is_float(ti->dtype)) {
       throw Error(src + ": tensor '" + ti->name + "' is " + std::string(io::dtype_name(ti->dtype)) +
-                  " " + shape_text(ti->shape) + "; this model needs a float tensor of shape " +
-                  shape_text(t.shape));
+                  " " + io::shape_text(ti->shape) + "; this model needs a float tensor of shape " +
+                  io::shape_text(t.shape));
     }
     plan.emplace_back(ti, &t);
   }
@@ -118,7 +112,7 @@ InitFrom init_from(const std::filesystem::path& path, const GptConfig& config,
     const bool used =
         std::any_of(plan.begin(), plan.end(), [&](auto& p) { return p.first == &ti; });
     if (!used && !ti.name.starts_with("optimizer.")) {
-      out.notes.push_back("ignored '" + ti.name + "' " + shape_text(ti.shape) +
+      out.notes.push_back("ignored '" + ti.name + "' " + io::shape_text(ti.shape) +
                           (ti.name.ends_with("lm_head.weight")
                                ? " (the output layer is tied to wte)"
                                : " (not a parameter of this model)"));
