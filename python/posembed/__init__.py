@@ -81,20 +81,26 @@ def forward(input_ids, position_ids, token_table, position_table, *, dropout=0.0
     input_ids, position_ids: (B, T) int64; tables: (rows, d), C-contiguous, both float32, both
     float16, or both bfloat16: uint16 arrays of its bits with ``dtype="bfloat16"``. The output
     is the tables' dtype (or a float32 ``out``): float arithmetic, rounded once per element to
-    nearest even. Element i of
+    nearest even. CPU torch tensors work as well as arrays (bfloat16 ones as they are); the
+    output made for torch tables is a torch tensor. Element i of
     the output (flat index) is dropped when Philox(seed, step, i) falls below round(p * 2^32):
     backward() with the same (dropout, seed, step) regenerates the same mask. mask_bits: None, or
     an int64 array of dropout_mask_words(B, T, d) that a forward with dropout > 0 fills with its
     mask (bit i % 64 of word i // 64 set where element i is kept); hand it to backward(), which
     then reads the mask instead of drawing it again (the same bits, a faster backward).
     """
-    ids = np.asarray(input_ids)
-    table = np.asarray(token_table)
     bf16_bits = _uint16_is_bf16(dtype)
     if out is None:
-        shape = tuple(ids.shape) + (table.shape[-1] if table.ndim == 2 else 0,)
-        half = table.dtype in (np.float16, np.uint16)
-        out = np.empty(shape, dtype=table.dtype if half else np.float32)
+        shape = tuple(np.shape(input_ids)) + (token_table.shape[-1] if len(token_table.shape) == 2 else 0,)
+        if positions._is_torch(token_table):  # a torch output (NumPy has no bfloat16)
+            import torch
+
+            half = token_table.dtype in (torch.bfloat16, torch.float16)
+            out = torch.empty(shape, dtype=token_table.dtype if half else torch.float32)
+        else:
+            table = np.asarray(token_table)
+            half = table.dtype in (np.float16, np.uint16)
+            out = np.empty(shape, dtype=table.dtype if half else np.float32)
     _C.forward(out, input_ids, position_ids, token_table, position_table, float(dropout), seed, step,
                padding_row, mask_bits, bf16_bits)
     return out
@@ -110,8 +116,8 @@ def backward(grad_out, input_ids, position_ids, *, grad_token_table=None, grad_p
     growing near 256 when each token adds 1), rounded once into a half gradient.
 
     Each gradient row is summed over the batch in one order (its tokens by position id, then flat
-    index): the same bits on any thread count. Zeroing is up to the caller (``np.zeros`` or ``_C.zero_grad``), or pass
-    ``accumulate=False`` to write fresh gradients: what the tables held is ignored (``np.empty``
+    index): the same bits on any thread count. Zeroing is up to the caller (``np.zeros``,
+    ``tensor.zero_()``), or pass ``accumulate=False`` to write fresh gradients: what the tables held is ignored (``np.empty``
     will do), rows no token touches become zeros, and the bits are those of zeros + accumulate,
     with one pass over the tables less. mask_bits: the words forward() filled, or None.
     """
@@ -161,11 +167,16 @@ def resize(path, max_seq_len, method="tile", out=None, *, name=None, offset=None
 def analyze(table) -> dict:
     """Spectrum, effective dimension, norms and neighbour similarity of a (positions, d) table.
 
-    Accepts a float32 NumPy array or a CPU torch tensor (no copy). Returns ``singular_values``,
+    Accepts a float32 NumPy array or CPU torch tensor (no copy), or a float16 or bfloat16 one
+    (widened to float32, exactly). Returns ``singular_values``,
     ``variance_ratio``, ``row_norms``, ``neighbour_cosine`` as float64 arrays and the counts
     ``components_90/95/99``, ``participation_ratio``, ``gap_rank``, ``gap_ratio``,
     ``mean_row_norm``, ``zero_rows``, ``rows``, ``cols``.
     """
     if positions._is_torch(table):
         table = table.detach()
+        if str(table.dtype) in ("torch.bfloat16", "torch.float16"):
+            table = table.float()
+    elif getattr(table, "dtype", None) == np.float16:
+        table = table.astype(np.float32)
     return _C.analyze(table)

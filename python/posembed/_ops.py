@@ -95,7 +95,8 @@ def check_step(step) -> None:
 def embedding(token_table, position_table, input_ids, position_ids, dropout, seed, step,
               position_padding_row, sparse, padding_idx) -> Tensor:
     """The layer through ``embedding_forward``: the arguments of ``_Embedding.apply``, checked
-    by the caller (2-D int64 ids, float32 contiguous CPU tables), except that ``step`` may be a
+    by the caller (2-D int64 ids, contiguous CPU tables of one dtype: float32, bfloat16 or
+    float16), except that ``step`` may be a
     0-dim int64 tensor, which is read where the kernel runs (no ``.item()`` in a traced graph)."""
     check_step(step)
     if not isinstance(step, Tensor):

@@ -44,7 +44,7 @@ from torch import nn
 
 from . import positions
 from .errors import InvalidInputError
-from .torch import check_table, embedding, mask_seed_for_rank, seed_from_torch
+from .torch import check_same_dtype, check_table, embedding, mask_seed_for_rank, seed_from_torch
 
 __all__ = ["patch", "unpatch", "is_patched"]
 
@@ -341,6 +341,8 @@ def _check(family, module):
             raise InvalidInputError(f"{type(module).__name__}.{attr} is a {type(table).__name__}, not "
                              "an nn.Embedding")
         check_table(table.weight, f"{type(module).__name__}.{attr}.weight")
+    check_same_dtype(getattr(module, family.tokens).weight, getattr(module, family.term).weight,
+                     type(module).__name__)
 
 
 def is_patched(model: nn.Module) -> bool:
@@ -373,7 +375,8 @@ def patch(model: nn.Module, *, seed: int | None = None, step: int = 0,
 
     Patching a patched model is an error (``unpatch`` it first); a model without a supported
     module, an OPT decoder with ``project_in`` (OPT-350m), or tables that are not contiguous
-    float32, bfloat16 or float16 on the CPU are refused with ``InvalidInputError`` (a ``ValueError``), and the model is left as it was.
+    float32, bfloat16 or float16 on the CPU, both of one dtype, are refused with
+    ``InvalidInputError`` (a ``ValueError``), and the model is left as it was.
     """
     if not isinstance(model, nn.Module):
         raise InvalidInputError(f"posembed.hf.patch takes a torch.nn.Module, not {type(model).__name__}")

@@ -76,6 +76,11 @@ TABLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 def check_table(t: torch.Tensor, name: str) -> torch.Tensor:
     """The tensor itself, detached, if the kernels can use its memory (a contiguous CPU table of
     float32, bfloat16 or float16); else a clear error. posembed.hf checks models with it too."""
+    if t.device.type == "meta":
+        raise InvalidInputError(f"{name} is {t.dtype} on meta, which holds no values, and "
+                                "posembed's kernels run on the CPU: make it real first with "
+                                "module.to_empty(device='cpu'), then reset_parameters() or "
+                                "load_state_dict(...)")
     if t.device.type != "cpu":
         raise InvalidInputError(f"{name} is {t.dtype} on {t.device}; posembed's kernels run on the "
                                 "CPU: move the module or model with .cpu()")
@@ -86,6 +91,15 @@ def check_table(t: torch.Tensor, name: str) -> torch.Tensor:
         raise InvalidInputError(f"{name} of shape {tuple(t.shape)} is not contiguous; call "
                                 ".contiguous() on it (or on the parameter's data) first")
     return t.detach()
+
+
+def check_same_dtype(token: torch.Tensor, position: torch.Tensor, owner: str) -> None:
+    """A model's two tables in one dtype, as the kernels read them; else a clear error (PyTorch's
+    own add would promote, the kernels do not). posembed.hf checks models with it too."""
+    if token.dtype != position.dtype:
+        raise InvalidInputError(f"{owner}'s token table is {token.dtype} but its position table is "
+                                f"{position.dtype}; posembed reads both in one dtype: convert the "
+                                "model (or the odd table) with .to(...) first")
 
 
 def _sparse_grad(rows: np.ndarray, values: np.ndarray, size, padding_idx, dtype) -> torch.Tensor:
@@ -170,7 +184,8 @@ def embedding(input_ids, position_ids, token_table, position_table, *, dropout=0
     """The functional form: dropout(token_table[input_ids] + position_table[position_ids]).
 
     input_ids, position_ids: integer tensors of one shape (*, T), T the sequence (a 1-D (T,) is
-    one sequence); tables: (rows, d) float32 CPU tensors; the output is (*, T, d). Gradients flow
+    one sequence); tables: (rows, d) contiguous CPU tensors, both float32, bfloat16 or float16;
+    the output is (*, T, d) in the tables' dtype. Gradients flow
     to the tables that require them. The mask depends only on (seed, step): give each training
     forward a new step.
     """
@@ -302,10 +317,12 @@ class LearnedPositionEmbedding(nn.Module):
     - ``device``: ``"cpu"`` or ``"meta"`` (also from ``with torch.device("meta"):`` on torch 2):
       meta tables hold no memory and are not drawn; ``to_empty(device="cpu")`` and
       ``reset_parameters()`` make them real, as for ``nn.Embedding``.
-    - ``dtype``: ``torch.float32`` (the default), ``torch.bfloat16`` or ``torch.float16``: the
-      tables' dtype (drawn in float32, rounded once), and so the output's and the gradients'
-      (``.to(torch.bfloat16)`` and ``.half()`` convert a module later). The arithmetic inside
-      is float32 with one rounding per element, and every gradient is summed in float32.
+    - ``dtype``: ``torch.float32``, ``torch.bfloat16`` or ``torch.float16``: the tables' dtype
+      (drawn in float32, rounded once), and so the output's and the gradients'
+      (``.to(torch.bfloat16)`` and ``.half()`` convert a module later). ``None`` (the default)
+      takes ``torch.get_default_dtype()``, as ``nn.Embedding`` does, when it is one of the
+      three (float64 gives float32). The arithmetic inside is float32 with one rounding per
+      element, and every gradient is summed in float32.
 
     The tables live in two ``nn.Embedding`` children, ``token_embedding`` and
     ``position_embedding`` (parameters ``token_embedding.weight``, ``position_embedding.weight``),
@@ -332,9 +349,15 @@ class LearnedPositionEmbedding(nn.Module):
         if target.type not in ("cpu", "meta"):
             raise InvalidInputError(f"device {target}: posembed's kernels run on the CPU (or build "
                                     "the module on 'meta' and materialise it on the CPU)")
-        if dtype is not None and dtype not in TABLE_DTYPES:
-            raise InvalidInputError(f"dtype {dtype}: posembed's tables are torch.float32, "
-                                    "torch.bfloat16 or torch.float16")
+        if dtype is None:
+            # As nn.Embedding: the default dtype (torch.set_default_dtype, under which Hugging
+            # Face's from_pretrained(torch_dtype=...) builds a model), where the kernels take it.
+            default = torch.get_default_dtype()
+            dtype = default if default in TABLE_DTYPES else torch.float32
+        if dtype not in TABLE_DTYPES:
+            hint = " (pass the torch.dtype itself, e.g. torch.bfloat16)" if isinstance(dtype, str) else ""
+            raise InvalidInputError(f"dtype {dtype!r} is not one of posembed's table dtypes: "
+                                    f"torch.float32, torch.bfloat16 or torch.float16{hint}")
         if position_scheme not in _SCHEMES:
             raise InvalidInputError(f"position_scheme {position_scheme!r} is not one of {_SCHEMES}")
         if padding_idx is not None and not 0 <= padding_idx < vocab_size:
@@ -355,13 +378,13 @@ class LearnedPositionEmbedding(nn.Module):
         self.position_scheme, self.position_offset = position_scheme, offset
         self.padding_idx, self.per_rank_dropout = padding_idx, bool(per_rank_dropout)
         if target.type == "meta":
-            tokens = torch.empty(vocab_size, embed_dim, device="meta")
-            positions_ = torch.empty(rows, embed_dim, device="meta")
+            tokens = torch.empty(vocab_size, embed_dim, device="meta", dtype=dtype)
+            positions_ = torch.empty(rows, embed_dim, device="meta", dtype=dtype)
         else:
-            # Storage from posembed's pool of huge-page blocks (see empty_cache): a scattered
-            # token row then costs no page walk of its own.
-            tokens = _C.empty((vocab_size, embed_dim), "float32")
-            positions_ = _C.empty((rows, embed_dim), "float32")
+            # Storage from posembed's pool of huge-page blocks (see empty_cache), in the
+            # tables' own dtype: a scattered token row then costs no page walk of its own.
+            tokens = _ops.empty((vocab_size, embed_dim), dtype)
+            positions_ = _ops.empty((rows, embed_dim), dtype)
         position_pad = padding_idx if position_scheme == "fairseq" else None
         self.token_embedding = nn.Embedding(vocab_size, embed_dim, padding_idx=padding_idx,
                                             sparse=bool(sparse), _weight=tokens)
@@ -373,10 +396,7 @@ class LearnedPositionEmbedding(nn.Module):
         self._register_load_state_dict_pre_hook(_accept_older_state_dicts, with_module=True)
         self.register_load_state_dict_post_hook(_seed_from_buffer)
         if target.type != "meta":
-            self.reset_parameters()
-        if dtype is not None and dtype != torch.float32:
-            # Drawn in float32 (as the C++ layer draws them), then rounded once to nearest even.
-            self.to(dtype)
+            self.reset_parameters()  # half tables drawn in float32, then rounded once
 
     @property
     def token_table(self) -> nn.Parameter:
@@ -511,8 +531,10 @@ class LearnedPositionEmbedding(nn.Module):
         """positions.contiguous's ids for this shape, made once and reused while the shape and
         past_length repeat: making them is a (B, T) int64 write per step, work that grows with
         B and T outside the kernels. Never handed to the caller (position_ids() makes its own),
-        never written: autograd may save one tensor for several steps."""
-        key = (tuple(np.shape(input_ids)), int(past_length))
+        never written: autograd may save one tensor for several steps. Ids made under
+        torch.inference_mode() are inference tensors, which autograd may not save: they are
+        kept apart from the others."""
+        key = (tuple(np.shape(input_ids)), int(past_length), torch.is_inference_mode_enabled())
         cached = self.__dict__.get("_positions_cache")
         if cached is None or cached[0] != key:
             cached = (key, self.position_ids(input_ids, past_length=past_length))
@@ -551,6 +573,10 @@ class LearnedPositionEmbedding(nn.Module):
             raise InvalidInputError("position_ids are given, so attention_mask, cu_seqlens and "
                                     "eos_token_id would be ignored: give one way of choosing "
                                     "positions")
+        if self.dropout_step.device.type == "meta":  # before the step's value is read
+            check_table(self.token_table, "token_table")
+            raise InvalidInputError("dropout_step is on meta; make the module real first: "
+                                    "module.to_empty(device='cpu'), then reset_parameters()")
         p = self.dropout if self.training else 0.0
         # The step buffer itself where the custom operators read it (no .item() in a graph).
         step = self.dropout_step if _ops.ENABLED else int(self.dropout_step)
@@ -585,11 +611,13 @@ class LearnedPositionEmbedding(nn.Module):
             raise InvalidInputError(f"{type(model).__name__}: token width {token.weight.shape[1]} differs "
                              f"from position width {position.weight.shape[1]} (OPT-350m projects "
                              "its tokens); posembed needs one embed_dim for both tables")
+        check_same_dtype(token.weight, position.weight, type(model).__name__)
         module = cls(vocab_size=token.weight.shape[0],
                      max_seq_len=position.weight.shape[0] - offset,
                      embed_dim=token.weight.shape[1],
                      dropout=model_dropout if dropout is None else dropout, seed=seed,
-                     position_scheme=scheme, padding_idx=padding_idx, sparse=sparse)
+                     position_scheme=scheme, padding_idx=padding_idx, sparse=sparse,
+                     dtype=token.weight.dtype if token.weight.dtype in TABLE_DTYPES else None)
         for name, source in (("token_table", token.weight), ("position_table", position.weight)):
             check_table(source, f"{type(model).__name__}'s {name}")
             if share:

@@ -116,11 +116,16 @@ BasicTensorSpan<kConst> tensor_view(const Array& a, const std::string& name, std
   const bool bf16_type = t.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat) && t.bits == 16;
   const bool f16 = t.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float) && t.bits == 16;
   if ((!bf16_bits && !bf16_type && !f16) || t.lanes != 1) {
+    // int16 is how torch 1.13 hands out bf16 bits (t.view(torch.int16).numpy()):
+    // astype would read those bits as numbers.
+    const char* fix = t == nb::dtype<std::uint16_t>()
+                          ? " (uint16 holding bfloat16 bits: pass dtype=\"bfloat16\")"
+                      : t == nb::dtype<std::int16_t>()
+                          ? "; if it holds bfloat16 bits, pass it as .view(numpy.uint16) with "
+                            "dtype=\"bfloat16\"; if it holds numbers, .astype(numpy.float32)"
+                          : "; convert it with .float() (torch) or .astype(numpy.float32)";
     throw Error(name + " has dtype " + dtype_name(t) +
-                " but posembed's kernels take float32, bfloat16 or float16" +
-                (t == nb::dtype<std::uint16_t>()
-                     ? " (uint16 holding bfloat16 bits: pass dtype=\"bfloat16\")"
-                     : "; convert it with .float() (torch) or .astype(numpy.float32)"));
+                " but posembed's kernels take float32, bfloat16 or float16" + fix);
   }
   check_layout(a, name, ndim);
   if (f16) return as(fp16{});

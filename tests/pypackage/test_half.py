@@ -173,3 +173,88 @@ def test_uint16_without_a_dtype_and_mixed_tables_are_refused_naming_the_fix():
     m.position_embedding.to(torch.bfloat16)
     with pytest.raises(posembed.InvalidInputError, match="float32 but position_table is bfloat16"):
         m(ids())
+
+
+def test_int16_bits_get_the_view_not_the_astype_advice():
+    # torch 1.13 hands out bf16 bits as int16 (t.view(torch.int16).numpy()): astype would read
+    # them as numbers, so the message names the view that keeps them.
+    x, pos = np.zeros((1, 2), np.int64), np.zeros((1, 2), np.int64)
+    bits = bf16_bits(torch.randn(3, 4).to(torch.bfloat16)).view(np.int16)
+    with pytest.raises(posembed.InvalidInputError, match=r"\.view\(numpy\.uint16\) with "
+                                                         'dtype="bfloat16"'):
+        posembed.forward(x, pos, bits, bits, dtype="bfloat16")
+
+
+def test_numpy_api_takes_torch_tables_of_every_dtype():
+    x = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(1))
+    pos = torch.arange(T).expand(B, T).contiguous()
+    tok32, pos32 = torch.randn(V, D), torch.randn(P, D)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        tok, ptab = tok32.to(dtype), pos32.to(dtype)
+        want = (tok.float()[x] + ptab.float()[pos]).to(dtype)  # float32 sum, rounded once
+        out = posembed.forward(x, pos, tok, ptab)
+        assert isinstance(out, torch.Tensor) and out.dtype == dtype
+        assert torch.equal(out.view(torch.int16) if dtype != torch.float32 else out,
+                           want.view(torch.int16) if dtype != torch.float32 else want)
+        given = torch.empty(B, T, D, dtype=dtype)
+        assert posembed.forward(x, pos, tok, ptab, out=given) is given and torch.equal(given, out)
+
+
+def test_analyze_takes_half_tables_widened():
+    table = torch.randn(P, D)
+    for half in (table.to(torch.bfloat16), table.to(torch.float16), table.half().numpy()):
+        wide = half.float() if isinstance(half, torch.Tensor) else half.astype(np.float32)
+        got, want = posembed.analyze(half), posembed.analyze(wide)
+        assert np.array_equal(got["singular_values"], want["singular_values"])
+        assert got["components_90"] == want["components_90"]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_default_dtype_decides_the_tables_as_for_nn_embedding(dtype):
+    # Hugging Face's from_pretrained(torch_dtype=...) builds a model under such a default.
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        m = LearnedPositionEmbedding(V, P, D, seed=3)
+        assert m.token_table.dtype == m.position_table.dtype == nn.Embedding(4, 2).weight.dtype
+        assert m(ids()).dtype == dtype
+        torch.set_default_dtype(torch.float64)  # no float64 kernels: float32, as before
+        assert LearnedPositionEmbedding(V, P, D, seed=3).token_table.dtype == torch.float32
+    finally:
+        torch.set_default_dtype(previous)
+    twin = LearnedPositionEmbedding(V, P, D, seed=3, dtype=dtype)
+    assert m.token_table.dtype == dtype
+    assert torch.equal(m.token_table.view(torch.int16), twin.token_table.view(torch.int16))
+
+
+def test_a_dtype_given_as_text_is_named_with_the_fix():
+    with pytest.raises(posembed.InvalidInputError,
+                       match=r"dtype 'bfloat16' is not one of .* \(pass the torch\.dtype itself"):
+        LearnedPositionEmbedding(V, P, D, dtype="bfloat16")
+    with pytest.raises(posembed.InvalidInputError, match=r"dtype torch\.float64 is not one of"):
+        LearnedPositionEmbedding(V, P, D, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_module_on_meta_says_how_to_make_it_real(dtype):
+    for m in (LearnedPositionEmbedding(V, P, D, seed=1, device="meta", dtype=dtype),
+              LearnedPositionEmbedding(V, P, D, seed=1, dtype=dtype).to("meta")):
+        for mode in (m.train, m.eval):
+            mode()
+            with pytest.raises(posembed.InvalidInputError, match=r"on meta.*to_empty\(device='cpu'\)"):
+                m(ids())
+            assert m.dropout_step.device.type == "meta"
+
+
+def test_a_half_module_takes_its_tables_from_the_pool_in_their_dtype():
+    # Drawn in float32 and rounded once, but not held in float32: the float32 tables of an
+    # earlier version stayed in posembed's cache, twice the bf16 tables' bytes.
+    from posembed import _C
+    _C.empty_cache()
+    m = LearnedPositionEmbedding(4096, 512, 256, seed=2, dtype=torch.bfloat16)
+    stats = _C.cache_stats()
+    assert stats["cached_bytes"] == 0, stats
+    twin = LearnedPositionEmbedding(4096, 512, 256, seed=2)
+    assert torch.equal(m.token_table.view(torch.int16), twin.token_table.to(torch.bfloat16).view(torch.int16))
+    del m, twin
+    _C.empty_cache()

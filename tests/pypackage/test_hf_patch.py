@@ -415,6 +415,14 @@ def test_refusals_name_the_model_and_what_is_supported():
                                          "bfloat16 or float16"):
         posembed.hf.patch(wide)
     assert not posembed.hf.is_patched(wide)
+    # Tables of two dtypes: HF's add promotes, the kernel reads one dtype; refused at patch
+    # time, not at the first forward.
+    mixed = GPT2LMHeadModel(gpt2_config())
+    mixed.transformer.wte.to(torch.bfloat16)
+    with pytest.raises(ValueError, match="GPT2Model's token table is torch.bfloat16 but its "
+                                         "position table is torch.float32"):
+        posembed.hf.patch(mixed)
+    assert not posembed.hf.is_patched(mixed)
 
 
 def test_a_hooked_embedding_takes_hfs_path(calls):

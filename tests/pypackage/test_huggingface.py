@@ -56,6 +56,23 @@ def test_gpt2_copy_does_not_share_and_gradients_reach_the_shared_table():
     assert torch.equal(model.transformer.wpe.weight.grad[:3], torch.ones(3, 8))
 
 
+def test_a_copy_keeps_the_models_dtype():
+    model = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_positions=16, n_embd=8, n_layer=1,
+                                       n_head=2)).to(torch.bfloat16)
+    with pytest.warns(UserWarning, match="not tied"):
+        copy = LearnedPositionEmbedding.from_pretrained(model, share=False, dropout=0.0)
+    assert copy.token_table.dtype == copy.position_table.dtype == torch.bfloat16
+    assert torch.equal(copy.token_table.view(torch.int16),
+                       model.transformer.wte.weight.view(torch.int16))
+    ids = torch.tensor([[1, 2, 3]])
+    want = model.transformer.wte(ids) + model.transformer.wpe(torch.arange(3))
+    assert copy(ids).dtype == torch.bfloat16 and torch.equal(copy(ids), want)
+    model.transformer.wpe.float()
+    with pytest.raises(ValueError, match="token table is torch.bfloat16 but its position table is "
+                                         "torch.float32"):
+        LearnedPositionEmbedding.from_pretrained(model, share=False)
+
+
 def test_opt_offset_of_two_and_padding():
     model = OPTModel(OPTConfig(vocab_size=100, hidden_size=16, num_hidden_layers=1,
                                num_attention_heads=2, ffn_dim=32, max_position_embeddings=20,

@@ -293,3 +293,23 @@ def test_empty_batch():
     assert out.shape == (0, 5, D)
     out.sum().backward()
     assert m.token_table.grad.abs().sum() == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_validation_pass_under_inference_mode_then_training(dtype):
+    # The default position ids are reused between calls of one shape; ids made under
+    # inference_mode are inference tensors, which the next training step may not save.
+    m = LearnedPositionEmbedding(V, P, D, dropout=0.1, seed=5, dtype=dtype)
+    twin = LearnedPositionEmbedding(V, P, D, dropout=0.1, seed=5, dtype=dtype)
+    x = ids(2, 16)
+    with torch.inference_mode():
+        evaluated = m.eval()(x)
+    assert evaluated.is_inference()
+    out = m.train()(x)
+    out.float().sum().backward()
+    want = twin.train()(x)  # never saw inference_mode
+    want.float().sum().backward()
+    assert torch.equal(out, want)
+    assert torch.equal(m.position_table.grad, twin.position_table.grad)
+    with torch.inference_mode():  # and back: the inference ids serve inference calls
+        assert torch.equal(m.eval()(x), evaluated)
