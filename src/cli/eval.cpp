@@ -221,11 +221,13 @@ void add_eval_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--extend", o->extend,
                   "resize the table in memory to --seq-len rows: tile, interpolate or init (see "
-                  "`posembed resize`)");
+                  "`posembed resize`)")
+      ->check(resize_method_names());
   cmd->add_option(
-      "--init", o->init,
-      "new rows for --extend init: normal:STD, trunc_normal:STD, scaled, zeros (default: "
-      "the checkpoint's position_init)");
+         "--init", o->init,
+         "new rows for --extend init: normal:STD, trunc_normal:STD, scaled, zeros (default: "
+         "the checkpoint's position_init)")
+      ->check(table_init_spec());
   cmd->add_option("--windows", o->windows, "evaluate this many evenly spread windows; 0 = all")
       ->capture_default_str();
   cmd->add_option("--batch", o->batch, "windows per forward pass")->capture_default_str();

@@ -14,6 +14,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "posembed/core/config.h"
 #include "posembed/core/error.h"
 
 namespace posembed::cli {
@@ -69,6 +70,25 @@ inline void exact_numbers(CLI::App& app) {
     }
   }
   for (CLI::App* sub : app.get_subcommands({})) exact_numbers(*sub);
+}
+
+// Text flags parsed later (resize's --method, eval's and train's --extend,
+// the --init specs): checked as they are read, so that a malformed value is a
+// usage error (status 2) naming the flag, as a choice CLI11 checks itself.
+inline CLI::Validator resize_method_names() {
+  return CLI::IsMember({"crop", "tile", "interpolate", "init"});
+}
+inline CLI::Validator table_init_spec() {
+  return CLI::Validator(
+      [](std::string& text) {
+        try {
+          parse_table_init(text);
+        } catch (const Error& e) {
+          return std::string(e.what());
+        }
+        return std::string();
+      },
+      "");
 }
 
 // --threads: 0 (all cores) up to 4 per core, and at least 64 on any machine.

@@ -3,8 +3,10 @@
 // Exit status (docs/cli.md, "Version and exit status"):
 //   0    done
 //   1    error: bad input data, a file that cannot be read or written, an
-//        impossible request; the message says what is wrong and what to do
-//   2    usage: unknown command or flag, missing or malformed argument
+//        impossible request, a number outside its flag's range; the message
+//        says what is wrong and what to do
+//   2    usage: unknown command or flag, a missing argument, a value of the
+//        wrong form (not a number, not one of the flag's choices)
 //   130  interrupted: Ctrl-C in `train`, after it saved a checkpoint
 #include <cstdio>
 #include <exception>

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <string>
 #include <variant>
@@ -221,7 +222,8 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--extend", *extend,
                   "with --init-from and a --max-seq-len other than the source's: how to make the "
                   "position table: tile, interpolate, init (new rows from --position-init and "
-                  "--seed), crop (shrink)");
+                  "--seed), crop (shrink)")
+      ->check(resize_method_names());
   cmd->add_flag("--freeze-positions", options->freeze_positions,
                 "give the position table no gradient (pair with --position-init zeros to train "
                 "without position information)");
@@ -248,12 +250,25 @@ void add_train_command(CLI::App& app) {
     // them are named, not silently dropped.
     std::string ignored;
     if (!options->resume.empty()) {
+      std::vector<std::string> names;
       const auto note = [&](const char* name, auto&, const char*) {
-        if (cmd->count(flag_name(name)) > 0)
-          ignored += (ignored.empty() ? "" : ", ") + flag_name(name);
+        if (cmd->count(flag_name(name)) > 0) names.emplace_back(name);
       };
       visit_fields(options->model, note);
       visit_fields(options->train, note);
+      if (!names.empty()) {  // each with the checkpoint's value, which the run keeps
+        model::Checkpoint info = model::read_checkpoint_info(options->resume);
+        std::map<std::string, std::string> kept;
+        const auto record = [&](const char* name, auto& field, const char*) {
+          kept[name] = field_to_string(field);
+        };
+        visit_fields(info.model, record);
+        visit_fields(info.train, record);
+        for (const std::string& name : names) {
+          ignored +=
+              (ignored.empty() ? "" : ", ") + flag_name(name) + " (kept: " + kept[name] + ")";
+        }
+      }
       for (const char* flag : {"--data", "--freeze-positions"}) {
         if (cmd->count(flag) > 0) ignored += (ignored.empty() ? "" : ", ") + std::string(flag);
       }

@@ -167,9 +167,9 @@ def case_5():
     expect(1, "--micro-batch 0 must be >= 1", "plan", "--micro-batch", "0")
     expect(1, "--shape bogus is neither a shape's name", "bench", "--shape", "bogus")
     ckpt = train("ignored", "--steps", "4", "--stop-after", "2")
-    expect(0, "note: --resume keeps the checkpoint's settings; ignored: --max-seq-len, --steps, "
-           "--lr", "train", "--resume", ckpt, "--steps", "9", "--lr", "1", "--max-seq-len", "64",
-           "--threads", "1")
+    expect(0, "note: --resume keeps the checkpoint's settings; ignored: --max-seq-len (kept: 16), "
+           "--steps (kept: 4), --lr (kept: 0.003)", "train", "--resume", ckpt, "--steps", "9",
+           "--lr", "1", "--max-seq-len", "64", "--threads", "1")
 
 
 def case_6():

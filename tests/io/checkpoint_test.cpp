@@ -164,7 +164,9 @@ TEST(Checkpoint, LoadRejectsWrongFilesWithReasons) {
   rejects(m, tensors, "lacks 'dropout_step'");
   m = meta;
   m["max_seq_len"] = "34";
-  rejects(m, tensors, "must be F32, BF16 or F16 [34, 12]");
+  rejects(m, tensors,
+          "must be F32, BF16 or F16 [34, 12] as the metadata says, but is F32 [33, 12]; the "
+          "file does not match its metadata");
   m = meta;
   m["dropout"] = "1.5";
   rejects(m, tensors, "dropout");
@@ -172,7 +174,8 @@ TEST(Checkpoint, LoadRejectsWrongFilesWithReasons) {
   rejects(meta, {tensors[0]}, "'wpe.weight' is missing");
   // A table in a dtype a layer is not saved in.
   const std::vector<std::byte> wide = convert_from_f32(DType::F64, layer.position_table);
-  rejects(meta, {tensors[0], {"wpe.weight", DType::F64, {33, 12}, wide}}, "but is F64");
+  rejects(meta, {tensors[0], {"wpe.weight", DType::F64, {33, 12}, wide}},
+          "but is F64 [33, 12]; write the table in one of those");
 }
 
 TEST(Checkpoint, PrefixedTensorsForLargerCheckpoints) {

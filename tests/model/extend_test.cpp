@@ -290,6 +290,9 @@ TEST_F(Extend, InitFromReadsAGpt2NamedF16File) {
   EXPECT_EQ(s.config.embedding.embed_dim, 16);
   EXPECT_EQ(s.config.n_layer, 2);
   EXPECT_EQ(s.config.embedding.max_seq_len, 16);
+  // The label names the odd dtypes, not only the token table's.
+  EXPECT_EQ(s.kind, "GPT-2 names, F16 (lm_head.weight F32, transformer.h.0.attn.bias F32)");
+  EXPECT_EQ(s.position_dtype, io::DType::F16);
   const InitFrom init = init_from(file, s.config, std::nullopt);
   EXPECT_TRUE(std::equal(source.params.begin(), source.params.end(), init.model.params.begin()));
   EXPECT_EQ(init.notes.size(), 2u);  // lm_head.weight and the mask buffer, each named

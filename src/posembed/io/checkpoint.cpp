@@ -66,9 +66,11 @@ EmbeddingLayer layer_from_file(const SafetensorsFile& file, const std::string& p
     if (!is_layer_dtype(t->dtype) || t->shape != std::vector<std::int64_t>{rows, c.embed_dim}) {
       throw Error(file.source() + ": tensor '" + t->name + "' must be F32, BF16 or F16 [" +
                   std::to_string(rows) + ", " + std::to_string(c.embed_dim) +
-                  "] as the metadata says, but is " + std::string(dtype_name(t->dtype)) + " with " +
-                  std::to_string(t->shape.size()) + " dims and " + std::to_string(t->numel()) +
-                  " elements");
+                  "] as the metadata says, but is " + std::string(dtype_name(t->dtype)) + " " +
+                  shape_text(t->shape) +
+                  (is_layer_dtype(t->dtype) ? "; the file does not match its metadata"
+                                            : "; write the table in one of those (save_layer's "
+                                              "dtype, or a script's conversion)"));
     }
     out.resize(static_cast<std::size_t>(t->numel()));
     convert_to_f32(t->dtype, t->data, out);  // exact for the three

@@ -1,12 +1,39 @@
 #include "posembed/model/init_from.h"
 
 #include <algorithm>
+#include <map>
 
 #include "posembed/core/error.h"
 #include "posembed/io/safetensors.h"
 
 namespace posembed::model {
 namespace {
+
+// The file's float dtype, "F16"; with tensors of other dtypes, the most common
+// one and the others by name: "F32 (wpe.weight BF16)". A mixed file loads
+// widened all the same; the label says so rather than naming one table's dtype.
+std::string dtypes_text(const io::SafetensorsFile& file) {
+  std::map<io::DType, std::vector<std::string>> names;
+  for (const io::TensorInfo& t : file.tensors()) {
+    if (io::is_float(t.dtype)) names[t.dtype].push_back(t.name);
+  }
+  if (names.empty()) return "no float tensors";
+  const auto most = std::max_element(names.begin(), names.end(), [](const auto& a, const auto& b) {
+    return a.second.size() < b.second.size();
+  });
+  std::string text(io::dtype_name(most->first)), others;
+  for (const auto& [dtype, list] : names) {
+    if (dtype == most->first) continue;
+    for (std::size_t i = 0; i < list.size() && i < 3; ++i) {
+      others += (others.empty() ? "" : ", ") + list[i] + " " + std::string(io::dtype_name(dtype));
+    }
+    if (list.size() > 3) {
+      others +=
+          " and " + std::to_string(list.size() - 3) + " more " + std::string(io::dtype_name(dtype));
+    }
+  }
+  return others.empty() ? text : text + " (" + others + ")";
+}
 
 bool is_trainer(const io::SafetensorsFile& file) {
   const auto format = file.metadata().find("format");
@@ -54,7 +81,7 @@ InitSource inspect(const io::SafetensorsFile& file, const GptConfig& fallback) {
                 std::to_string(fallback.embedding.vocab_size) +
                 "); --init-from needs a byte-level model");
   }
-  s.kind = "GPT-2 names, " + std::string(io::dtype_name(wte->dtype));
+  s.kind = "GPT-2 names, " + dtypes_text(file);
   s.position_dtype = wpe->dtype;
   return s;
 }

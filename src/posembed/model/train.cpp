@@ -457,7 +457,10 @@ TrainResult train(const TrainOptions& options, Strategy& ranks, const TrainRepor
   }
   if (info.step >= tc.steps) {
     throw Error("the checkpoint has done " + std::to_string(info.step) + " of its " +
-                std::to_string(tc.steps) + " steps; nothing left to train");
+                std::to_string(tc.steps) +
+                " steps; nothing left to train. --resume finishes a run (its learning-rate "
+                "schedule spans its --steps); to train on, start a new run from it: --init-from " +
+                options.resume.string() + " --steps N");
   }
   // (saturated: 2^63 steps of 8 bytes would wrap)
   const auto steps_left = static_cast<std::uint64_t>(tc.steps - info.step);

@@ -32,7 +32,9 @@ struct TrainConfig {
 
 template <class Visitor>
 void visit_fields(TrainConfig& c, Visitor&& visitor) {
-  visitor("steps", c.steps, "optimizer steps in total (a resumed run continues to this count)");
+  visitor("steps", c.steps,
+          "optimizer steps in total (the learning-rate schedule spans them; --resume trains to the "
+          "checkpoint's count)");
   visitor("batch_size", c.batch_size, "windows per step, over all ranks");
   visitor("micro_batch", c.micro_batch,
           "windows per micro-batch (divides batch_size). Gradients are computed per micro-batch "
