@@ -8,6 +8,7 @@
 //   2    usage: unknown command or flag, a missing argument, a value of the
 //        wrong form (not a number, not one of the flag's choices)
 //   130  interrupted: Ctrl-C in `train`, after it saved a checkpoint
+#include <csignal>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -22,6 +23,10 @@ constexpr int kExitError = 1, kExitUsage = 2;
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A write past the file-size limit (ulimit -f) then fails with EFBIG, which
+  // the writers report and clean up after, instead of a signal that kills the
+  // process with its temporary file left behind.
+  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{"posembed: learned absolute position embeddings (token + position + dropout)"};
   app.set_version_flag("--version", std::string("posembed ") + POSEMBED_VERSION,
                        "print the version and exit");

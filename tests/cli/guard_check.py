@@ -8,6 +8,7 @@ left behind. Standard library only: any python3.
 """
 import json
 import os
+import resource
 import shutil
 import signal
 import struct
@@ -211,6 +212,18 @@ def case_6():
     os.remove(sparse)
     if os.path.exists(os.path.join(WORK, "never")):
         fail("a refused run left its folder")
+    # A write past the file-size limit (ulimit -f): an error naming it, no temporary file left
+    # (the limit's signal, SIGXFSZ, would have killed the process with its temporary file).
+    limited = os.path.join(WORK, "limited")
+    shutil.rmtree(limited, ignore_errors=True)
+    os.makedirs(limited)
+    source = train("fsize_source", "--steps", "1")
+    p = subprocess.run([EXE, "resize", source, "--max-seq-len", "4096", "--method", "tile", "-o",
+                        os.path.join(limited, "big.safetensors")], capture_output=True, text=True,
+                       preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, 64 << 10)))
+    if p.returncode != 1 or "File too large" not in p.stderr or os.listdir(limited):
+        fail(f"resize past the file-size limit: status {p.returncode}, left {os.listdir(limited)}",
+             p.stderr)
 
 
 def case_7():
