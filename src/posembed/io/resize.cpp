@@ -137,13 +137,14 @@ std::vector<std::byte> resize_rows(std::span<const std::byte> table, DType dtype
                  static_cast<std::uint64_t>((offset + old_len) * d));
       const auto bytes = convert_from_f32(dtype, drawn);
       // A wide init overflows a narrow dtype (normal:100000 in F16) or float
-      // itself: a table of infinities that every loader refuses.
-      const std::vector<float> stored = convert_to_f32(dtype, bytes);
+      // itself: a table of infinities that every loader refuses. (The values
+      // as stored, read back into the draws' buffer.)
+      convert_to_f32(dtype, bytes, drawn);
       const auto overflowed =
-          std::count_if(stored.begin(), stored.end(), [](float x) { return !std::isfinite(x); });
+          std::count_if(drawn.begin(), drawn.end(), [](float x) { return !std::isfinite(x); });
       if (overflowed != 0) {
         throw Error("init " + to_string(r.init) + " drew " + std::to_string(overflowed) + " of " +
-                    std::to_string(stored.size()) + " new values outside " +
+                    std::to_string(drawn.size()) + " new values outside " +
                     std::string(dtype_name(dtype)) + "'s finite range (largest " +
                     largest_finite(dtype) + "); give the new rows a smaller standard deviation");
       }
