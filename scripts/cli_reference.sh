@@ -57,7 +57,7 @@ the same text as `posembed COMMAND --help`.
 |---|---|
 | 0 | done |
 | 1 | error: bad input data, a file that cannot be read or written, an impossible request, a number outside its flag's range; the message says what is wrong and what to do |
-| 2 | usage: unknown command or flag, a missing argument, a value of the wrong form (not a number, not one of the flag's choices, an init spec that does not parse) |
+| 2 | usage: unknown command or flag, a missing argument, a value of the wrong form (not a number, not one of the flag's choices, an init spec that is not valid, its std included) |
 | 130 | interrupted: Ctrl-C in `train`, after saving a checkpoint |
 
 Under `mpirun`, an error ends every rank with status 1 as in one process, and Ctrl-C ends

@@ -95,7 +95,8 @@ def forward(input_ids, position_ids, token_table, position_table, *, dropout=0.0
         if positions._is_torch(token_table):  # a torch output (NumPy has no bfloat16)
             import torch
 
-            half = token_table.dtype in (torch.bfloat16, torch.float16)
+            # torch.uint16 (torch >= 2.3) holds bf16 bits as NumPy's uint16 does.
+            half = token_table.dtype in (torch.bfloat16, torch.float16, getattr(torch, "uint16", None))
             out = torch.empty(shape, dtype=token_table.dtype if half else torch.float32)
         else:
             table = np.asarray(token_table)

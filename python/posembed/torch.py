@@ -76,12 +76,12 @@ TABLE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 def check_table(t: torch.Tensor, name: str) -> torch.Tensor:
     """The tensor itself, detached, if the kernels can use its memory (a contiguous CPU table of
     float32, bfloat16 or float16); else a clear error. posembed.hf checks models with it too."""
-    if t.device.type == "meta":
-        raise InvalidInputError(f"{name} is {t.dtype} on meta, which holds no values, and "
-                                "posembed's kernels run on the CPU: make it real first with "
-                                "module.to_empty(device='cpu'), then reset_parameters() or "
-                                "load_state_dict(...)")
-    if t.device.type != "cpu":
+    if not t.is_cpu:
+        if t.is_meta:
+            raise InvalidInputError(f"{name} is {t.dtype} on meta, which holds no values, and "
+                                    "posembed's kernels run on the CPU: make it real first with "
+                                    "module.to_empty(device='cpu'), then reset_parameters() or "
+                                    "load_state_dict(...)")
         raise InvalidInputError(f"{name} is {t.dtype} on {t.device}; posembed's kernels run on the "
                                 "CPU: move the module or model with .cpu()")
     if t.dtype not in TABLE_DTYPES:
@@ -573,19 +573,21 @@ class LearnedPositionEmbedding(nn.Module):
             raise InvalidInputError("position_ids are given, so attention_mask, cu_seqlens and "
                                     "eos_token_id would be ignored: give one way of choosing "
                                     "positions")
-        if self.dropout_step.device.type == "meta":  # before the step's value is read
+        # The buffer read once, past nn.Module's attribute lookup (a microsecond a call).
+        step_buffer = self._buffers["dropout_step"]
+        if step_buffer.is_meta:  # before the step's value is read
             check_table(self.token_table, "token_table")
             raise InvalidInputError("dropout_step is on meta; make the module real first: "
                                     "module.to_empty(device='cpu'), then reset_parameters()")
         p = self.dropout if self.training else 0.0
         # The step buffer itself where the custom operators read it (no .item() in a graph).
-        step = self.dropout_step if _ops.ENABLED else int(self.dropout_step)
+        step = step_buffer if _ops.ENABLED else int(step_buffer)
         out = embedding(input_ids, position_ids, self.token_table, self.position_table, dropout=p,
                         seed=self._mask_seed(), step=step, sparse=self.sparse,
                         padding_idx=self.padding_idx,
                         position_padding_row=self._position_padding_row)
         if self.training:
-            self.dropout_step.add_(1)  # in place: a buffer mutation compile and export keep
+            step_buffer.add_(1)  # in place: a buffer mutation compile and export keep
         return out
 
     @classmethod

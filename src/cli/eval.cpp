@@ -107,6 +107,11 @@ void run_eval(const EvalOptions& o) {
     const std::vector<std::byte> narrow = io::convert_from_f32(file_dtype, gpt.p.wpe);
     io::convert_to_f32(file_dtype, narrow, gpt.p.wpe);
   }
+  if (resize && resize->method == io::ResizeMethod::init) {  // as resize: no overflowed draws
+    const auto C = static_cast<std::size_t>(source.config.embedding.embed_dim);
+    io::require_drawn_rows_finite(gpt.p.wpe.subspan(static_cast<std::size_t>(rows) * C),
+                                  rounded ? file_dtype : io::DType::F32, resize->init);
+  }
   const model::PositionLoss loss = model::position_loss(gpt, text, starts, T, o.batch);
 
   const std::string extended =

@@ -6,10 +6,13 @@
 //        impossible request, a number outside its flag's range; the message
 //        says what is wrong and what to do
 //   2    usage: unknown command or flag, a missing argument, a value of the
-//        wrong form (not a number, not one of the flag's choices)
+//        wrong form (not a number, not one of the flag's choices, an init
+//        spec that is not valid)
 //   130  interrupted: Ctrl-C in `train`, after it saved a checkpoint
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <string>
 
@@ -20,13 +23,9 @@
 
 namespace {
 constexpr int kExitError = 1, kExitUsage = 2;
-}  // namespace
 
-int main(int argc, char** argv) {
-  // A write past the file-size limit (ulimit -f) then fails with EFBIG, which
-  // the writers report and clean up after, instead of a signal that kills the
-  // process with its temporary file left behind.
-  std::signal(SIGXFSZ, SIG_IGN);
+// The command line's status (the table above), its output still to be flushed.
+int run(int argc, char** argv) {
   CLI::App app{"posembed: learned absolute position embeddings (token + position + dropout)"};
   app.set_version_flag("--version", std::string("posembed ") + POSEMBED_VERSION,
                        "print the version and exit");
@@ -68,4 +67,21 @@ int main(int argc, char** argv) {
     return kExitError;
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // A write past the file-size limit (ulimit -f) then fails with EFBIG, which
+  // the writers report and clean up after, instead of a signal that kills the
+  // process with its temporary file left behind.
+  std::signal(SIGXFSZ, SIG_IGN);
+  const int status = run(argc, argv);
+  // What went to stdout (JSON, a table, sampled text, help) may be redirected
+  // into a file that the disk or the file-size limit cut short: no success.
+  if (std::fflush(stdout) != 0 || std::ferror(stdout) != 0) {
+    std::fprintf(stderr, "error: writing the output failed: %s\n", std::strerror(errno));
+    return status == 0 ? kExitError : status;
+  }
+  return status;
 }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
@@ -28,6 +29,32 @@
 
 namespace posembed::cli {
 namespace {
+
+// "--steps (kept: 10), --precision (kept: bf16)": each ignored setting with the
+// checkpoint's value, which the run keeps. Rank 0 only (it alone reads the
+// checkpoint under mpirun), after MPI has started; a file it cannot read is
+// model::train's to report, so then the names go alone.
+std::string resume_note(const std::filesystem::path& checkpoint,
+                        const std::vector<std::string>& names) {
+  std::map<std::string, std::string> kept;
+  try {
+    model::Checkpoint info = model::read_checkpoint_info(checkpoint);
+    const auto record = [&](const char* name, auto& field, const char*) {
+      kept[name] = field_to_string(field);
+    };
+    visit_fields(info.model, record);
+    visit_fields(info.train, record);
+    kept["data"] = info.data;
+    kept["freeze_positions"] = info.freeze_positions ? "on" : "off";
+  } catch (const Error&) {
+  }
+  std::string text;
+  for (const std::string& name : names) {
+    text += (text.empty() ? "" : ", ") + flag_name(name);
+    if (const auto it = kept.find(name); it != kept.end()) text += " (kept: " + it->second + ")";
+  }
+  return text;
+}
 
 struct SampleOptions {
   std::string checkpoint;
@@ -247,30 +274,16 @@ void add_train_command(CLI::App& app) {
                        "steps done in all when the run stops; -1 = train to --steps");
     }
     // --resume continues the checkpoint's settings: the flags that would change
-    // them are named, not silently dropped.
-    std::string ignored;
+    // them are named, not silently dropped (resume_note, on rank 0).
+    std::vector<std::string> ignored;
     if (!options->resume.empty()) {
-      std::vector<std::string> names;
       const auto note = [&](const char* name, auto&, const char*) {
-        if (cmd->count(flag_name(name)) > 0) names.emplace_back(name);
+        if (cmd->count(flag_name(name)) > 0) ignored.emplace_back(name);
       };
       visit_fields(options->model, note);
       visit_fields(options->train, note);
-      if (!names.empty()) {  // each with the checkpoint's value, which the run keeps
-        model::Checkpoint info = model::read_checkpoint_info(options->resume);
-        std::map<std::string, std::string> kept;
-        const auto record = [&](const char* name, auto& field, const char*) {
-          kept[name] = field_to_string(field);
-        };
-        visit_fields(info.model, record);
-        visit_fields(info.train, record);
-        for (const std::string& name : names) {
-          ignored +=
-              (ignored.empty() ? "" : ", ") + flag_name(name) + " (kept: " + kept[name] + ")";
-        }
-      }
-      for (const char* flag : {"--data", "--freeze-positions"}) {
-        if (cmd->count(flag) > 0) ignored += (ignored.empty() ? "" : ", ") + std::string(flag);
+      for (const char* flag : {"data", "freeze_positions"}) {
+        if (cmd->count(flag_name(flag)) > 0) ignored.emplace_back(flag);
       }
     }
     if (!extend->empty()) {
@@ -298,7 +311,8 @@ void add_train_command(CLI::App& app) {
     const model::MpiSession mpi(*shard_optimizer);
     const model::World world = model::world();
     if (!ignored.empty() && world.rank == 0) {
-      std::printf("note: --resume keeps the checkpoint's settings; ignored: %s\n", ignored.c_str());
+      std::printf("note: --resume keeps the checkpoint's settings; ignored: %s\n",
+                  resume_note(options->resume, ignored).c_str());
     }
     bool interrupted = false;
     try {

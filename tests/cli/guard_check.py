@@ -224,6 +224,13 @@ def case_6():
     if p.returncode != 1 or "File too large" not in p.stderr or os.listdir(limited):
         fail(f"resize past the file-size limit: status {p.returncode}, left {os.listdir(limited)}",
              p.stderr)
+    # Output redirected into a file that the limit cuts short: an error, not success.
+    with open(os.path.join(WORK, "cut.json"), "w") as out:
+        p = subprocess.run([EXE, "inspect", source, "--json"], stdout=out, stderr=subprocess.PIPE,
+                           text=True, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE,
+                                                                            (1024, 1024)))
+    if p.returncode != 1 or "writing the output failed: File too large" not in p.stderr:
+        fail(f"inspect --json into a file past the size limit: status {p.returncode}", p.stderr)
 
 
 def case_7():

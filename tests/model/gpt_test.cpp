@@ -469,7 +469,8 @@ TEST(Gpt, CheckpointWithAHalfTensorIsRefusedWithItsDtype) {
     ADD_FAILURE() << "a BF16 wpe.weight loaded";
   } catch (const Error& e) {
     const std::string want = "tensor 'wpe.weight' is BF16 [" + rows + ", " + width +
-                             "], but a trainer checkpoint holds F32 [" + rows + ", " + width + "]";
+                             "], but this trainer checkpoint holds F32 [" + rows + ", " + width +
+                             "]";
     EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("--init-from"), std::string::npos) << e.what();
   }

@@ -256,5 +256,19 @@ def test_a_half_module_takes_its_tables_from_the_pool_in_their_dtype():
     assert stats["cached_bytes"] == 0, stats
     twin = LearnedPositionEmbedding(4096, 512, 256, seed=2)
     assert torch.equal(m.token_table.view(torch.int16), twin.token_table.to(torch.bfloat16).view(torch.int16))
-    del m, twin
+    del twin
     _C.empty_cache()
+    del m  # its tables go back to the pool they came from
+    assert _C.cache_stats()["cached_bytes"] == (4096 + 512) * 256 * 2
+    _C.empty_cache()
+
+
+@pytest.mark.skipif(not hasattr(torch, "uint16"), reason="torch.uint16 exists from torch 2.3; "
+                    "the torch 2 run of scripts/test_python.sh runs this test")
+def test_torch_uint16_bits_come_back_as_uint16_bits():
+    x = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(2))
+    pos = torch.arange(T).expand(B, T).contiguous()
+    tok, ptab = torch.randn(V, D).to(torch.bfloat16), torch.randn(P, D).to(torch.bfloat16)
+    out = posembed.forward(x, pos, tok.view(torch.uint16), ptab.view(torch.uint16), dtype="bfloat16")
+    assert out.dtype == torch.uint16
+    assert torch.equal(out.view(torch.bfloat16), posembed.forward(x, pos, tok, ptab))

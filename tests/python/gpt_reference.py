@@ -59,12 +59,13 @@ def read_safetensors(path):
     return tensors, meta
 
 
-def write_bf16_safetensors(path, tensors):
-    """tensors: name -> bfloat16 tensor, written as safetensors BF16 (raw bits)."""
+def write_half_safetensors(path, tensors):
+    """tensors: name -> bfloat16 or float16 tensor, written as safetensors BF16 or F16 (raw bits)."""
     header, blobs, offset = {}, [], 0
     for name, t in tensors.items():
         raw = t.contiguous().view(torch.int16).numpy().tobytes()
-        header[name] = {"dtype": "BF16", "shape": list(t.shape), "data_offsets": [offset, offset + len(raw)]}
+        dtype = {torch.bfloat16: "BF16", torch.float16: "F16"}[t.dtype]
+        header[name] = {"dtype": dtype, "shape": list(t.shape), "data_offsets": [offset, offset + len(raw)]}
         blobs.append(raw)
         offset += len(raw)
     text = json.dumps(header).encode()
@@ -254,7 +255,7 @@ def check_eval(exe, work, text_source):
     half = {n: torch.from_numpy(w).to(torch.bfloat16) for n, w in weights.items()
             if not n.startswith("optimizer.")}
     half_file = os.path.join(work, "bf16.safetensors")
-    write_bf16_safetensors(half_file, half)
+    write_half_safetensors(half_file, half)
     common = ["--data", text_file, "--seq-len", "60", "--json", "--windows", "30", "--n-head",
               meta["model.n_head"], "--threads", "1"]
     got = json.loads(run([exe, "eval", half_file, "--extend", "interpolate"] + common).stdout)
@@ -270,6 +271,15 @@ def check_eval(exe, work, text_source):
     if err > EVAL_TOL:
         fail(f"BF16 file, --extend interpolate: per-position loss off by {err:.3g} (tol {EVAL_TOL})")
     print(f"eval: a BF16 file extended in BF16, as resize writes it; within {err:.2g} of float64")
+    # Draws that overflow a half file's dtype are refused, as resize refuses to write them.
+    f16_file = os.path.join(work, "f16.safetensors")
+    write_half_safetensors(f16_file, {n: t.to(torch.float16) for n, t in half.items()})
+    for args in (["eval", f16_file, "--extend", "init", "--init", "normal:1e5"] + common,
+                 ["resize", f16_file, "--max-seq-len", "60", "--method", "init", "--init",
+                  "normal:1e5", "-o", os.path.join(work, "never.safetensors")]):
+        r = run([exe] + args, want_rc=1)
+        if "new values outside F16's finite range (largest 65504)" not in r.stderr:
+            fail(f"{args[0]} --extend init past F16's range: {r.stderr!r}")
 
     # Past the table without --extend: an error naming both numbers and the fix, status 2.
     r = run([exe, "eval", ckpt, "--data", text_file, "--seq-len", "60"], want_rc=1)

@@ -140,19 +140,22 @@ std::vector<std::byte> resize_rows(std::span<const std::byte> table, DType dtype
       // itself: a table of infinities that every loader refuses. (The values
       // as stored, read back into the draws' buffer.)
       convert_to_f32(dtype, bytes, drawn);
-      const auto overflowed =
-          std::count_if(drawn.begin(), drawn.end(), [](float x) { return !std::isfinite(x); });
-      if (overflowed != 0) {
-        throw Error("init " + to_string(r.init) + " drew " + std::to_string(overflowed) + " of " +
-                    std::to_string(drawn.size()) + " new values outside " +
-                    std::string(dtype_name(dtype)) + "'s finite range (largest " +
-                    largest_finite(dtype) + "); give the new rows a smaller standard deviation");
-      }
+      require_drawn_rows_finite(drawn, dtype, r.init);
       std::memcpy(new_rows + old_len * row_bytes, bytes.data(), bytes.size());
       break;
     }
   }
   return out;
+}
+
+void require_drawn_rows_finite(std::span<const float> stored, DType dtype, const TableInit& init) {
+  const auto overflowed =
+      std::count_if(stored.begin(), stored.end(), [](float x) { return !std::isfinite(x); });
+  if (overflowed == 0) return;
+  throw Error("init " + to_string(init) + " drew " + std::to_string(overflowed) + " of " +
+              std::to_string(stored.size()) + " new values outside " +
+              std::string(dtype_name(dtype)) + "'s finite range (largest " + largest_finite(dtype) +
+              "); give the new rows a smaller standard deviation");
 }
 
 ResizeReport resize_checkpoint(const std::filesystem::path& in, const std::filesystem::path& out,

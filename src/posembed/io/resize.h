@@ -47,6 +47,12 @@ void validate_resize(const RowResize& resize);
 // (offset_rows + new_len, embed_dim) in the same dtype.
 std::vector<std::byte> resize_rows(std::span<const std::byte> table, DType dtype, const RowResize& resize);
 
+// Throws posembed::Error when `stored`, rows drawn by `init` as stored in
+// `dtype` (read back to float), holds a non-finite value: draws that overflowed
+// the dtype (normal:100000 in F16), which resize refuses to write and eval to
+// evaluate.
+void require_drawn_rows_finite(std::span<const float> stored, DType dtype, const TableInit& init);
+
 struct ResizeOptions {
   std::int64_t max_seq_len = 0;                 // new usable length
   ResizeMethod method = ResizeMethod::tile;

@@ -173,11 +173,16 @@ void load_tensors(const io::SafetensorsFile& file, Gpt& model, std::span<float> 
     const io::TensorInfo* ti = file.find(name);
     if (!ti) throw Error(file.source() + ": tensor '" + name + "' is missing");
     if (ti->shape != t.shape || ti->dtype != io::DType::F32) {
+      // Why, by cause: a shape the metadata does not describe, or a table
+      // converted to another dtype (which --init-from reads, if a float one).
+      const char* why = ti->shape != t.shape ? ": the tensors and the metadata disagree"
+                        : io::is_float(ti->dtype)
+                            ? " (fp32 master weights, in either precision): this file was "
+                              "converted; --init-from starts a new run from it in any float dtype"
+                            : " (fp32 master weights)";
       throw Error(file.source() + ": tensor '" + name + "' is " +
                   std::string(io::dtype_name(ti->dtype)) + " " + io::shape_text(ti->shape) +
-                  ", but a trainer checkpoint holds F32 " + io::shape_text(t.shape) +
-                  " (fp32 master weights, in either precision): this file was converted; "
-                  "--init-from starts a new run from it in any float dtype");
+                  ", but this trainer checkpoint holds F32 " + io::shape_text(t.shape) + why);
     }
     plan.emplace_back(ti, buf.subspan(t.offset, t.numel));
   };

@@ -159,22 +159,32 @@ RunFiles plan_run_files(const std::filesystem::path& out_dir, const std::filesys
 RunLog::RunLog(const RunFiles& files, std::int64_t step) {
   const bool fresh = !files.continues || !std::filesystem::exists(files.log);
   if (!fresh) truncate_log(files.log, step);
+  path_ = files.log;
   file_.reset(std::fopen(files.log.c_str(), fresh ? "w" : "a"));
   if (!file_) throw Error("cannot write " + files.log.string());
   if (fresh) {
-    std::fprintf(file_.get(), "step,lr,train_loss,val_loss,grad_norm,tokens_per_s,elapsed_s\n");
+    check(std::fprintf(file_.get(),
+                       "step,lr,train_loss,val_loss,grad_norm,tokens_per_s,elapsed_s\n"));
   }
 }
 
 void RunLog::write(std::int64_t step, double lr, double loss, std::optional<double> val_loss,
                    double grad_norm, double tokens_per_second, double seconds) {
-  std::fprintf(file_.get(), "%lld,%.6g,%.6f,%s,%.6f,%.1f,%.4f\n", static_cast<long long>(step), lr,
-               loss, val_loss ? std::to_string(*val_loss).c_str() : "", grad_norm,
-               tokens_per_second, seconds);
+  check(std::fprintf(
+      file_.get(), "%lld,%.6g,%.6f,%s,%.6f,%.1f,%.4f\n", static_cast<long long>(step), lr, loss,
+      val_loss ? std::to_string(*val_loss).c_str() : "", grad_norm, tokens_per_second, seconds));
 }
 
 void RunLog::flush() {
-  std::fflush(file_.get());
+  check(std::fflush(file_.get()));
+}
+
+// A full disk or the file-size limit (ulimit -f; the CLI ignores its signal)
+// would otherwise drop the log's rows without a word.
+void RunLog::check(int status) const {
+  if (status >= 0 && std::ferror(file_.get()) == 0) return;
+  throw Error("writing " + path_.string() + " failed: " + std::strerror(errno) +
+              "; free space (or raise the file-size limit) and --resume from the last checkpoint");
 }
 
 }  // namespace posembed::model

@@ -72,7 +72,9 @@ class RunLog {
   struct Closer {
     void operator()(std::FILE* f) const { std::fclose(f); }
   };
+  std::filesystem::path path_;
   std::unique_ptr<std::FILE, Closer> file_;
+  void check(int status) const;  // throws, naming the file and why, when a write failed
 };
 
 }  // namespace posembed::model
