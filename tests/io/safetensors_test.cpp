@@ -329,6 +329,8 @@ std::vector<Malformed> malformed_cases() {
   const std::string ok_entry = R"("t":{"dtype":"F32","shape":[1],"data_offsets":[0,4]})";
   std::vector<std::byte> truncated = pack("{" + ok_entry + "}", four);
   truncated.pop_back();
+  // One case a line:
+  // clang-format off
   return {
       {"empty file", {}, "shorter than the 8-byte"},
       {"seven bytes", std::vector<std::byte>(7), "shorter than the 8-byte"},
@@ -342,51 +344,26 @@ std::vector<Malformed> malformed_cases() {
       {"invalid UTF-8", pack("{\"\xff\":1}"), "not valid JSON"},
       {"entry not an object", pack(R"({"t":5})"), "is not an object"},
       {"missing field", pack(R"({"t":{"dtype":"F32","shape":[1]}})", four), "lacks one of"},
-      {"unknown dtype", pack(R"({"t":{"dtype":"F48","shape":[1],"data_offsets":[0,4]}})", four),
-       "unknown dtype"},
-      {"dtype not string", pack(R"({"t":{"dtype":4,"shape":[1],"data_offsets":[0,4]}})", four),
-       "not a string"},
-      {"negative dim", pack(R"({"t":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", four),
-       "non-negative integer"},
-      {"float dim", pack(R"({"t":{"dtype":"F32","shape":[1.0],"data_offsets":[0,4]}})", four),
-       "non-negative integer"},
-      {"shape overflow",
-       pack(R"({"t":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,4]}})", four),
-       "shape [4294967296, 4294967296] overflows"},
-      {"size mismatch", pack(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})", four),
-       "F32 shape [2] needs 8 bytes"},
-      {"many dims",
-       pack(R"({"t":{"dtype":"U8","shape":[1,1,1,1,1,1,1,1,1,2],"data_offsets":[0,4]}})", four),
-       "U8 shape [1, 1, 1, 1, 1, 1, 1, 1, ... (10 dims)] needs 2 bytes"},
-      {"offsets outside", pack(R"({"t":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", four),
-       "run past the data buffer"},
-      {"offsets reversed", pack(R"({"t":{"dtype":"F32","shape":[0],"data_offsets":[4,0]}})", four),
-       "end before begin"},
-      {"offsets not pair", pack(R"({"t":{"dtype":"F32","shape":[1],"data_offsets":[0]}})", four),
-       "is not [begin, end]"},
-      {"overlap",
-       pack(
-           R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})",
-           four),
-       "overlaps"},
-      {"partial overlap",
-       pack(
-           R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"I32","shape":[1],"data_offsets":[4,8]}})",
-           eight),
-       "overlaps"},
-      {"hole", pack(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", eight),
-       "belong to no tensor"},
-      {"trailing bytes", pack(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", eight),
-       "trailing bytes"},
-      {"duplicate names",
-       pack(
-           R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
-           eight),
-       "duplicate key 'a'"},
+      {"unknown dtype", pack(R"({"t":{"dtype":"F48","shape":[1],"data_offsets":[0,4]}})", four), "unknown dtype"},
+      {"dtype not string", pack(R"({"t":{"dtype":4,"shape":[1],"data_offsets":[0,4]}})", four), "not a string"},
+      {"negative dim", pack(R"({"t":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", four), "non-negative integer"},
+      {"float dim", pack(R"({"t":{"dtype":"F32","shape":[1.0],"data_offsets":[0,4]}})", four), "non-negative integer"},
+      {"shape overflow", pack(R"({"t":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,4]}})", four), "shape [4294967296, 4294967296] overflows"},
+      {"size mismatch", pack(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})", four), "F32 shape [2] needs 8 bytes"},
+      {"many dims", pack(R"({"t":{"dtype":"U8","shape":[1,1,1,1,1,1,1,1,1,2],"data_offsets":[0,4]}})", four), "U8 shape [1, 1, 1, 1, 1, 1, 1, 1, ... (10 dims)] needs 2 bytes"},
+      {"offsets outside", pack(R"({"t":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", four), "run past the data buffer"},
+      {"offsets reversed", pack(R"({"t":{"dtype":"F32","shape":[0],"data_offsets":[4,0]}})", four), "end before begin"},
+      {"offsets not pair", pack(R"({"t":{"dtype":"F32","shape":[1],"data_offsets":[0]}})", four), "is not [begin, end]"},
+      {"overlap", pack(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", four), "overlaps"},
+      {"partial overlap", pack(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"I32","shape":[1],"data_offsets":[4,8]}})", eight), "overlaps"},
+      {"hole", pack(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", eight), "belong to no tensor"},
+      {"trailing bytes", pack(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", eight), "trailing bytes"},
+      {"duplicate names", pack(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", eight), "duplicate key 'a'"},
       {"metadata not strings", pack(R"({"__metadata__":{"k":1}})"), "is not a string"},
       {"metadata not object", pack(R"({"__metadata__":[]})"), "not an object of strings"},
       {"truncated data", truncated, "run past the data buffer"},
   };
+  // clang-format on
 }
 
 TEST(Safetensors, RejectsMalformedFilesWithClearErrors) {

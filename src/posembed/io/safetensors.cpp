@@ -291,48 +291,24 @@ std::vector<std::byte> convert_from_f32(DType dtype, std::span<const float> valu
     using T = decltype(encode(0.0f));
     for (std::size_t i = 0; i < n; ++i) store<T>(out, i, encode(values[i]));
   };
+  // One dtype a line:
+  // clang-format off
   switch (dtype) {
-    case DType::BOOL:
-      put([](float x) { return static_cast<std::uint8_t>(x != 0.0f); });
-      break;
-    case DType::U8:
-      put(saturate<std::uint8_t>);
-      break;
-    case DType::I8:
-      put(saturate<std::int8_t>);
-      break;
-    case DType::U16:
-      put(saturate<std::uint16_t>);
-      break;
-    case DType::I16:
-      put(saturate<std::int16_t>);
-      break;
-    case DType::U32:
-      put(saturate<std::uint32_t>);
-      break;
-    case DType::I32:
-      put(saturate<std::int32_t>);
-      break;
-    case DType::U64:
-      put(saturate<std::uint64_t>);
-      break;
-    case DType::I64:
-      put(saturate<std::int64_t>);
-      break;
-    case DType::F64:
-      put([](float x) { return static_cast<double>(x); });
-      break;
-    case DType::F8_E4M3:
-      put([](float x) { return minifloat_from_float(x, kE4M3); });
-      break;
-    case DType::F8_E5M2:
-      put([](float x) { return minifloat_from_float(x, kE5M2); });
-      break;
-    case DType::F16:
-    case DType::BF16:
-    case DType::F32:
-      break;  // above
+    case DType::BOOL: put([](float x) { return static_cast<std::uint8_t>(x != 0.0f); }); break;
+    case DType::U8: put(saturate<std::uint8_t>); break;
+    case DType::I8: put(saturate<std::int8_t>); break;
+    case DType::U16: put(saturate<std::uint16_t>); break;
+    case DType::I16: put(saturate<std::int16_t>); break;
+    case DType::U32: put(saturate<std::uint32_t>); break;
+    case DType::I32: put(saturate<std::int32_t>); break;
+    case DType::U64: put(saturate<std::uint64_t>); break;
+    case DType::I64: put(saturate<std::int64_t>); break;
+    case DType::F64: put([](float x) { return static_cast<double>(x); }); break;
+    case DType::F8_E4M3: put([](float x) { return minifloat_from_float(x, kE4M3); }); break;
+    case DType::F8_E5M2: put([](float x) { return minifloat_from_float(x, kE5M2); }); break;
+    case DType::F16: case DType::BF16: case DType::F32: break;  // above
   }
+  // clang-format on
   return out;
 }
 
