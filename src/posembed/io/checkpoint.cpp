@@ -1,6 +1,7 @@
 #include "posembed/io/checkpoint.h"
 
 #include "posembed/core/error.h"
+#include "posembed/core/simd.h"
 
 namespace posembed::io {
 namespace {
@@ -91,7 +92,12 @@ void save_layer(const std::filesystem::path& path, const EmbeddingLayer& layer, 
   if (dtype != DType::F32) {
     const std::span<const float> tables[2] = {layer.token_table, layer.position_table};
     for (std::size_t k = 0; k < 2; ++k) {
-      rounded[k] = convert_from_f32(dtype, tables[k]);
+      // The layer's vector rounding (to_bf16/to_fp16's bits on every target,
+      // tests/core/half_test.cpp): GPT-2's layer is 39 million values, and a
+      // scalar loop took longer than writing the file.
+      rounded[k].resize(tables[k].size() * dtype_size(dtype));
+      simd::narrow(rounded[k].data(), dtype == DType::BF16 ? Dtype::bf16 : Dtype::f16,
+                   tables[k].data(), tables[k].size());
       tensors[k].dtype = dtype;
       tensors[k].data = rounded[k];
     }

@@ -18,7 +18,6 @@
 
 #include "posembed/core/error.h"
 #include "posembed/core/half.h"
-#include "posembed/core/simd.h"
 
 namespace posembed::io {
 
@@ -275,14 +274,6 @@ std::vector<std::byte> convert_from_f32(DType dtype, std::span<const float> valu
   const std::size_t n = values.size();
   std::vector<std::byte> out(n * dtype_size(dtype));
   if (n == 0) return out;
-  // Half tables (a GPT-2 token table is 38.6 million values) through the
-  // layer's vector rounding, which gives to_bf16/to_fp16's bits on every
-  // target (tests/core/half_test.cpp): the scalar loop took longer than
-  // writing the file.
-  if (dtype == DType::BF16 || dtype == DType::F16) {
-    simd::narrow(out.data(), dtype == DType::BF16 ? Dtype::bf16 : Dtype::f16, values.data(), n);
-    return out;
-  }
   if (dtype == DType::F32) {
     std::memcpy(out.data(), values.data(), n * sizeof(float));
     return out;
@@ -303,10 +294,12 @@ std::vector<std::byte> convert_from_f32(DType dtype, std::span<const float> valu
     case DType::I32: put(saturate<std::int32_t>); break;
     case DType::U64: put(saturate<std::uint64_t>); break;
     case DType::I64: put(saturate<std::int64_t>); break;
+    case DType::F16: put([](float x) { return to_fp16(x).bits; }); break;
+    case DType::BF16: put([](float x) { return to_bf16(x).bits; }); break;
     case DType::F64: put([](float x) { return static_cast<double>(x); }); break;
     case DType::F8_E4M3: put([](float x) { return minifloat_from_float(x, kE4M3); }); break;
     case DType::F8_E5M2: put([](float x) { return minifloat_from_float(x, kE5M2); }); break;
-    case DType::F16: case DType::BF16: case DType::F32: break;  // above
+    case DType::F32: break;  // above
   }
   // clang-format on
   return out;
