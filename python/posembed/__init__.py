@@ -91,12 +91,14 @@ def forward(input_ids, position_ids, token_table, position_table, *, dropout=0.0
     """
     bf16_bits = _uint16_is_bf16(dtype)
     if out is None:
-        shape = tuple(np.shape(input_ids)) + (token_table.shape[-1] if len(token_table.shape) == 2 else 0,)
+        width = token_table.shape[-1] if len(token_table.shape) == 2 else 0
+        shape = tuple(np.shape(input_ids)) + (width,)
         if positions._is_torch(token_table):  # a torch output (NumPy has no bfloat16)
             import torch
 
             # torch.uint16 (torch >= 2.3) holds bf16 bits as NumPy's uint16 does.
-            half = token_table.dtype in (torch.bfloat16, torch.float16, getattr(torch, "uint16", None))
+            half = token_table.dtype in (torch.bfloat16, torch.float16,
+                                         getattr(torch, "uint16", None))
             out = torch.empty(shape, dtype=token_table.dtype if half else torch.float32)
         else:
             table = np.asarray(token_table)
@@ -118,9 +120,10 @@ def backward(grad_out, input_ids, position_ids, *, grad_token_table=None, grad_p
 
     Each gradient row is summed over the batch in one order (its tokens by position id, then flat
     index): the same bits on any thread count. Zeroing is up to the caller (``np.zeros``,
-    ``tensor.zero_()``), or pass ``accumulate=False`` to write fresh gradients: what the tables held is ignored (``np.empty``
-    will do), rows no token touches become zeros, and the bits are those of zeros + accumulate,
-    with one pass over the tables less. mask_bits: the words forward() filled, or None.
+    ``tensor.zero_()``), or pass ``accumulate=False`` to write fresh gradients: what the tables
+    held is ignored (``np.empty`` will do), rows no token touches become zeros, and the bits are
+    those of zeros + accumulate, with one pass over the tables less. mask_bits: the words
+    forward() filled, or None.
     """
     _C.backward(grad_token_table, grad_position_table, grad_out, input_ids, position_ids,
                       vocab_size, max_seq_len, float(dropout), seed, step, padding_row,

@@ -355,7 +355,8 @@ class LearnedPositionEmbedding(nn.Module):
             default = torch.get_default_dtype()
             dtype = default if default in TABLE_DTYPES else torch.float32
         if dtype not in TABLE_DTYPES:
-            hint = " (pass the torch.dtype itself, e.g. torch.bfloat16)" if isinstance(dtype, str) else ""
+            hint = (" (pass the torch.dtype itself, e.g. torch.bfloat16)"
+                    if isinstance(dtype, str) else "")
             raise InvalidInputError(f"dtype {dtype!r} is not one of posembed's table dtypes: "
                                     f"torch.float32, torch.bfloat16 or torch.float16{hint}")
         if position_scheme not in _SCHEMES:
