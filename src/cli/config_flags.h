@@ -7,8 +7,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cli/flag_checks.h"
 #include "posembed/core/config.h"
-#include "posembed/core/error.h"
 
 namespace posembed::cli {
 
@@ -18,20 +18,6 @@ inline std::string flag_name(std::string_view field) {
   return name;
 }
 
-// A value that does not parse (not one of a choice's names, a malformed init
-// spec) is a usage error, exit status 2, as CLI11's own checks make it: the
-// parser's message, prefixed by the flag.
-template <class Parse>
-auto usage_errors(std::string flag, Parse parse) {
-  return [flag = std::move(flag), parse](const std::string& text) {
-    try {
-      parse(text);
-    } catch (const Error& e) {
-      throw CLI::ValidationError(flag, e.what());
-    }
-  };
-}
-
 template <class Config>
 void add_config_flags(CLI::App& app, Config& config) {
   visit_fields(config, [&](const char* name, auto& field, const char* help) {
@@ -39,21 +25,21 @@ void add_config_flags(CLI::App& app, Config& config) {
     const std::string flag = flag_name(name);
     if constexpr (std::is_same_v<Field, TableInit>) {
       app.add_option_function<std::string>(
-             flag,
-             usage_errors(flag,
-                          [&field](const std::string& text) { field = parse_table_init(text); }),
-             help)
+             flag, [&field](const std::string& text) { field = parse_table_init(text); }, help)
+          ->check(parses_as(parse_table_init))
           ->default_str(to_string(field));
     } else if constexpr (std::is_enum_v<Field>) {  // a choice, parsed by its field_from_string
-      app.add_option_function<std::string>(flag,
-                                           usage_errors(flag,
-                                                        [&field, name](const std::string& text) {
-                                                          field_from_string(name, text, field);
-                                                        }),
-                                           help)
+      app.add_option_function<std::string>(
+             flag,
+             [&field, name](const std::string& text) { field_from_string(name, text, field); },
+             help)
+          ->check(parses_as([name](const std::string& text) {
+            Field value{};
+            field_from_string(name, text, value);
+          }))
           ->default_str(field_to_string(field));
     } else {
-      app.add_option(flag_name(name), field, help)->capture_default_str();
+      app.add_option(flag, field, help)->capture_default_str();
     }
   });
 }

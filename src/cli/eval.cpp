@@ -227,12 +227,12 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option("--extend", o->extend,
                   "resize the table in memory to --seq-len rows: tile, interpolate or init (see "
                   "`posembed resize`)")
-      ->check(resize_method_names());
+      ->check(parses_as(io::parse_resize_method));
   cmd->add_option(
          "--init", o->init,
          "new rows for --extend init: normal:STD, trunc_normal:STD, scaled, zeros (default: "
          "the checkpoint's position_init)")
-      ->check(table_init_spec());
+      ->check(parses_as(parse_table_init));
   cmd->add_option("--windows", o->windows, "evaluate this many evenly spread windows; 0 = all")
       ->capture_default_str();
   cmd->add_option("--batch", o->batch, "windows per forward pass")->capture_default_str();

@@ -72,17 +72,16 @@ inline void exact_numbers(CLI::App& app) {
   for (CLI::App* sub : app.get_subcommands({})) exact_numbers(*sub);
 }
 
-// Text flags parsed later (resize's --method, eval's and train's --extend,
-// the --init specs): checked as they are read, so that a malformed value is a
-// usage error (status 2) naming the flag, as a choice CLI11 checks itself.
-inline CLI::Validator resize_method_names() {
-  return CLI::IsMember({"crop", "tile", "interpolate", "init"});
-}
-inline CLI::Validator table_init_spec() {
+// A flag whose text a posembed parser reads (a config choice, an init spec, a
+// resize method), checked as CLI11 reads it: a value that does not parse is a
+// usage error (status 2) naming the flag, with the parser's message, as a
+// choice CLI11 checks itself.
+template <class Parse>
+CLI::Validator parses_as(Parse parse) {
   return CLI::Validator(
-      [](std::string& text) {
+      [parse](std::string& text) {
         try {
-          parse_table_init(text);
+          parse(text);
         } catch (const Error& e) {
           return std::string(e.what());
         }

@@ -96,14 +96,14 @@ void add_resize_command(CLI::App& app) {
                   "crop (keep the first N rows, shrink only), tile (repeat the learned rows), "
                   "interpolate (linear resampling in fp32), init (keep old rows, draw new ones)")
       ->capture_default_str()
-      ->check(resize_method_names());
+      ->check(parses_as(io::parse_resize_method));
   cmd->add_option("--name", o->name, "position table tensor (default: found by name)");
   add_optional_flag(*cmd, "--offset", o->offset,
                     "leading non-position rows (default: from the names)");
   cmd->add_option("--init", o->init,
                   "init of new rows for --method init: normal:STD, trunc_normal:STD, scaled, zeros "
                   "(default: the layer's position_init, else normal:0.02)")
-      ->check(table_init_spec());
+      ->check(parses_as(parse_table_init));
   cmd->add_option_function<std::uint64_t>(
       "--seed", [o](std::uint64_t s) { o->seed = s, o->seed_given = true; },
       "seed for --method init (default: the layer's seed, else 1337)");

@@ -250,7 +250,7 @@ void add_train_command(CLI::App& app) {
                   "with --init-from and a --max-seq-len other than the source's: how to make the "
                   "position table: tile, interpolate, init (new rows from --position-init and "
                   "--seed), crop (shrink)")
-      ->check(resize_method_names());
+      ->check(parses_as(io::parse_resize_method));
   cmd->add_flag("--freeze-positions", options->freeze_positions,
                 "give the position table no gradient (pair with --position-init zeros to train "
                 "without position information)");
