@@ -1,9 +1,10 @@
-// The trainer's causal attention, forward and backward, three ways side by
-// side in one run: fp32, and precision bf16 in small_gemm_bf16's pair tiles
-// (vdpbf16ps where the CPU has it) and in fp32 tiles on operands widened from
-// the pairs (model/small_gemm.h: bf16_products_widened, the same bits). Which
-// bf16 path should this CPU run? The library picks one by the CPU's make; this
-// measures both. The two bf16 paths are checked bit for bit first.
+// The trainer's causal attention, forward and backward, side by side in one
+// run: fp32, and precision bf16 in small_gemm_bf16's pair tiles (vdpbf16ps
+// where the CPU has it), in fp32 tiles on operands widened from the pairs (the
+// same bits) and, where the CPU has them, on AMX tiles (model/small_gemm.h:
+// bf16_products). Which bf16 path should this CPU run? The library picks one
+// by the CPU's features and make; this measures each. The pair tiles and the
+// widened operands are checked bit for bit first.
 //
 //   build/bench/attention_bench [--rounds 20] [--threads 1] [--batch 4] [--quick]
 #include <CLI/CLI.hpp>
@@ -33,8 +34,19 @@ struct Shape {
   std::int64_t B, T, C, H;
 };
 
+// The paths: fp32, then bf16 with each way of multiplying.
+struct Path {
+  const char* name;
+  bool bf16;
+  Bf16Products products;
+};
+constexpr Path kPaths[] = {{"fp32", false, Bf16Products::pair_tiles},
+                           {"bf16 pair tiles", true, Bf16Products::pair_tiles},
+                           {"bf16 widened", true, Bf16Products::widened},
+                           {"bf16 AMX", true, Bf16Products::amx}};
+
 // One layer's attention and its buffers; run(path) does a forward and a
-// backward (writing dqkv) in fp32 (path 0) or bf16 (1: pair tiles, 2: widened).
+// backward (writing dqkv).
 struct Attention {
   Shape s;
   std::vector<float> qkv, dout, out, att, scratch, dqkv;
@@ -53,13 +65,13 @@ struct Attention {
     dqkv.resize(qkv.size());
     packs.resize(n(attention_bf16_values(s.B, s.T, s.C, s.H)));
   }
-  void run(int path) {
-    const std::span<std::uint16_t> bf16 = path == 0 ? std::span<std::uint16_t>{} : packs;
-    if (path != 0) set_bf16_products_widened(path == 2);
+  void run(const Path& path) {
+    const std::span<std::uint16_t> bf16 = path.bf16 ? packs : std::span<std::uint16_t>{};
+    if (path.bf16) set_bf16_products(path.products);
     attention_forward(out, att, qkv, s.B, s.T, s.C, s.H, bf16);
     attention_backward(dqkv, scratch, dout, qkv, att, s.B, s.T, s.C, s.H, GradMode::write, bf16);
   }
-  std::vector<float> results(int path) {
+  std::vector<float> results(const Path& path) {
     run(path);
     std::vector<float> r = out;
     r.insert(r.end(), dqkv.begin(), dqkv.end());
@@ -73,8 +85,7 @@ int main(int argc, char** argv) try {
   int rounds = 20, threads = 1, reps = 10;
   bool quick = false;
   Shape s{4, 128, 128, 4};
-  CLI::App app{"The trainer's attention: fp32, bf16 pair tiles and bf16 widened, side by side",
-               "attention_bench"};
+  CLI::App app{"The trainer's attention: fp32 and each bf16 path, side by side", "attention_bench"};
   app.add_option("--rounds", rounds, "rounds; each times every path once")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();
@@ -88,50 +99,47 @@ int main(int argc, char** argv) try {
   CLI11_PARSE(app, argc, argv);
   if (quick) rounds = 3, reps = 1;
   set_num_threads(threads);
-  const bool default_widened = bf16_products_widened();
+  const Bf16Products default_products = bf16_products();
+  const int paths = amx_bf16_available() ? 4 : 3;
   Attention a(s);
   // The bf16 paths' bits, checked before anything is timed.
-  if (a.results(1) != a.results(2)) {
+  if (a.results(kPaths[1]) != a.results(kPaths[2])) {
     std::fprintf(stderr, "attention_bench: the bf16 pair tiles and widened operands differ\n");
     return 1;
   }
   __builtin_cpu_init();
-  std::printf("attention_bench: %s, SIMD target %s, avx512_bf16 %s, %d thread(s)\n",
+  std::printf("attention_bench: %s, SIMD target %s, avx512_bf16 %s, AMX %s, %d thread(s)\n",
               tools::cpu_model().c_str(), simd::target_name(),
-              __builtin_cpu_supports("avx512bf16") ? "yes" : "no", threads);
+              __builtin_cpu_supports("avx512bf16") ? "yes" : "no",
+              amx_bf16_available() ? "yes" : "no", threads);
   std::printf("B %lld, T %lld, C %lld, H %lld; forward + backward, %d round(s) of %d runs a path\n",
               static_cast<long long>(s.B), static_cast<long long>(s.T), static_cast<long long>(s.C),
               static_cast<long long>(s.H), rounds, reps);
-  const char* const names[3] = {"fp32", "bf16 pair tiles", "bf16 widened"};
   // A shared machine's speed moves within seconds: the ratios are each
   // round's (its paths run back to back, in turn forwards and backwards),
   // then their median.
-  std::vector<double> ms[3], to_fp32[3], pairs_to_widened;
+  std::vector<double> ms[4], to_fp32[4];
   for (int round = 0; round < rounds; ++round) {
-    double t[3];
-    for (int i = 0; i < 3; ++i) {
-      const int path = round % 2 == 0 ? i : 2 - i;
-      a.run(path);  // warm: the thread's buffers, the caches
+    double t[4];
+    for (int i = 0; i < paths; ++i) {
+      const int path = round % 2 == 0 ? i : paths - 1 - i;
+      a.run(kPaths[path]);  // warm: the thread's buffers, the caches
       const double t0 = now_ms();
-      for (int r = 0; r < reps; ++r) a.run(path);
+      for (int r = 0; r < reps; ++r) a.run(kPaths[path]);
       t[path] = (now_ms() - t0) / reps;
     }
-    for (int path = 0; path < 3; ++path) {
+    for (int path = 0; path < paths; ++path) {
       ms[path].push_back(t[path]);
       to_fp32[path].push_back(t[path] / t[0]);
     }
-    pairs_to_widened.push_back(t[1] / t[2]);
   }
-  set_bf16_products_widened(default_widened);
+  set_bf16_products(default_products);
   std::printf("%-16s %10s %14s\n", "path", "median us", "/ fp32's time");
-  for (int path = 0; path < 3; ++path) {
-    std::printf("%-16s %10.1f %13.2fx\n", names[path], 1000 * median(ms[path]),
+  for (int path = 0; path < paths; ++path) {
+    std::printf("%-16s %10.1f %13.2fx\n", kPaths[path].name, 1000 * median(ms[path]),
                 median(to_fp32[path]));
   }
-  std::printf("pair tiles' time / widened: %.2fx (rounds %.2f-%.2f); this CPU's default: %s\n",
-              median(pairs_to_widened), tools::bench::quantile(pairs_to_widened, 0),
-              tools::bench::quantile(pairs_to_widened, 1),
-              default_widened ? "widened" : "pair tiles");
+  std::printf("this CPU's default: %s\n", bf16_products_name(default_products));
   return 0;
 } catch (const posembed::Error& e) {
   std::fprintf(stderr, "attention_bench: %s\n", e.what());

@@ -149,10 +149,11 @@ class TrainPrinter {
           static_cast<double>(e.bytes_per_step) / 1e6);
     }
     const char* products = "fp32";
+    std::string products_text;
     if (t.precision == model::Precision::bf16) {
-      products = model::bf16_products_widened()
-                     ? "bf16 (fp32 sums; attention tiles in fp32 on the bf16 values)"
-                     : "bf16 (fp32 sums; attention tiles on bf16 pairs)";
+      products_text = std::string("bf16 (fp32 sums; attention on ") +
+                      model::bf16_products_name(model::bf16_products()) + ")";
+      products = products_text.c_str();
     }
     std::printf("compute: GEMM %s; embedding kernels %s; products in %s\n",
                 model::gemm_library().c_str(), simd::target_name(), products);

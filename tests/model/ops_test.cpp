@@ -497,11 +497,14 @@ TEST(Attention, Bf16WithinBf16BoundsOnEveryTarget) {
     ref::attention_forward(out_ref, to_double(qkv), c.B, c.T, c.C, c.H);
     ref::attention_backward(dqkv_ref, to_double(dout), to_double(qkv), c.B, c.T, c.C, c.H);
     std::map<std::string, std::vector<std::uint32_t>> bits_by_target;
-    const bool widened_here = bf16_products_widened();
-    // The products in pair tiles and widened, on each target: the same bits.
-    for (const bool widened : {false, true}) {
-      set_bf16_products_widened(widened);
-      SCOPED_TRACE(widened ? "products widened" : "pair tiles");
+    const Bf16Products products_here = bf16_products();
+    // The products in pair tiles and widened, on each target: the same bits;
+    // on AMX tiles (where the CPU has them) within the same bounds.
+    std::vector<Bf16Products> ways = {Bf16Products::pair_tiles, Bf16Products::widened};
+    if (amx_bf16_available()) ways.push_back(Bf16Products::amx);
+    for (const Bf16Products way : ways) {
+      set_bf16_products(way);
+      SCOPED_TRACE(bf16_products_name(way));
       test::for_each_target([&] {
         std::vector<float> out(out_ref.size()), att(n(c.B * c.H * c.T * c.T), nan),
             scratch(att.size(), nan), dqkv(qkv.size(), 0.5f);
@@ -530,6 +533,7 @@ TEST(Attention, Bf16WithinBf16BoundsOnEveryTarget) {
         }
         // The softmax rows' sums run in each target's vector width, so the bits
         // compared are those of one target with and without the instruction.
+        if (way == Bf16Products::amx) return;  // AMX's sums: bits of their own
         std::vector<std::uint32_t> bits = test::as_bits(out), dbits = test::as_bits(dqkv);
         bits.insert(bits.end(), dbits.begin(), dbits.end());
         const auto [seen, first] = bits_by_target.emplace(simd::target_name(), bits);
@@ -538,8 +542,45 @@ TEST(Attention, Bf16WithinBf16BoundsOnEveryTarget) {
         }
       });
     }
-    set_bf16_products_widened(widened_here);
+    set_bf16_products(products_here);
   }
+}
+
+// The attention on AMX tiles: the same bits on 1, 2 and 3 threads, and again
+// after heads of other shapes ran on the same threads (each thread keeps its
+// padded operands per shape; their padding must stay zero). Its bounds are
+// checked with the other bf16 paths' above.
+TEST(Attention, Bf16OnAmxTilesSameBitsOnAnyThreadCount) {
+  if (!amx_bf16_available()) GTEST_SKIP() << "this CPU has no AMX bf16 tiles";
+  const Bf16Products products_here = set_bf16_products(Bf16Products::amx);
+  const auto n = [](std::int64_t v) { return static_cast<std::size_t>(v); };
+  struct Case {
+    std::int64_t B, T, C, H;
+  };
+  const auto run = [&](Case c) {
+    const auto qkv = random_floats(n(c.B * c.T * 3 * c.C), 21, 1.0);
+    const auto dout = random_floats(n(c.B * c.T * c.C), 22);
+    std::vector<float> out(n(c.B * c.T * c.C)), att(n(c.B * c.H * c.T * c.T)), scratch(att.size()),
+        dqkv(qkv.size(), 0.25f);
+    std::vector<std::uint16_t> packs(n(attention_bf16_values(c.B, c.T, c.C, c.H)));
+    attention_forward(out, att, qkv, c.B, c.T, c.C, c.H, packs);
+    attention_backward(dqkv, scratch, dout, qkv, att, c.B, c.T, c.C, c.H, GradMode::accumulate,
+                       packs);
+    std::vector<std::uint32_t> bits = test::as_bits(out), dbits = test::as_bits(dqkv);
+    bits.insert(bits.end(), dbits.begin(), dbits.end());
+    return bits;
+  };
+  const Case trainer{4, 128, 128, 4}, odd{3, 37, 40, 4};
+  set_num_threads(1);
+  const std::vector<std::uint32_t> one = run(trainer), odd_one = run(odd);
+  for (const int threads : {2, 3}) {
+    set_num_threads(threads);
+    EXPECT_EQ(run(trainer), one) << threads << " threads";
+    EXPECT_EQ(run(odd), odd_one) << threads << " threads";
+    EXPECT_EQ(run(trainer), one) << threads << " threads, after the odd shape";
+  }
+  set_num_threads(0);
+  set_bf16_products(products_here);
 }
 
 TEST(Attention, IsCausal) {

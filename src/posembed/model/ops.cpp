@@ -11,6 +11,7 @@
 #include "posembed/core/aligned.h"
 #include "posembed/core/philox.h"
 #include "posembed/core/sizes.h"
+#include "posembed/model/attention_amx.h"
 #include "posembed/model/ops_internal.h"
 #include "posembed/model/row_ops.h"
 #include "posembed/model/small_gemm.h"
@@ -269,7 +270,7 @@ void attention_head_backward_bf16(float* dq, float* ds, const float* dy, const s
 }
 
 // Where small_gemm_bf16's pair tiles are the slower (small_gemm.h:
-// bf16_products_widened), the same products in small_gemm's fp32 tiles on
+// bf16_products), the same products in small_gemm's fp32 tiles on
 // the operands widened, each pair's high value first: the same bits. The
 // operands rounded from float here (q, k, v, dy, att, dscore) are rounded
 // straight into widened floats; the softmax's bf16 rows and the forward's
@@ -386,7 +387,8 @@ void attention_forward(std::span<float> out, std::span<float> att, std::span<con
                        std::span<std::uint16_t> bf16_packs) {
   const std::int64_t hd = C / H, C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const bool bf16 = !bf16_packs.empty(), widened = bf16_products_widened();
+  const bool bf16 = !bf16_packs.empty();
+  const Bf16Products products = bf16_products();
   if (bf16) check_bf16_packs(bf16_packs.size(), B, T, C, H);
   const std::int64_t head_packs = backward_packs(T, hd).values;
   parallel_pieces(B * H, double(B * H) * double(T * T) * double(C / H), [&](std::int64_t bh) {
@@ -398,7 +400,17 @@ void attention_forward(std::span<float> out, std::span<float> att, std::span<con
     float* y = out.data() + b * T * C + h * hd;
     if (bf16) {
       std::uint16_t* saved = bf16_packs.data() + bh * head_packs;
-      if (widened) return attention_head_forward_widened(y, a, saved, q, T, C, hd, scale);
+      switch (products) {
+        case Bf16Products::widened:
+          return attention_head_forward_widened(y, a, saved, q, T, C, hd, scale);
+        case Bf16Products::amx: {
+          thread_local HeadPairs s;
+          save_backward_packs(saved, s, q, T, C, hd);
+          return attention_head_forward_amx(y, a, q, T, C, hd, scale);
+        }
+        case Bf16Products::pair_tiles:
+          break;
+      }
       return attention_head_forward_bf16(y, a, saved, q, T, C, hd, scale);
     }
     const float* kt = transposed(k, T, hd, C3);  // (hd, T)
@@ -423,7 +435,8 @@ void attention_backward(std::span<float> dqkv, std::span<float> scratch,
                         std::span<const std::uint16_t> bf16_packs) {
   const std::int64_t hd = C / H, C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const bool bf16 = !bf16_packs.empty(), widened = bf16_products_widened();
+  const bool bf16 = !bf16_packs.empty();
+  const Bf16Products products = bf16_products();
   if (bf16) check_bf16_packs(bf16_packs.size(), B, T, C, H);
   const std::int64_t head_packs = backward_packs(T, hd).values;
   // Each row of dq, dk and dv is one product, so writing needs no zeroing.
@@ -441,8 +454,16 @@ void attention_backward(std::span<float> dqkv, std::span<float> scratch,
     float* ds = scratch.data() + bh * T * T;
     if (bf16) {
       const std::uint16_t* saved = bf16_packs.data() + bh * head_packs;
-      if (widened) {
-        return attention_head_backward_widened(dq, ds, dy, saved, a, T, C, hd, scale, accumulate);
+      switch (products) {
+        case Bf16Products::widened:
+          return attention_head_backward_widened(dq, ds, dy, saved, a, T, C, hd, scale, accumulate);
+        case Bf16Products::amx: {
+          const BackwardPacks o = backward_packs(T, hd);
+          return attention_head_backward_amx(dq, ds, dy, saved + o.vt, saved + o.kp, saved + o.qp,
+                                             a, T, C, hd, scale, accumulate);
+        }
+        case Bf16Products::pair_tiles:
+          break;
       }
       return attention_head_backward_bf16(dq, ds, dy, saved, a, T, C, hd, scale, accumulate);
     }

@@ -125,14 +125,16 @@ void layernorm_backward(std::span<float> dinp, std::span<float> dweight, std::sp
 // Causal multi-head self-attention, softmax(q k^T / sqrt(hd)) v per head.
 // out (B, T, C); att (B, H, T, T): the softmax, saved for backward: row t
 // holds its weights over keys 0..t, then zeros to the end of its block of 8
-// rows (column min(t | 7, T - 1)); entries further right are never read (some
-// hold scores, the rest whatever the buffer held). qkv
+// rows (column min(t | 7, T - 1); on AMX tiles, through the keys its row
+// tile's products reach: attention_amx.cpp's causal_width); entries further
+// right are never read (some hold scores, the rest whatever the buffer held). qkv
 // (B, T, 3C): q, k, v side by side, head h in columns [h*hd, (h+1)*hd) of each third.
 // bf16_packs (precision bf16; empty: fp32): the four products of the forward
 // and backward multiply bf16 copies of their operands (q, k, v, att, dout and
 // the scores' gradient, each rounded once) with fp32 sums (small_gemm_bf16,
-// or where faster small_gemm on them widened: small_gemm.h, the same bits);
-// the softmax, its gradient and att stay fp32. The same blocks either way.
+// or where faster small_gemm on them widened: small_gemm.h, the same bits; or
+// AMX's tiles where the CPU has them: attention_amx.h, bits of their own);
+// the softmax, its gradient and att stay fp32.
 // The forward writes into bf16_packs (attention_bf16_values values) the
 // backward's operands from q, k and v, which the backward then reads there.
 void attention_forward(std::span<float> out, std::span<float> att, std::span<const float> qkv,

@@ -6,9 +6,11 @@
 #include <bit>
 #include <cstddef>
 #include <cstring>
+#include <stdexcept>
 
 #include "posembed/core/simd/dispatch.h"
 #include "posembed/core/sizes.h"
+#include "posembed/model/attention_amx.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "posembed/model/small_gemm.cpp"
@@ -364,32 +366,50 @@ HWY_EXPORT(RoundBf16PairsSwapped);
 HWY_EXPORT(RoundBf16RowPairsSwapped);
 
 namespace {
-// bf16_products_widened's default (docs/performance-log.md, seventh round).
-// AMD Zen 4 runs one 512-bit vdpbf16ps a cycle, as many as vfmadd231ps: twice
-// the multiply-adds, so the pair tiles. On an Intel Xeon (family 6 model 207)
-// a tile of vdpbf16ps took 1.9 times the fp32 tile's time on the widened
-// operands, and a layer's attention forward and backward 1.17 times as long
-// as widened; without the instruction the pair tiles widen inside the tile,
-// slower still.
-bool PairTilesPay() {
+// bf16_products' default (docs/performance-log.md, seventh and eleventh
+// rounds). AMX where the CPU has it and POSEMBED_CPU_CAPABILITY does not cap
+// the instruction set below avx512_bf16: on an Intel Xeon (family 6 model
+// 207) a layer's attention forward and backward took 0.70-0.80 times the
+// widened path's time, 0.54 times at GPT-2's heads (T 1024, hd 64). AMD Zen 4
+// runs one 512-bit vdpbf16ps a cycle, as many as vfmadd231ps: twice the
+// multiply-adds, so the pair tiles. On the Intel Xeon a tile of vdpbf16ps took
+// 1.9 times the fp32 tile's time on the widened operands, and a layer's
+// attention forward and backward 1.17 times as long as widened; without the
+// instruction the pair tiles widen inside the tile, slower still.
+Bf16Products DefaultProducts() {
   simd::cap_instruction_set();  // sets bf16_instructions, whichever library loads first
+  if (simd::bf16_instructions && amx_bf16_available()) return Bf16Products::amx;
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_cpu_init();
-  return simd::bf16_instructions && __builtin_cpu_is("amd");
-#else
-  return false;
+  if (simd::bf16_instructions && __builtin_cpu_is("amd")) return Bf16Products::pair_tiles;
 #endif
+  return Bf16Products::widened;
 }
-bool products_widened = !PairTilesPay();
+Bf16Products products = DefaultProducts();
 }  // namespace
 
-bool bf16_products_widened() {
-  return products_widened;
+Bf16Products bf16_products() {
+  return products;
 }
 
-bool set_bf16_products_widened(bool on) {
-  const bool was = products_widened;
-  products_widened = on;
+const char* bf16_products_name(Bf16Products p) {
+  switch (p) {
+    case Bf16Products::pair_tiles:
+      return "bf16 pair tiles";
+    case Bf16Products::widened:
+      return "fp32 tiles on the bf16 values";
+    case Bf16Products::amx:
+      return "AMX tiles";
+  }
+  return "?";
+}
+
+Bf16Products set_bf16_products(Bf16Products p) {
+  if (p == Bf16Products::amx && !amx_bf16_available()) {
+    throw std::invalid_argument("this CPU has no AMX bf16 tiles for this process");
+  }
+  const Bf16Products was = products;
+  products = p;
   return was;
 }
 

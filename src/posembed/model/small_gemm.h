@@ -89,12 +89,19 @@ void round_bf16_pairs_swapped(float* out, std::int64_t ldo, const float* in, std
 void round_bf16_row_pairs_swapped(float* out, std::int64_t ldo, const float* in, std::int64_t ldi,
                                   std::int64_t rows, std::int64_t cols);
 
-// Whether precision bf16's attention (model/ops.cpp) runs its products as
-// small_gemm on widened operands rather than small_gemm_bf16's pair tiles: the
-// same bits, whichever is faster on this CPU (small_gemm.cpp says which).
-bool bf16_products_widened();
-// Tests and measurements: sets it; returns what it was.
-bool set_bf16_products_widened(bool on);
+// How precision bf16's attention (model/ops.cpp) runs its products, by
+// default the fastest this CPU offers (small_gemm.cpp says why):
+// pair_tiles: small_gemm_bf16; widened: small_gemm on widened operands, the
+// same bits; amx: AMX tiles (model/attention_amx.h), bits of their own.
+enum class Bf16Products { pair_tiles, widened, amx };
+Bf16Products bf16_products();
+const char* bf16_products_name(Bf16Products products);
+// Tests and measurements: sets it (amx where amx_bf16_available(), else
+// std::invalid_argument); returns what it was.
+Bf16Products set_bf16_products(Bf16Products products);
+// Whether this CPU has AMX's bf16 tiles and Linux lets this process use them
+// (a process must ask for their state; model/attention_amx.cpp asks).
+bool amx_bf16_available();
 
 // The plain loop small_gemm_bf16 computes, in any scalar type: in float with
 // fused multiply-adds it is the kernel's definition, bit for bit; tests run it
