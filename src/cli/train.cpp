@@ -148,15 +148,12 @@ class TrainPrinter {
           e.sharded ? "sharded (ZeRO-1)" : "on every rank",
           static_cast<double>(e.bytes_per_step) / 1e6);
     }
-    const char* products = "fp32";
-    std::string products_text;
-    if (t.precision == model::Precision::bf16) {
-      products_text = std::string("bf16 (fp32 sums; attention on ") +
-                      model::bf16_products_name(model::bf16_products()) + ")";
-      products = products_text.c_str();
-    }
+    const std::string products = t.precision == model::Precision::bf16
+                                     ? std::string("bf16 (fp32 sums; attention on ") +
+                                           model::bf16_products_name(model::bf16_products()) + ")"
+                                     : "fp32";
     std::printf("compute: GEMM %s; embedding kernels %s; products in %s\n",
-                model::gemm_library().c_str(), simd::target_name(), products);
+                model::gemm_library().c_str(), simd::target_name(), products.c_str());
     std::fflush(stdout);
   }
 

@@ -385,11 +385,16 @@ Bf16Products DefaultProducts() {
 #endif
   return Bf16Products::widened;
 }
-Bf16Products products = DefaultProducts();
+// Chosen at the first bf16 attention, not as the library loads: asking Linux
+// for AMX's tile state is for processes that will use it.
+Bf16Products& current_products() {
+  static Bf16Products products = DefaultProducts();
+  return products;
+}
 }  // namespace
 
 Bf16Products bf16_products() {
-  return products;
+  return current_products();
 }
 
 const char* bf16_products_name(Bf16Products p) {
@@ -408,8 +413,8 @@ Bf16Products set_bf16_products(Bf16Products p) {
   if (p == Bf16Products::amx && !amx_bf16_available()) {
     throw std::invalid_argument("this CPU has no AMX bf16 tiles for this process");
   }
-  const Bf16Products was = products;
-  products = p;
+  const Bf16Products was = current_products();
+  current_products() = p;
   return was;
 }
 
