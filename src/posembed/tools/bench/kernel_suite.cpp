@@ -623,12 +623,22 @@ std::vector<Ratio> summary_ratios(const ShapeReport& shape, const Probe& probe) 
        torch("adamw") / at_probe_ms("adamw", probe.update_gbps)},
       {"AdamW, fraction of the update probe", gbps("adamw") / probe.update_gbps},
       // bf16 tables: against our float layer, and against PyTorch's bf16 tables.
-      {"bf16 eval forward, ours bf16 / ours float32", ours("forward_eval_bf16") / ours("forward_eval")},
-      {"bf16 training forward, ours bf16 / ours float32", ours("forward_train_bf16") / ours("forward_train")},
-      {"bf16 fwd+bwd dense, ours bf16 / ours float32", ours("fwd_bwd_dense_bf16") / ours("fwd_bwd_dense")},
-      {"bf16 eval forward, PyTorch bf16 / ours", torch("forward_eval_bf16") / ours("forward_eval_bf16")},
-      {"bf16 training forward, PyTorch bf16 / ours", torch("forward_train_bf16") / ours("forward_train_bf16")},
-      {"bf16 fwd+bwd dense, PyTorch bf16 / ours", torch("fwd_bwd_dense_bf16") / ours("fwd_bwd_dense_bf16")},
+      {"bf16 eval forward, ours bf16 / ours float32",
+       ours("forward_eval_bf16") / ours("forward_eval")},
+      {"bf16 training forward, ours bf16 / ours float32",
+       ours("forward_train_bf16") / ours("forward_train")},
+      {"bf16 fwd+bwd dense, ours bf16 / ours float32",
+       ours("fwd_bwd_dense_bf16") / ours("fwd_bwd_dense")},
+      {"bf16 eval forward, PyTorch bf16 / ours",
+       torch("forward_eval_bf16") / ours("forward_eval_bf16")},
+      {"bf16 eval forward, ceiling: PyTorch bf16 / at probe",
+       torch("forward_eval_bf16") / at_probe_ms("forward_eval_bf16", probe.gbps())},
+      {"bf16 training forward, PyTorch bf16 / ours",
+       torch("forward_train_bf16") / ours("forward_train_bf16")},
+      {"bf16 fwd+bwd dense, PyTorch bf16 / ours",
+       torch("fwd_bwd_dense_bf16") / ours("fwd_bwd_dense_bf16")},
+      {"bf16 fwd+bwd dense, ceiling: PyTorch bf16 / at probe",
+       torch("fwd_bwd_dense_bf16") / at_probe_ms("fwd_bwd_dense_bf16", probe.gbps())},
   };
   std::vector<Ratio> out;
   for (const Ratio& r : all) {
