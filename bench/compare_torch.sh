@@ -6,7 +6,8 @@
 #   Debian torch 1.13 eager               (/usr/bin/python3; OpenBLAS 1 thread and its default)
 # Each run prints its median step; the summary gives, per program and thread count, the median
 # over rounds of those tokens/s and posembed's ratio to the best PyTorch 2.x and to 1.13.
-# --precision bf16: `posembed train --precision bf16` against PyTorch's CPU bf16 autocast.
+# --precision bf16: `posembed train --precision bf16` against PyTorch's CPU bf16 autocast, and
+# against `posembed train` in fp32 in the same rounds (the summary's bf16 / fp32 line).
 #   bench/compare_torch.sh
 #   THREADS=2 ROUNDS=5 STEPS=60 bench/compare_torch.sh
 #   THREADS=2 bench/compare_torch.sh --precision bf16
@@ -36,10 +37,10 @@ trap 'rm -rf "$out"' EXIT
 lscpu | grep 'Model name'
 # One result line: program, threads, tokens/s of the median step.
 record() { echo "$1|$2|$3" >>"$results"; echo "  $1, $2 thread(s): $3 tokens/s"; }
-posembed_run() {
+posembed_run() {  # threads, precision; prints tokens/s
   rm -rf "$out/run"
   build/posembed train --steps $((steps + 5)) --eval-every 100000 --eval-batches 1 \
-    --val-fraction 0.01 --threads "$1" --precision "$precision" --out "$out/run" >"$out/train.txt" 2>&1
+    --val-fraction 0.01 --threads "$1" --precision "$2" --out "$out/run" >"$out/train.txt" 2>&1
   # The median of the step times after the first five, from the log's elapsed seconds.
   python3 -c "
 import csv, statistics as st
@@ -55,7 +56,10 @@ torch_run() {  # python, threads, extra arguments; prints tokens/s
 for round in $(seq "${ROUNDS:-3}"); do
   echo "round $round: $(uptime)"
   for threads in ${THREADS:-1 2}; do
-    record "posembed train" "$threads" "$(posembed_run "$threads")"
+    if [ "$precision" = bf16 ]; then
+      record "posembed train fp32" "$threads" "$(posembed_run "$threads" fp32)"
+    fi
+    record "posembed train" "$threads" "$(posembed_run "$threads" "$precision")"
     record "torch 2.x eager" "$threads" "$(torch_run "$venv/bin/python" "$threads")"
     record "torch 2.x compile" "$threads" "$(torch_run "$venv/bin/python" "$threads" --compile)"
     record "torch 1.13 eager, OpenBLAS 1 thread" "$threads" \
@@ -81,4 +85,9 @@ for threads in sorted({t for _, t in runs}):
     for name, prefix in (("PyTorch 2.x (eager, compile)", "torch 2.x"), ("PyTorch 1.13", "torch 1.13")):
         best = max(statistics.median(v) for (p, t), v in runs.items() if t == threads and p.startswith(prefix))
         print(f"{threads} thread(s): posembed / best {name}: {ours / best:.2f}x")
+    fp32 = runs.get(("posembed train fp32", threads))
+    if fp32:  # --precision bf16: the same rounds' fp32 runs, and each round's own ratio
+        rounds = [b / f for b, f in zip(runs[("posembed train", threads)], fp32)]
+        print(f"{threads} thread(s): posembed bf16 / posembed fp32: {ours / statistics.median(fp32):.2f}x "
+              f"(rounds {min(rounds):.2f}x-{max(rounds):.2f}x)")
 EOF
