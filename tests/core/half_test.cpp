@@ -449,13 +449,16 @@ TEST(HalfLayer, BackwardIsTheFloatBackwardRoundedOnce) {
 // (simd::GradTable::touched), each thread its share; the rest as any fresh
 // half gradient's. Every row is written (the table starts as NaNs), with the
 // bits of the float backward rounded once, on 1 to 3 threads and every
-// target; an odd width takes the pass after the walk instead.
+// target; an odd width takes the pass after the walk instead. A quarter of
+// the tokens repeat another's id, so that rows of several tokens (float sums,
+// rounded after the walk) fall in every block of the listed rows.
 TEST(HalfLayer, ALargeFreshGradientIsWrittenWholeOnAnyThreadCount) {
   for (const std::int64_t d : {258, 257, 512}) {
     SCOPED_TRACE("d " + std::to_string(d));
     const EmbeddingShape shape{.batch = 4, .seq_len = 64, .vocab_size = 33000, .max_seq_len = 64, .embed_dim = d};
     const auto n = static_cast<std::size_t>(shape.batch * shape.seq_len);
-    const std::vector<std::int64_t> ids = test::random_ids(n, shape.vocab_size, 21);
+    std::vector<std::int64_t> ids = test::random_ids(n, shape.vocab_size, 21);
+    for (std::size_t i = 0; i < n; i += 4) ids[i] = ids[(i * 7 + 1) % n];
     std::vector<std::int64_t> positions(n);
     for (std::size_t i = 0; i < n; ++i) positions[i] = static_cast<std::int64_t>(i % 64);
     const std::vector<bf16> grad_out = narrow_all<bf16>(test::random_floats(n * static_cast<std::size_t>(d), 22));

@@ -388,8 +388,14 @@ void backward_sparse(SparseRowGrad& grad, std::span<float> grad_position_table, 
     scratch.rank.resize(words);
     rank_slots(scratch.slot, scratch.rank, scratch.touched, input_ids);
     // A large gradient's first writes go past the cache (the next reader is
-    // the optimizer); a small one stays in it.
-    token.stream = grad.values.size() * sizeof(float) >= kStreamBytes;
+    // the optimizer); a small one stays in it. With single_rows (a fresh half
+    // gradient) a row of one token is rounded straight into the table: only
+    // the rows of several tokens are summed here, and narrow_rows reads them
+    // back at once (GPT-2's shape: about 600 rows, 1.8 MB), so they stay too.
+    const std::size_t summed =
+        grad.rows.size() -
+        (single_rows ? static_cast<std::size_t>(std::count(single_rows, single_rows + n, 1)) : 0);
+    token.stream = summed * width * sizeof(float) >= kStreamBytes;
   } else {
     // Accumulating a second batch before zero_grad: merge the new rows in.
     merge_rows(grad, batch_rows);
