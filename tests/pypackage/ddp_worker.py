@@ -1,9 +1,10 @@
 """One rank of the DDP test (test_ddp.py starts it): a layer + linear head trained 3 SGD steps
 under DistributedDataParallel over gloo on this rank's share of a fixed global batch, dense
 and sparse token gradients; saves the first step's gradients, the final tables and one
-training forward's dropout mask to OUT/rank{R}.pt.
+training forward's dropout mask to OUT/rank{R}.pt. DTYPE (default float32): the model's
+parameters' dtype (bfloat16: gradients in bf16, all-reduced by DDP in bf16; the loss in float32).
 
-    python ddp_worker.py RANK WORLD PORT OUT
+    python ddp_worker.py RANK WORLD PORT OUT [DTYPE]
 """
 
 import sys
@@ -30,7 +31,7 @@ class Model(nn.Module):
         return self.head(self.embed(x))
 
 
-def main(rank, world, port, out):
+def main(rank, world, port, out, dtype):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
     g = torch.Generator().manual_seed(7)
@@ -39,11 +40,11 @@ def main(rank, world, port, out):
     share = slice(rank * BATCH // world, (rank + 1) * BATCH // world)
     result = {}
     for sparse in (False, True):
-        model = nn.parallel.DistributedDataParallel(Model(sparse))
+        model = nn.parallel.DistributedDataParallel(Model(sparse).to(dtype))
         opt = torch.optim.SGD(model.parameters(), lr=0.5)
         for step, (x, y) in enumerate(data):
             opt.zero_grad()
-            loss = F.cross_entropy(model(x[share]).reshape(-1, V), y[share].reshape(-1))
+            loss = F.cross_entropy(model(x[share]).float().reshape(-1, V), y[share].reshape(-1))
             loss.backward()
             if step == 0:
                 tokens = model.module.embed.token_table.grad
@@ -63,4 +64,5 @@ def main(rank, world, port, out):
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])
+    main(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4],
+         getattr(torch, sys.argv[5] if len(sys.argv) > 5 else "float32"))

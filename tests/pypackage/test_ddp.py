@@ -1,6 +1,7 @@
 """DistributedDataParallel over gloo with 2 processes equals one process on the same global
 batch, with dense and with sparse token gradients (DDP recognises sparse gradients only on
-nn.Embedding modules, which hold the layer's tables); each rank draws its own dropout masks."""
+nn.Embedding modules, which hold the layer's tables); each rank draws its own dropout masks.
+A bf16 model trains under DDP as the float32 one within bf16's roundings."""
 
 import os
 import pathlib
@@ -8,6 +9,7 @@ import socket
 import subprocess
 import sys
 
+import pytest
 import torch
 
 WORKER = pathlib.Path(__file__).with_name("ddp_worker.py")
@@ -20,11 +22,11 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run(world, out):
+def run(world, out, dtype="float32"):
     port = free_port()
     env = dict(os.environ, OMP_NUM_THREADS="1")
     procs = [subprocess.Popen([sys.executable, str(WORKER), str(rank), str(world), str(port),
-                               str(out)], env=env, stdout=subprocess.PIPE,
+                               str(out), dtype], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
              for rank in range(world)]
     for rank, p in enumerate(procs):
@@ -56,3 +58,27 @@ def test_two_ranks_equal_one_process_dense_and_sparse(tmp_path):
     assert not torch.equal(ranks[0]["kept_True"], ranks[1]["kept_True"])
     assert torch.equal(ranks[0]["kept_False"], ranks[1]["kept_False"])
     assert torch.equal(ranks[0]["kept_True"], single["kept_True"])
+
+
+@pytest.mark.skipif(int(torch.__version__.split(".")[0]) < 2,
+                    reason="gloo in torch 1.13 has no bfloat16 (DDP's first broadcast raises "
+                    "'Invalid scalar type'); the torch 2 run of scripts/test_python.sh runs this test")
+def test_a_bf16_model_under_ddp_trains_as_the_float32_one_within_bf16s_roundings(tmp_path):
+    (tmp_path / "fp32").mkdir()
+    (tmp_path / "bf16").mkdir()
+    (single,) = run(1, tmp_path / "fp32")
+    ranks = run(2, tmp_path / "bf16", "bfloat16")
+    for sparse in (False, True):
+        for name in ("grad_tokens", "grad_positions", "tokens", "positions"):
+            key = f"{name}_{sparse}"
+            # Gradients in the parameters' dtype, as PyTorch gives them, all-reduced in it.
+            assert ranks[0][key].dtype == torch.bfloat16, (key, ranks[0][key].dtype)
+            assert torch.equal(ranks[0][key], ranks[1][key]), key
+            # Each term's way has about nine roundings to bf16 (2^-9 each) that the float32
+            # run has not: the tables, the head's weights, the layer's output, the logits, their
+            # gradient, the head's input gradient, the layer's gradient, DDP's halving and its
+            # sum of the ranks. First order, norm-wise: 9 * 2^-9 < 2^-5.
+            ref, got = single[key], ranks[0][key].float()
+            assert (got - ref).norm() <= 2**-5 * ref.norm(), (key, (got - ref).norm() / ref.norm())
+    for r in ranks:
+        assert torch.equal(r["grad_tokens_True"], r["grad_tokens_False"])
