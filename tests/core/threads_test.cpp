@@ -1,10 +1,13 @@
 // Determinism where the threads really split the work: the kernels run small
-// loops on one thread (parallel_for's grain of 32768 elements; backward strips
-// of at least 256 columns), so this shape has 160200 output values and a width
-// of 801 columns, three strips on three threads, with vector remainders.
+// loops on one thread (parallel_for's grain of 32768 elements), so these shapes
+// have about 100,000 output values or more: a width of 801 columns, and rows of
+// 97 (several rows to a cache line, owned by different threads) over a
+// vocabulary the batch does not repeat heavily (so the backward splits its
+// rows at any width), each on three threads, with vector remainders.
 #include <gtest/gtest.h>
 
 #include <span>
+#include <string>
 #include <vector>
 
 #include "core/test_util.h"
@@ -15,8 +18,8 @@
 namespace posembed {
 namespace {
 
-TEST(ThreadedDeterminism, KernelsGiveTheSameBitsOnOneTwoAndThreeThreads) {
-  const EmbeddingShape s{2, 100, 97, 100, 801};
+void expect_the_same_bits_on_one_two_and_three_threads(const EmbeddingShape& s) {
+  SCOPED_TRACE("d " + std::to_string(s.embed_dim) + ", vocabulary " + std::to_string(s.vocab_size));
   const auto n = static_cast<std::size_t>(s.batch * s.seq_len), d = static_cast<std::size_t>(s.embed_dim);
   const auto tokens = test::random_ids(n, s.vocab_size, 1), positions = test::random_ids(n, s.max_seq_len, 2);
   const auto token_table = test::random_floats(static_cast<std::size_t>(s.vocab_size) * d, 3);
@@ -47,6 +50,11 @@ TEST(ThreadedDeterminism, KernelsGiveTheSameBitsOnOneTwoAndThreeThreads) {
     EXPECT_EQ(kernel[0], kernel[1]);
     EXPECT_EQ(kernel[0], kernel[2]);
   }
+}
+
+TEST(ThreadedDeterminism, KernelsGiveTheSameBitsOnOneTwoAndThreeThreads) {
+  expect_the_same_bits_on_one_two_and_three_threads({2, 100, 97, 100, 801});
+  expect_the_same_bits_on_one_two_and_three_threads({4, 256, 4001, 256, 97});
 }
 
 // Width 768 (rows of whole cache lines) with gradients starting at different
