@@ -15,6 +15,7 @@
 #include <limits>
 #include <random>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "core/hwy_targets.h"
@@ -342,10 +343,14 @@ TEST(HalfLayer, ForwardPassesNanAndInfAndOverflowsFp16ToInf) {
 template <class G, class T>
 void expect_backward_is_float_backward_rounded_once() {
   // 111 tokens over 29 rows (most rows several tokens') and over 400 (most
-  // rows one token's: a fresh half gradient rounds those straight into the table).
-  for (const std::int64_t vocab_size : {29, 400}) {
+  // rows one token's: a fresh half gradient rounds those straight into the table);
+  // over 41 position rows (a few tokens each), and over 6 (about 18 each: a
+  // position row summed over several passes of the walk before it is rounded).
+  for (const auto& [vocab_size, positions_used] :
+       {std::pair<std::int64_t, std::int64_t>{29, 41}, {400, 41}, {29, 6}}) {
     for (const std::int64_t d : kWidths) {
-      const Case c = make_case(d, /*padding_row=*/5, vocab_size);
+      Case c = make_case(d, /*padding_row=*/5, vocab_size);
+      c.position_ids = test::random_ids(c.input_ids.size(), positions_used, 2);
       const std::size_t size = c.input_ids.size() * static_cast<std::size_t>(d);
       const std::vector<G> grad_out = narrow_all<G>(test::random_floats(size, 9));
       const std::vector<float> grad32 = widen_all(grad_out);

@@ -134,7 +134,10 @@ void backward_rows(simd::GradTable token, simd::GradTable position, std::int64_t
   // row's owner, and its first token (the group's leader), which writes a
   // fresh row; each token row's first token, which writes a fresh row and
   // gives the row its owner, the owner of that token's position.
-  const bool position_fresh = position.grad && position_mode == GradMode::write;
+  // Rounded into a half gradient (sums_to), the float rows hold this call's
+  // sums alone: written first, as a fresh gradient's, in either mode.
+  const bool position_fresh =
+      position.grad && (position_mode == GradMode::write || position.sums_to);
   const bool token_fresh = token.grad && token_mode == GradMode::write;
   const bool split_tokens = token.grad && parts > 1;
   const bool split_positions = position.grad && parts > 1;
@@ -350,10 +353,13 @@ std::int64_t forward_block_rows(std::int64_t d) {
 void backward_dense(std::span<float> grad_token_table, std::span<float> grad_position_table,
                     ConstTensorSpan grad_out, std::span<const std::int64_t> input_ids,
                     std::span<const std::int64_t> position_ids, const EmbeddingShape& shape,
-                    const DropoutSpec& dropout, GradMode mode, std::span<const std::uint64_t> mask_bits) {
+                    const DropoutSpec& dropout, GradMode mode,
+                    std::span<const std::uint64_t> mask_bits, HalfPositionRows half_positions) {
   simd::GradTable token{grad_token_table.empty() ? nullptr : grad_token_table.data(), input_ids.data()};
   simd::GradTable position{grad_position_table.empty() ? nullptr : grad_position_table.data(),
                            position_ids.data()};
+  position.sums_to = half_positions.table;
+  position.sums_add = half_positions.adds;
   if (mode == GradMode::write) {
     // A fresh gradient in one pass: rows no token touches are zeroed, each touched
     // row is written by its first token (0 + v) and added to by the rest.
@@ -365,11 +371,12 @@ void backward_dense(std::span<float> grad_token_table, std::span<float> grad_pos
   backward_rows(token, position, shape.vocab_size, grad_out, position_ids, shape, dropout, mask_bits, mode, mode);
 }
 
-void backward_sparse(SparseRowGrad& grad, std::span<float> grad_position_table, ConstTensorSpan grad_out,
-                     std::span<const std::int64_t> input_ids, std::span<const std::int64_t> position_ids,
-                     const EmbeddingShape& shape, const DropoutSpec& dropout, GradMode position_mode,
-                     std::span<const std::uint64_t> mask_bits, void* half_table,
-                     const std::uint8_t* single_rows, bool zero_untouched) {
+void backward_sparse(SparseRowGrad& grad, std::span<float> grad_position_table,
+                     ConstTensorSpan grad_out, std::span<const std::int64_t> input_ids,
+                     std::span<const std::int64_t> position_ids, const EmbeddingShape& shape,
+                     const DropoutSpec& dropout, GradMode position_mode,
+                     std::span<const std::uint64_t> mask_bits, HalfPositionRows half_positions,
+                     void* half_table, const std::uint8_t* single_rows, bool zero_untouched) {
   const std::int64_t d = shape.embed_dim;
   if (!grad.rows.empty() && grad.embed_dim != d) {
     throw Error("sparse token gradient has width " + std::to_string(grad.embed_dim) +
@@ -438,6 +445,8 @@ void backward_sparse(SparseRowGrad& grad, std::span<float> grad_position_table, 
     }
   }
   simd::GradTable position{grad_position_table.empty() ? nullptr : grad_position_table.data(), position_ids.data()};
+  position.sums_to = half_positions.table;
+  position.sums_add = half_positions.adds;
   if (position_mode == GradMode::write) {
     prepare_fresh(position, 1, position_ids, shape.max_seq_len, d, shape.position_padding_row);
   }

@@ -81,10 +81,20 @@ std::int64_t forward_block_rows(std::int64_t d);
 // embedding_backward into float gradients, dense or with a row-sparse token
 // gradient, over a grad_out of any dtype (widened exactly as it is read),
 // after validate_backward.
+// A half position gradient of grad_out's dtype that the walk rounds each
+// position row's sum into as its group's last pass ends
+// (simd::GradTable::sums_to); grad_position_table, the float sums, then holds
+// only partial sums. adds: round(what the row holds + the sum).
+struct HalfPositionRows {
+  void* table = nullptr;
+  bool adds = false;
+};
+
 void backward_dense(std::span<float> grad_token_table, std::span<float> grad_position_table,
                     ConstTensorSpan grad_out, std::span<const std::int64_t> input_ids,
                     std::span<const std::int64_t> position_ids, const EmbeddingShape& shape,
-                    const DropoutSpec& dropout, GradMode mode, std::span<const std::uint64_t> mask_bits);
+                    const DropoutSpec& dropout, GradMode mode,
+                    std::span<const std::uint64_t> mask_bits, HalfPositionRows half_positions = {});
 // single_rows: null, or (for a fresh half token gradient of grad_out's dtype,
 // grad freshly zeroed) a byte per token, 1 where the token is its row's only
 // one: the walk rounds that row straight into `half_table`
@@ -92,10 +102,12 @@ void backward_dense(std::span<float> grad_token_table, std::span<float> grad_pos
 // With single_rows, zero_untouched (an even embed_dim, half_table 4-byte
 // aligned, at least one token): the walk also sets half_table's rows that no
 // token touches to zeros, past the cache (simd::GradTable::touched).
-void backward_sparse(SparseRowGrad& grad, std::span<float> grad_position_table, ConstTensorSpan grad_out,
-                     std::span<const std::int64_t> input_ids, std::span<const std::int64_t> position_ids,
-                     const EmbeddingShape& shape, const DropoutSpec& dropout, GradMode position_mode,
-                     std::span<const std::uint64_t> mask_bits, void* half_table = nullptr,
-                     const std::uint8_t* single_rows = nullptr, bool zero_untouched = false);
+void backward_sparse(SparseRowGrad& grad, std::span<float> grad_position_table,
+                     ConstTensorSpan grad_out, std::span<const std::int64_t> input_ids,
+                     std::span<const std::int64_t> position_ids, const EmbeddingShape& shape,
+                     const DropoutSpec& dropout, GradMode position_mode,
+                     std::span<const std::uint64_t> mask_bits, HalfPositionRows half_positions = {},
+                     void* half_table = nullptr, const std::uint8_t* single_rows = nullptr,
+                     bool zero_untouched = false);
 
 }  // namespace posembed::detail

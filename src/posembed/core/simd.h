@@ -135,6 +135,14 @@ struct GradTable {
   const std::uint64_t* touched = nullptr;  // (zero_rows / 64)
   std::size_t zero_rows = 0, row_floats = 0;
   std::uint8_t zero_parts = 1;
+  // A half position gradient (backward_rows_half only; null otherwise): a
+  // group's sum, whole after its last pass, is rounded once straight into its
+  // row of `sums_to`, a table of grad_out's dtype (added in float to what that
+  // row holds first where `sums_add`), and not stored to `grad`, which holds
+  // only the partial sums of groups of several passes (its rows are written
+  // by each group's first pass, never read first: `first` is set).
+  void* sums_to = nullptr;
+  bool sums_add = false;
 };
 
 // The order of backward_rows' adds: the tokens by position id, and tokens

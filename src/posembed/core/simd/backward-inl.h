@@ -154,8 +154,8 @@ template <bool kMasked, std::size_t kCount, class G>
 HWY_INLINE void GroupBlock(const AlignTo& aligned, float* HWY_RESTRICT row, bool row_is_zero,
                            std::size_t n, float scale, const G* const* grad,
                            float* const* token_row, G* const* single_row, const bool* token_is_zero,
-                           const bool* token_stream, const KeepSpan* keep, const RowsAhead<G>* ahead,
-                           std::size_t c0) {
+                           const bool* token_stream, const KeepSpan* keep,
+                           const RowsAhead<G>* ahead, std::size_t c0) {
   const hn::ScalableTag<float> df;
   using V = hn::Vec<decltype(df)>;
   const std::size_t lanes = hn::Lanes(df);
@@ -261,6 +261,7 @@ void AddGroup(const GradTable& token, const GradTable& position, const std::uint
   const std::size_t vector_bytes = hn::Lanes(hn::ScalableTag<float>()) * sizeof(float);
   float* HWY_RESTRICT row = position.grad + static_cast<std::size_t>(position.rows[members[0]]) * d;
   bool row_is_zero = position.first && position.first[members[0]];
+  HWY_ALIGN float tile[kTile];  // a half position row's last pass (below)
   ahead.EdgeLines(d);
   const RowsAhead<G>* lines = &ahead;
   for (std::size_t m0 = 0; m0 < count; m0 += kGroupBlock, lines = nullptr) {
@@ -304,12 +305,27 @@ void AddGroup(const GradTable& token, const GradTable& position, const std::uint
           token_stream[k] = token_row[later] != token_row[k];
         }
       }
+      // The group's last pass into a half position gradient (GradTable::
+      // sums_to): its sums go to a tile in L1, rounded from there into the
+      // half row, rather than to the float row to be read back after the walk.
+      const bool rounds = !std::is_same_v<G, float> && position.sums_to && m0 + block == count;
+      float* HWY_RESTRICT sums = row + c0;
+      if (rounds) {
+        if (!row_is_zero) std::copy(row + c0, row + c1, tile);
+        sums = tile;
+      }
       GroupBlockOf<kMasked>(
-          block, align, row + c0, row_is_zero, c1 - c0, scale,
-          static_cast<const G* const*>(grad), static_cast<float* const*>(token_row),
-          static_cast<G* const*>(single_row),
+          block, align, sums, row_is_zero, c1 - c0, scale, static_cast<const G* const*>(grad),
+          static_cast<float* const*>(token_row), static_cast<G* const*>(single_row),
           static_cast<const bool*>(token_is_zero), static_cast<const bool*>(token_stream),
           static_cast<const KeepSpan*>(keep), lines, c0);
+      if constexpr (!std::is_same_v<G, float>) {
+        if (rounds) {
+          NarrowRow(static_cast<G*>(position.sums_to) +
+                        static_cast<std::size_t>(position.rows[members[0]]) * d + c0,
+                    tile, c1 - c0, position.sums_add);
+        }
+      }
     }
     row_is_zero = false;
   }

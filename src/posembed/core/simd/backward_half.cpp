@@ -49,28 +49,6 @@ void BackwardRowsHalf(const GradTable& token, const GradTable& position, const B
   });
 }
 
-// Row `row` of a table of T: values (d floats) rounded once; accumulate: added
-// to what the row holds first, in float. Whole vectors first, the instruction
-// flag read once (as the half forward's walk), then a partial one.
-template <class T>
-HWY_INLINE void NarrowRow(T* HWY_RESTRICT to, const float* HWY_RESTRICT values, std::size_t d, bool accumulate) {
-  const hn::ScalableTag<float> df;
-  const std::size_t lanes = hn::Lanes(df);
-  const bool instruction = bf16_instructions;
-  std::size_t j = 0;
-  for (; j + lanes <= d; j += lanes) {
-    auto v = hn::LoadU(df, values + j);
-    if (accumulate) v = hn::Add(LoadWide(df, to + j, lanes), v);
-    StoreWhole(df, v, to + j, instruction);
-  }
-  if (j < d) {
-    const std::size_t count = d - j;
-    auto v = LoadPart(df, values + j, count);
-    if (accumulate) v = hn::Add(LoadWide(df, to + j, count), v);
-    StoreNarrow(df, v, to + j, count);
-  }
-}
-
 // narrow (simd.h).
 void Narrow(void* HWY_RESTRICT out, Dtype dtype, const float* HWY_RESTRICT in, std::size_t n) {
   WithHalfType(dtype, [&]<class T>(T) { NarrowRow(static_cast<T*>(out), in, n, false); });

@@ -179,6 +179,29 @@ HWY_INLINE void StoreWhole(DF df, hn::Vec<DF> v, T* HWY_RESTRICT p, bool instruc
   }
 }
 
+// to[0 .. d): values (d floats) rounded once to T; accumulate: added to what
+// `to` holds first, in float. Whole vectors first, the instruction flag read
+// once (as the half forward's walk), then a partial one.
+template <class T>
+HWY_INLINE void NarrowRow(T* HWY_RESTRICT to, const float* HWY_RESTRICT values, std::size_t d,
+                          bool accumulate) {
+  const hn::ScalableTag<float> df;
+  const std::size_t lanes = hn::Lanes(df);
+  const bool instruction = bf16_instructions;
+  std::size_t j = 0;
+  for (; j + lanes <= d; j += lanes) {
+    auto v = hn::LoadU(df, values + j);
+    if (accumulate) v = hn::Add(LoadWide(df, to + j, lanes), v);
+    StoreWhole(df, v, to + j, instruction);
+  }
+  if (j < d) {
+    const std::size_t count = d - j;
+    auto v = LoadPart(df, values + j, count);
+    if (accumulate) v = hn::Add(LoadWide(df, to + j, count), v);
+    StoreNarrow(df, v, to + j, count);
+  }
+}
+
 // Whether a full float vector rounded to 16 bits fills a whole 16-byte or
 // wider vector, which x86 can stream (AVX2 and up; not SSE's 8 bytes).
 constexpr bool kStreamsNarrow = HWY_LANES(float) * sizeof(std::uint16_t) >= 16;
