@@ -78,9 +78,6 @@ void validate_backward(std::size_t grad_token_size, std::size_t grad_position_si
 // mask_bits is written by two threads.
 std::int64_t forward_block_rows(std::int64_t d);
 
-// embedding_backward into float gradients, dense or with a row-sparse token
-// gradient, over a grad_out of any dtype (widened exactly as it is read),
-// after validate_backward.
 // A half position gradient of grad_out's dtype that the walk rounds each
 // position row's sum into as its group's last pass ends
 // (simd::GradTable::sums_to); grad_position_table, the float sums, then holds
@@ -90,6 +87,9 @@ struct HalfPositionRows {
   bool adds = false;
 };
 
+// embedding_backward into float gradients, dense or with a row-sparse token
+// gradient, over a grad_out of any dtype (widened exactly as it is read),
+// after validate_backward.
 void backward_dense(std::span<float> grad_token_table, std::span<float> grad_position_table,
                     ConstTensorSpan grad_out, std::span<const std::int64_t> input_ids,
                     std::span<const std::int64_t> position_ids, const EmbeddingShape& shape,
