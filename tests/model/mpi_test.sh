@@ -2,13 +2,14 @@
 # Data-parallel training over MPI against one process: `posembed train` under
 # mpirun must give the same log and the same checkpoint, byte for byte, as a
 # plain run (model/distributed.h says why it can). One case per CTest test:
-#   mpi_test.sh CASE POSEMBED MPIRUN WORK_DIR   (MPIRUN may be "none" for no_mpi)
+#   mpi_test.sh CASE POSEMBED MPIRUN WORK_DIR PRELOAD
+# (MPIRUN and PRELOAD, late_signal_preload.cpp's library, may be "none" for no_mpi)
 # Cases: ranks, shard_optimizer, resume, bf16 (the three with --precision bf16),
-# interrupt, slow_interrupt (steps longer than mpirun's grace), killed_rank,
-# errors (too many ranks; an error on one rank), no_mpi (the last for a build
-# without MPI).
+# interrupt, slow_interrupt (steps longer than mpirun's grace), late_signal (a
+# signal after the run), killed_rank, errors (too many ranks; an error on one
+# rank), no_mpi (the last for a build without MPI).
 set -euo pipefail
-case_name=$1 posembed=$2 mpirun=$3 work=$4
+case_name=$1 posembed=$2 mpirun=$3 work=$4 preload=$5
 rm -rf "$work" && mkdir -p "$work" && cd "$work"
 # Open MPI refuses root without these (CI runs as root); more ranks than cores
 # need --oversubscribe.
@@ -177,6 +178,21 @@ slow_interrupt)
     diff <(cut -d, -f1-5 ref/log.csv) <(cut -d, -f1-5 "$out/log.csv") || fail "$out: log differs"
   done
   echo "ok: both resumed to step 2 bit for bit"
+  ;;
+late_signal)
+  # mpirun forwards a signal to each rank in turn: a rank that stopped at
+  # another's word may get its own copy after its run returned, in MPI_Finalize
+  # while rank 0 writes the checkpoint. The preloaded MPI_Finalize raises it
+  # there; the rank must end as it would without it (before: killed, and
+  # mpirun's status 138 for SIGUSR1).
+  for sig in INT TERM USR1; do
+    rc=0
+    "${mpi[@]}" -np 2 env LD_PRELOAD="$preload" POSEMBED_TEST_LATE_SIGNAL=$sig \
+      "$posembed" "${long[@]}" --stop-after 3 --out "$sig" > "$sig.txt" 2>&1 || rc=$?
+    [ "$rc" = 0 ] || fail "SIG$sig after the run: mpirun exited $rc, want 0: $(cat "$sig.txt")"
+    [ "$(step_of "$sig/ckpt.safetensors")" = 3 ] || fail "SIG$sig after the run: no checkpoint at step 3"
+    echo "ok: SIG$sig in MPI_Finalize after the run: status 0, the checkpoint at step 3"
+  done
   ;;
 killed_rank)
   # SIGKILL rank 1 mid-run: mpirun must end the job within seconds and say

@@ -84,7 +84,8 @@ std::string read_wake_bytes() {
 // watcher through a pipe.
 class StopSignalGuard {
  public:
-  explicit StopSignalGuard(bool distributed) : count_(distributed ? 3 : 1) {
+  explicit StopSignalGuard(bool distributed)
+      : distributed_(distributed), count_(distributed ? 3 : 1) {
     // The pipe before any handler may write to it, without what signals left
     // there after an earlier run's watcher had gone.
     if (distributed) read_wake_bytes();
@@ -97,8 +98,15 @@ class StopSignalGuard {
   }
   ~StopSignalGuard() {
     // A signal still pending runs the handler when unblocked, which only sets
-    // the flag; the previous handlers come back after that.
+    // the flag; the previous handlers come back after that, except under MPI.
     pthread_sigmask(SIG_SETMASK, &old_mask_, nullptr);
+    // There mpirun forwards a signal to each rank in turn, and a rank that
+    // stopped at another's word may get its own copy after its run returned,
+    // waiting in MPI_Finalize while rank 0 writes the checkpoint: the default
+    // action would end it, and mpirun then the job (seen: SIGUSR1 ended a run
+    // with status 138, not 130). A rank's process is the run; the handler only
+    // sets the flag.
+    if (distributed_) return;
     for (int i = 0; i < count_; ++i) std::signal(kSignals[i], previous_[i]);
   }
   StopSignalGuard(const StopSignalGuard&) = delete;
@@ -115,6 +123,7 @@ class StopSignalGuard {
 
  private:
   static constexpr int kSignals[3] = {SIGINT, SIGTERM, SIGUSR1};
+  bool distributed_;
   int count_;
   void (*previous_[3])(int) = {};
   sigset_t set_{}, old_mask_{};
