@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -87,9 +89,11 @@ void backward_rows(simd::GradTable token, simd::GradTable position, std::int64_t
     std::vector<std::uint8_t> position_owner, row_owner, first, position_first;
     std::vector<std::uint64_t> seen, drawn;
     std::vector<std::uint32_t> start, order;
+    std::vector<std::byte> saved_padding;
   };
   thread_local Scratch scratch;
-  auto& [position_owner, row_owner, first, position_first, seen, drawn, start, order] = scratch;
+  auto& [position_owner, row_owner, first, position_first, seen, drawn, start, order,
+         saved_padding] = scratch;
   const auto un = static_cast<std::size_t>(n);
   // Every thread walks every group for the token rows it owns, so a token row
   // that positions of two threads share has its grad_out rows read by both.
@@ -189,12 +193,23 @@ void backward_rows(simd::GradTable token, simd::GradTable position, std::int64_t
     keep = out;
   }
   // The padding row is put back afterwards rather than skipped in the SIMD loop:
-  // d floats of copying instead of a branch per token.
-  float* padding_row = position.grad && shape.position_padding_row >= 0
-                           ? position.grad + shape.position_padding_row * d
-                           : nullptr;
-  std::vector<float> saved_padding_row;
-  if (padding_row) saved_padding_row.assign(padding_row, padding_row + d);
+  // a row of copying instead of a branch per token. Its float row, and the
+  // half row the walk rounds sums into (sums_to), which an accumulated half
+  // gradient keeps as it was.
+  std::span<std::byte> padding_rows[2];
+  if (position.grad && shape.position_padding_row >= 0) {
+    const auto at = static_cast<std::size_t>(shape.position_padding_row * d);
+    const auto ud = static_cast<std::size_t>(d);
+    padding_rows[0] = std::as_writable_bytes(std::span(position.grad + at, ud));
+    if (position.sums_to) {
+      const std::size_t bytes = dtype_bytes(grad_out.dtype);
+      padding_rows[1] = {static_cast<std::byte*>(position.sums_to) + at * bytes, ud * bytes};
+    }
+  }
+  saved_padding.clear();
+  for (const std::span<std::byte> row : padding_rows) {
+    saved_padding.insert(saved_padding.end(), row.begin(), row.end());
+  }
   parallel_for(parts, [&](std::int64_t s) {
     const auto self = static_cast<std::uint8_t>(s);
     if (grad_out.dtype == Dtype::f32) {
@@ -205,7 +220,11 @@ void backward_rows(simd::GradTable token, simd::GradTable position, std::int64_t
                                static_cast<std::size_t>(d), un, mask, keep);
     }
   });
-  if (padding_row) std::copy(saved_padding_row.begin(), saved_padding_row.end(), padding_row);
+  const std::byte* saved = saved_padding.data();
+  for (const std::span<std::byte> row : padding_rows) {
+    std::copy_n(saved, row.size(), row.data());
+    saved += row.size();
+  }
 }
 
 // Zeroes the rows of grad (rows, d) whose bit in `touched` is clear, in blocks

@@ -24,21 +24,6 @@ namespace {
 
 std::string dtype_text(Dtype dtype) { return std::string(dtype_name(dtype)); }
 
-// Where the float backward sums a dense half gradient: float scratch kept
-// with the calling thread, zeros where the backward accumulates into it (so
-// its sums are this call's alone); a float gradient is its own. Empty: frozen.
-std::span<float> float_sums(TensorSpan grad, GradMode mode) {
-  if (grad.dtype == Dtype::f32 || grad.empty()) return {static_cast<float*>(grad.data), grad.size};
-  thread_local LineFloats scratch;
-  if (scratch.capacity() < grad.size) {
-    assign_zeros_huge(scratch, grad.size);
-  } else {
-    scratch.resize(grad.size);
-  }
-  if (mode == GradMode::accumulate) zero_grad(scratch);
-  return scratch;
-}
-
 // Rounds the float sums of a half gradient (table_rows, d) into it, once per
 // element (simd::narrow_rows): the listed rows (ascending) from `values`
 // (their rows in order, or a dense table where `by_row`); accumulate: added
@@ -68,41 +53,43 @@ void narrow_rows(TensorSpan grad, const float* values, bool by_row, std::span<co
   });
 }
 
-// A half position gradient of grad_out's dtype: the walk rounds each of its
-// rows' sums straight into it (HalfPositionRows), and they are not read back
-// from float sums (at B 1, T 8192, d 1024: 33.5 MB written and read again).
-HalfPositionRows half_position_rows(TensorSpan grad, ConstTensorSpan grad_out, GradMode mode) {
-  if (grad.empty() || grad.dtype == Dtype::f32 || grad.dtype != grad_out.dtype) return {};
-  return {grad.data, mode == GradMode::accumulate};
-}
+// The position gradient as the float walk takes it: its float sums (a float
+// gradient itself, or scratch kept with the calling thread) and, for a half
+// gradient of grad_out's dtype, the half rows the walk rounds each row's sum
+// into (HalfPositionRows): those are not read back from float sums (at B 1,
+// T 8192, d 1024: 33.5 MB written and read again). Empty: frozen.
+struct PositionSums {
+  std::span<float> sums;
+  HalfPositionRows rounded;
+};
 
-// The padding row of a half position gradient that the walk writes as any
-// other (HalfPositionRows) while accumulating: what it held, to put back.
-// Where written fresh, narrow_position_sums zeroes it.
-std::span<const std::byte> saved_padding_row(TensorSpan grad, HalfPositionRows rows,
-                                             const EmbeddingShape& shape) {
-  thread_local std::vector<std::byte> saved;
-  if (!rows.table || !rows.adds || shape.position_padding_row < 0) return {};
-  const std::size_t bytes = static_cast<std::size_t>(shape.embed_dim) * dtype_bytes(grad.dtype);
-  const auto* from = static_cast<const std::byte*>(grad.data) +
-                     static_cast<std::size_t>(shape.position_padding_row) * bytes;
-  saved.assign(from, from + bytes);
-  return saved;
-}
-
-// The position gradient's float sums (float_sums) into a half gradient: the
-// rows its tokens touch, except the padding row, which gets nothing. Where
-// the walk rounded them already (`rounded`), only a fresh gradient's other
-// rows are written (zeros), and an accumulated one's padding row put back.
-void narrow_position_sums(TensorSpan grad, std::span<const float> sums,
-                          std::span<const std::int64_t> position_ids, const EmbeddingShape& shape,
-                          GradMode mode, bool rounded, std::span<const std::byte> padding_row) {
-  if (grad.empty() || grad.dtype == Dtype::f32) return;
-  if (!padding_row.empty()) {
-    std::copy(padding_row.begin(), padding_row.end(),
-              static_cast<std::byte*>(grad.data) +
-                  static_cast<std::size_t>(shape.position_padding_row) * padding_row.size());
+PositionSums begin_position_sums(TensorSpan grad, ConstTensorSpan grad_out, GradMode mode) {
+  if (grad.dtype == Dtype::f32 || grad.empty()) {
+    return {{static_cast<float*>(grad.data), grad.size}, {}};
   }
+  thread_local LineFloats scratch;
+  if (scratch.capacity() < grad.size) {
+    assign_zeros_huge(scratch, grad.size);
+  } else {
+    scratch.resize(grad.size);
+  }
+  if (grad.dtype == grad_out.dtype) {
+    // The float rows hold partial sums alone, written first (as fresh).
+    return {scratch, {grad.data, mode == GradMode::accumulate}};
+  }
+  // Accumulating: zeros, so that the sums are this call's alone.
+  if (mode == GradMode::accumulate) zero_grad(scratch);
+  return {scratch, {}};
+}
+
+// A half gradient after the walk: the rows its tokens touch (except the
+// padding row, which gets nothing) rounded from the float sums, unless the
+// walk rounded them; a fresh gradient's other rows written zeros.
+void finish_position_sums(TensorSpan grad, const PositionSums& sums,
+                          std::span<const std::int64_t> position_ids, const EmbeddingShape& shape,
+                          GradMode mode) {
+  if (grad.empty() || grad.dtype == Dtype::f32) return;
+  const bool rounded = sums.rounded.table != nullptr;
   if (rounded && mode == GradMode::accumulate) return;
   thread_local std::vector<std::uint64_t> touched;
   thread_local std::vector<std::int64_t> rows;
@@ -111,7 +98,7 @@ void narrow_position_sums(TensorSpan grad, std::span<const float> sums,
   for (std::int64_t r = 0; r < shape.max_seq_len; ++r) {
     if (touched[static_cast<std::size_t>(r) >> 6] >> (r & 63) & 1) rows.push_back(r);
   }
-  narrow_rows(grad, sums.data(), true, rows, shape.max_seq_len, shape.embed_dim, mode,
+  narrow_rows(grad, sums.sums.data(), true, rows, shape.max_seq_len, shape.embed_dim, mode,
               rounded ? touched.data() : nullptr);
 }
 
@@ -173,17 +160,12 @@ void embedding_backward(TensorSpan grad_token_table, TensorSpan grad_position_ta
                         std::span<const std::uint64_t> mask_bits) {
   validate_backward(grad_token_table.size, grad_position_table.size, grad_out.size, input_ids,
                     position_ids, shape, dropout, mask_bits);
-  const HalfPositionRows half_positions = half_position_rows(grad_position_table, grad_out, mode);
-  // Rounded by the walk, the float sums start from its first writes.
-  const std::span<float> position_sums =
-      float_sums(grad_position_table, half_positions.table ? GradMode::write : mode);
-  const std::span<const std::byte> padding_row =
-      saved_padding_row(grad_position_table, half_positions, shape);
+  const PositionSums positions = begin_position_sums(grad_position_table, grad_out, mode);
   if (grad_token_table.empty() || grad_token_table.dtype == Dtype::f32) {
     backward_dense(
         std::span<float>(static_cast<float*>(grad_token_table.data), grad_token_table.size),
-        position_sums, grad_out, input_ids, position_ids, shape, dropout, mode, mask_bits,
-        half_positions);
+        positions.sums, grad_out, input_ids, position_ids, shape, dropout, mode, mask_bits,
+        positions.rounded);
   } else {
     // A half token gradient: the float sums of the rows the batch touches
     // (the row-sparse backward: the same sums, in the same order, as the
@@ -220,14 +202,13 @@ void embedding_backward(TensorSpan grad_token_table, TensorSpan grad_position_ta
         direct && !input_ids.empty() && shape.embed_dim % 2 == 0 &&
         reinterpret_cast<std::uintptr_t>(grad_token_table.data) % alignof(float) == 0 &&
         grad_token_table.size * dtype_bytes(grad_token_table.dtype) >= kStreamBytes;
-    backward_sparse(sums, position_sums, grad_out, input_ids, position_ids, shape, dropout, mode,
-                    mask_bits, half_positions, direct ? grad_token_table.data : nullptr,
+    backward_sparse(sums, positions.sums, grad_out, input_ids, position_ids, shape, dropout, mode,
+                    mask_bits, positions.rounded, direct ? grad_token_table.data : nullptr,
                     direct ? single.data() : nullptr, zeros_in_walk);
     narrow_rows(grad_token_table, sums.values.data(), false, sums.rows, shape.vocab_size, shape.embed_dim, mode,
                 direct ? once.data() : nullptr, zeros_in_walk);
   }
-  narrow_position_sums(grad_position_table, position_sums, position_ids, shape, mode,
-                       half_positions.table != nullptr, padding_row);
+  finish_position_sums(grad_position_table, positions, position_ids, shape, mode);
 }
 
 void embedding_backward(SparseRowGrad& grad_token_table, TensorSpan grad_position_table, ConstTensorSpan grad_out,
@@ -236,16 +217,10 @@ void embedding_backward(SparseRowGrad& grad_token_table, TensorSpan grad_positio
                         std::span<const std::uint64_t> mask_bits) {
   validate_backward(0, grad_position_table.size, grad_out.size, input_ids, position_ids, shape,
                     dropout, mask_bits);
-  const HalfPositionRows half_positions =
-      half_position_rows(grad_position_table, grad_out, position_mode);
-  const std::span<float> position_sums =
-      float_sums(grad_position_table, half_positions.table ? GradMode::write : position_mode);
-  const std::span<const std::byte> padding_row =
-      saved_padding_row(grad_position_table, half_positions, shape);
-  backward_sparse(grad_token_table, position_sums, grad_out, input_ids, position_ids, shape,
-                  dropout, position_mode, mask_bits, half_positions);
-  narrow_position_sums(grad_position_table, position_sums, position_ids, shape, position_mode,
-                       half_positions.table != nullptr, padding_row);
+  const PositionSums positions = begin_position_sums(grad_position_table, grad_out, position_mode);
+  backward_sparse(grad_token_table, positions.sums, grad_out, input_ids, position_ids, shape,
+                  dropout, position_mode, mask_bits, positions.rounded);
+  finish_position_sums(grad_position_table, positions, position_ids, shape, position_mode);
 }
 
 }  // namespace posembed
