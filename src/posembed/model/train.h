@@ -6,9 +6,12 @@
 // (model/checkpoint.h) and stops with one on Ctrl-C or --stop-after. Under MPI,
 // SIGTERM (what mpirun sends on Ctrl-C, SIGKILL following a second later)
 // saves the last step boundary at once, from a second thread, while the step
-// goes on; the run then ends at that step's end. Resumed runs continue bit for
-// bit. The ranks of a data-parallel job share the work
-// through a Strategy (model/strategy.h); one process is the trivial one.
+// goes on; the run then ends at that step's end. Under MPI the handlers of
+// SIGINT, SIGTERM and SIGUSR1 stay after train() returns (a late copy of
+// mpirun's signal must not end a rank while rank 0 still saves): a rank's
+// process is its run. Resumed runs continue bit for bit. The ranks of a
+// data-parallel job share the work through a Strategy (model/strategy.h); one
+// process is the trivial one.
 // A non-finite loss, gradient norm or weight ends the run with an error, and
 // no checkpoint holds such weights.
 //
