@@ -456,7 +456,8 @@ TEST(HalfLayer, BackwardIsTheFloatBackwardRoundedOnce) {
 // bits of the float backward rounded once, on 1 to 3 threads and every
 // target; an odd width takes the pass after the walk instead. A quarter of
 // the tokens repeat another's id, so that rows of several tokens (float sums,
-// rounded after the walk) fall in every block of the listed rows.
+// rounded after the walk) fall in every block of the listed rows. The
+// position gradient (rounded by the walk) is checked the same way.
 TEST(HalfLayer, ALargeFreshGradientIsWrittenWholeOnAnyThreadCount) {
   for (const std::int64_t d : {258, 257, 512}) {
     SCOPED_TRACE("d " + std::to_string(d));
@@ -472,17 +473,138 @@ TEST(HalfLayer, ALargeFreshGradientIsWrittenWholeOnAnyThreadCount) {
     std::vector<float> token32(vocab), position32(static_cast<std::size_t>(shape.max_seq_len * d));
     embedding_backward(std::span(token32), std::span(position32), std::span<const float>(widen_all(grad_out)), ids,
                        positions, shape, dropout, GradMode::write);
-    const std::vector<bf16> want = narrow_all<bf16>(token32);
+    const std::vector<bf16> want = narrow_all<bf16>(token32),
+                            want_position = narrow_all<bf16>(position32);
     for_each_target([&] {
       for (const int threads : {1, 2, 3}) {
         set_num_threads(threads);
-        std::vector<bf16> token(vocab, bf16{0x7FC1}), position(position32.size());
+        std::vector<bf16> token(vocab, bf16{0x7FC1}), position(position32.size(), bf16{0x7FC1});
         embedding_backward(std::span(token), std::span(position), std::span<const bf16>(grad_out), ids, positions,
                            shape, dropout, GradMode::write);
         EXPECT_EQ(bits_of(token), bits_of(want)) << "threads " << threads;
+        EXPECT_EQ(bits_of(position), bits_of(want_position)) << "threads " << threads;
       }
     });
     set_num_threads(0);
+  }
+}
+
+// The half position gradient where the walk rounds its rows (grad_out of its
+// dtype), beside a frozen or half token gradient: 16 MiB of it (its untouched
+// rows streamed as zeros when fresh; a token gradient frozen), and 97 columns
+// split between threads (both gradients half, or the position one frozen).
+// Every row is written (the gradients start as NaNs) or, accumulating, added
+// to, with the float backward's bits rounded once; the padding row gets
+// nothing; on 1 to 3 threads and every target.
+TEST(HalfLayer, PositionGradientLargeOrNarrowWithAFrozenTable) {
+  struct Setup {
+    EmbeddingShape shape;
+    bool token_frozen, position_frozen;
+  };
+  const Setup setups[] = {
+      {{.batch = 1,
+        .seq_len = 6000,
+        .vocab_size = 64,
+        .max_seq_len = 8192,
+        .embed_dim = 1024,
+        .position_padding_row = 3},
+       true,
+       false},
+      {{.batch = 8,
+        .seq_len = 128,
+        .vocab_size = 5000,
+        .max_seq_len = 160,
+        .embed_dim = 97,
+        .position_padding_row = 3},
+       false,
+       false},
+      {{.batch = 8, .seq_len = 128, .vocab_size = 5000, .max_seq_len = 160, .embed_dim = 97},
+       false,
+       true},
+  };
+  for (const auto& [shape, token_frozen, position_frozen] : setups) {
+    const std::int64_t d = shape.embed_dim;
+    SCOPED_TRACE("d " + std::to_string(d) + (token_frozen ? ", token table frozen" : "") +
+                 (position_frozen ? ", position table frozen" : ""));
+    const auto n = static_cast<std::size_t>(shape.batch * shape.seq_len);
+    const std::vector<std::int64_t> ids = test::random_ids(n, shape.vocab_size, 31);
+    // Positions in turn from a random start: the last rows untouched.
+    std::vector<std::int64_t> positions(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      positions[i] =
+          static_cast<std::int64_t>((i % static_cast<std::size_t>(shape.seq_len) + i / 97) %
+                                    static_cast<std::size_t>(shape.seq_len));
+    }
+    const std::vector<bf16> grad_out =
+        narrow_all<bf16>(test::random_floats(n * static_cast<std::size_t>(d), 32));
+    const DropoutSpec dropout{0.1, 5, 4};
+    const auto vocab = static_cast<std::size_t>(shape.vocab_size * d),
+               rows = static_cast<std::size_t>(shape.max_seq_len * d);
+    std::vector<float> token32(vocab), position32(rows);
+    embedding_backward(std::span(token32), std::span(position32),
+                       std::span<const float>(widen_all(grad_out)), ids, positions, shape, dropout,
+                       GradMode::write);
+    const std::vector<bf16> old_token = narrow_all<bf16>(test::random_floats(vocab, 33)),
+                            old_position = narrow_all<bf16>(test::random_floats(rows, 34));
+    std::vector<bool> token_touched(static_cast<std::size_t>(shape.vocab_size)),
+        position_touched(static_cast<std::size_t>(shape.max_seq_len));
+    for (const auto id : ids) token_touched[static_cast<std::size_t>(id)] = true;
+    for (const auto id : positions)
+      position_touched[static_cast<std::size_t>(id)] = id != shape.position_padding_row;
+    const auto want = [&](const std::vector<float>& sums, const std::vector<bf16>& old,
+                          const std::vector<bool>& touched, GradMode mode) {
+      std::vector<bf16> v(sums.size());
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        v[i] = mode == GradMode::write ? from_float<bf16>(sums[i])
+               : touched[i / static_cast<std::size_t>(d)]
+                   ? from_float<bf16>(widen(old[i]) + sums[i])
+                   : old[i];
+      }
+      return v;
+    };
+    for (const GradMode mode : {GradMode::write, GradMode::accumulate}) {
+      const std::vector<bf16> want_token = want(token32, old_token, token_touched, mode),
+                              want_position =
+                                  want(position32, old_position, position_touched, mode);
+      for_each_target([&] {
+        for (const int threads : {1, 2, 3}) {
+          set_num_threads(threads);
+          std::vector<bf16> token = mode == GradMode::write ? std::vector<bf16>(vocab, bf16{0x7FC1})
+                                                            : old_token,
+                            position = mode == GradMode::write
+                                           ? std::vector<bf16>(rows, bf16{0x7FC1})
+                                           : old_position;
+          embedding_backward(token_frozen ? std::span<bf16>() : std::span(token),
+                             position_frozen ? std::span<bf16>() : std::span(position),
+                             std::span<const bf16>(grad_out), ids, positions, shape, dropout, mode);
+          if (!token_frozen) {
+            EXPECT_EQ(bits_of(token), bits_of(want_token)) << "threads " << threads;
+          }
+          if (!position_frozen) {
+            EXPECT_EQ(bits_of(position), bits_of(want_position)) << "threads " << threads;
+          }
+        }
+      });
+    }
+    set_num_threads(0);
+  }
+}
+
+// An empty batch into half gradients: a fresh one is all zeros, an
+// accumulated one as it was.
+TEST(HalfLayer, AnEmptyBatchWritesZerosOrLeavesTheGradients) {
+  const EmbeddingShape shape{
+      .batch = 0, .seq_len = 0, .vocab_size = 5, .max_seq_len = 4, .embed_dim = 3};
+  const std::vector<std::int64_t> none;
+  const std::vector<bf16> old_token = narrow_all<bf16>(test::random_floats(15, 41)),
+                          old_position = narrow_all<bf16>(test::random_floats(12, 42));
+  for (const GradMode mode : {GradMode::write, GradMode::accumulate}) {
+    std::vector<bf16> token = old_token, position = old_position;
+    embedding_backward(std::span(token), std::span(position), std::span<const bf16>(), none, none,
+                       shape, {0.1, 1, 1}, mode);
+    const bool write = mode == GradMode::write;
+    EXPECT_EQ(bits_of(token), write ? std::vector<std::uint16_t>(15, 0) : bits_of(old_token));
+    EXPECT_EQ(bits_of(position), write ? std::vector<std::uint16_t>(12, 0) : bits_of(old_position));
   }
 }
 
