@@ -368,6 +368,10 @@ void expect_backward_is_float_backward_rounded_once() {
           embedding_backward(std::span(token32), std::span(position32), std::span<const float>(grad32), c.input_ids,
                              c.position_ids, c.shape, dropout, GradMode::write);
           std::vector<T> want_token(vocab), want_position(positions);
+          std::vector<bool> touched(static_cast<std::size_t>(c.shape.vocab_size)),
+              touched_pos(static_cast<std::size_t>(c.shape.max_seq_len));
+          for (const auto id : c.input_ids) touched[static_cast<std::size_t>(id)] = true;
+          for (const auto id : c.position_ids) touched_pos[static_cast<std::size_t>(id)] = id != 5;
           if constexpr (std::is_same_v<T, float>) {
             // Float gradients accumulate as the float backward does, onto what they hold.
             want_token = old_token;
@@ -375,23 +379,50 @@ void expect_backward_is_float_backward_rounded_once() {
             embedding_backward(std::span(want_token), std::span(want_position), std::span<const float>(grad32),
                                c.input_ids, c.position_ids, c.shape, dropout, mode);
           } else {
-          std::vector<bool> touched(static_cast<std::size_t>(c.shape.vocab_size)), touched_pos(
-              static_cast<std::size_t>(c.shape.max_seq_len));
-          for (const auto id : c.input_ids) touched[static_cast<std::size_t>(id)] = true;
-          for (const auto id : c.position_ids) touched_pos[static_cast<std::size_t>(id)] = id != 5;
-          for (std::size_t i = 0; i < vocab; ++i) {
-            const bool accumulate = mode == GradMode::accumulate;
-            const bool row = touched[i / static_cast<std::size_t>(d)];
-            want_token[i] = accumulate && !row ? old_token[i]
-                                               : from_float<T>((accumulate ? widen(old_token[i]) : 0.0f) + token32[i]);
+            for (std::size_t i = 0; i < vocab; ++i) {
+              const bool accumulate = mode == GradMode::accumulate;
+              const bool row = touched[i / static_cast<std::size_t>(d)];
+              want_token[i] =
+                  accumulate && !row
+                      ? old_token[i]
+                      : from_float<T>((accumulate ? widen(old_token[i]) : 0.0f) + token32[i]);
+            }
+            for (std::size_t i = 0; i < positions; ++i) {
+              const bool accumulate = mode == GradMode::accumulate;
+              const bool row = touched_pos[i / static_cast<std::size_t>(d)];
+              want_position[i] =
+                  accumulate && !row
+                      ? old_position[i]
+                      : from_float<T>((accumulate ? widen(old_position[i]) : 0.0f) + position32[i]);
+            }
           }
-          for (std::size_t i = 0; i < positions; ++i) {
-            const bool accumulate = mode == GradMode::accumulate;
-            const bool row = touched_pos[i / static_cast<std::size_t>(d)];
-            want_position[i] = accumulate && !row ? old_position[i]
-                                                  : from_float<T>((accumulate ? widen(old_position[i]) : 0.0f) +
-                                                                  position32[i]);
+          // A second batch into the first's gradients (accumulating): its ids
+          // moved by 7, so that rows of it alone join the row-sparse gradient.
+          // The float sums as a dense float gradient accumulating both; the
+          // position rows rounded again onto the first's.
+          std::vector<std::int64_t> moved_ids = c.input_ids, twice_rows;
+          for (auto& id : moved_ids) id = (id + 7) % c.shape.vocab_size;
+          std::vector<float> token_twice32 = token32;
+          embedding_backward(std::span(token_twice32), std::span<float>(),
+                             std::span<const float>(grad32), moved_ids, c.position_ids, c.shape,
+                             dropout, GradMode::accumulate);
+          for (std::int64_t r = 0; r < c.shape.vocab_size; ++r) {
+            if (std::count(c.input_ids.begin(), c.input_ids.end(), r) +
+                std::count(moved_ids.begin(), moved_ids.end(), r)) {
+              twice_rows.push_back(r);
+            }
           }
+          std::vector<T> want_position_twice = want_position;
+          if constexpr (std::is_same_v<T, float>) {
+            embedding_backward(std::span<float>(), std::span(want_position_twice),
+                               std::span<const float>(grad32), moved_ids, c.position_ids, c.shape,
+                               dropout, GradMode::accumulate);
+          } else {
+            for (std::size_t i = 0; i < positions; ++i) {
+              if (touched_pos[i / static_cast<std::size_t>(d)]) {
+                want_position_twice[i] = from_float<T>(widen(want_position[i]) + position32[i]);
+              }
+            }
           }
           const auto bits = [](const std::vector<T>& v) {
             if constexpr (std::is_same_v<T, float>) {
@@ -403,25 +434,28 @@ void expect_backward_is_float_backward_rounded_once() {
           for_each_target([&] {
             for (const int threads : {1, 2}) {
               set_num_threads(threads);
-              std::vector<T> position = old_position;
-              // The token gradient at 0, 1 and 8 elements past a line: rows
-              // whose vectors are aligned (written past the cache) or not.
+              // The gradients at 0, 1 and 8 elements past a line: rows whose
+              // vectors are aligned (written past the cache) or not.
               for (const std::size_t skip : {std::size_t{0}, std::size_t{1}, std::size_t{8}}) {
-                std::vector<T> storage(vocab + 64);
-                const auto address = reinterpret_cast<std::uintptr_t>(storage.data());
-                T* const start = storage.data() + (64 - address % 64) % 64 / sizeof(T) + skip;
-                std::copy(old_token.begin(), old_token.end(), start);
-                position = old_position;
-                embedding_backward(std::span(start, vocab), std::span(position), std::span<const G>(grad_out),
-                                   c.input_ids, c.position_ids, c.shape, dropout, mode);
-                const std::vector<T> token(start, start + vocab);
-                EXPECT_EQ(bits(token), bits(want_token))
+                std::vector<T> token_storage(vocab + 64), position_storage(positions + 64);
+                const auto at_skip = [&](std::vector<T>& storage, const std::vector<T>& from) {
+                  const auto address = reinterpret_cast<std::uintptr_t>(storage.data());
+                  T* const start = storage.data() + (64 - address % 64) % 64 / sizeof(T) + skip;
+                  std::copy(from.begin(), from.end(), start);
+                  return std::span(start, from.size());
+                };
+                const std::span<T> token = at_skip(token_storage, old_token),
+                                   position = at_skip(position_storage, old_position);
+                embedding_backward(token, position, std::span<const G>(grad_out), c.input_ids,
+                                   c.position_ids, c.shape, dropout, mode);
+                EXPECT_EQ(bits({token.begin(), token.end()}), bits(want_token))
                     << "d " << d << " p " << p << " threads " << threads << " skip " << skip;
-                EXPECT_EQ(bits(position), bits(want_position)) << "d " << d << " p " << p;
+                EXPECT_EQ(bits({position.begin(), position.end()}), bits(want_position))
+                    << "d " << d << " p " << p << " skip " << skip;
               }
               // Row-sparse: the float sums of the touched rows, the position gradient as above.
               SparseRowGrad sparse;
-              position = old_position;
+              std::vector<T> position = old_position;
               embedding_backward(sparse, std::span(position), std::span<const G>(grad_out), c.input_ids,
                                  c.position_ids, c.shape, dropout, mode);
               EXPECT_EQ(bits(position), bits(want_position)) << "sparse, d " << d;
@@ -430,6 +464,22 @@ void expect_backward_is_float_backward_rounded_once() {
                 for (std::size_t j = 0; j < static_cast<std::size_t>(d); ++j) {
                   ASSERT_EQ(std::bit_cast<std::uint32_t>(sparse.values[k * static_cast<std::size_t>(d) + j]),
                             std::bit_cast<std::uint32_t>(token32[r * static_cast<std::size_t>(d) + j]));
+                }
+              }
+              // A second batch before zero_grad, its ids moved (new rows merged in).
+              embedding_backward(sparse, std::span(position), std::span<const G>(grad_out),
+                                 moved_ids, c.position_ids, c.shape, dropout, GradMode::accumulate);
+              EXPECT_EQ(bits(position), bits(want_position_twice))
+                  << "sparse, second batch, d " << d;
+              ASSERT_EQ(sparse.rows, twice_rows);
+              for (std::size_t k = 0; k < sparse.rows.size(); ++k) {
+                const auto r = static_cast<std::size_t>(sparse.rows[k]);
+                for (std::size_t j = 0; j < static_cast<std::size_t>(d); ++j) {
+                  ASSERT_EQ(std::bit_cast<std::uint32_t>(
+                                sparse.values[k * static_cast<std::size_t>(d) + j]),
+                            std::bit_cast<std::uint32_t>(
+                                token_twice32[r * static_cast<std::size_t>(d) + j]))
+                      << "sparse, second batch, d " << d;
                 }
               }
             }
@@ -447,6 +497,9 @@ TEST(HalfLayer, BackwardIsTheFloatBackwardRoundedOnce) {
   expect_backward_is_float_backward_rounded_once<bf16, float>();
   expect_backward_is_float_backward_rounded_once<fp16, fp16>();
   expect_backward_is_float_backward_rounded_once<fp16, float>();
+  // Gradients of one half dtype from a grad_out of the other.
+  expect_backward_is_float_backward_rounded_once<fp16, bf16>();
+  expect_backward_is_float_backward_rounded_once<bf16, fp16>();
 }
 
 // A fresh half gradient larger than the cache (16 MiB and more): its rows
