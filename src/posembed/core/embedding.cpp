@@ -248,6 +248,16 @@ void zero_untouched_rows(float* grad, const std::vector<std::uint64_t>& touched,
   });
 }
 
+// The position table as the walk takes it: float sums (null: frozen), and
+// the half rows the walk rounds them into, if any.
+simd::GradTable position_grad_table(std::span<float> grad,
+                                    std::span<const std::int64_t> position_ids,
+                                    HalfPositionRows half_positions) {
+  simd::GradTable table{grad.empty() ? nullptr : grad.data(), position_ids.data()};
+  table.sums_to = half_positions.table;
+  table.sums_add = half_positions.adds;
+  return table;
+}
 
 // Readies one table for a fresh gradient (GradMode::write): zeroes the rows no
 // token touches, past the cache from kStreamBytes on (backward_rows then has
@@ -375,10 +385,7 @@ void backward_dense(std::span<float> grad_token_table, std::span<float> grad_pos
                     const DropoutSpec& dropout, GradMode mode,
                     std::span<const std::uint64_t> mask_bits, HalfPositionRows half_positions) {
   simd::GradTable token{grad_token_table.empty() ? nullptr : grad_token_table.data(), input_ids.data()};
-  simd::GradTable position{grad_position_table.empty() ? nullptr : grad_position_table.data(),
-                           position_ids.data()};
-  position.sums_to = half_positions.table;
-  position.sums_add = half_positions.adds;
+  simd::GradTable position = position_grad_table(grad_position_table, position_ids, half_positions);
   if (mode == GradMode::write) {
     // A fresh gradient in one pass: rows no token touches are zeroed, each touched
     // row is written by its first token (0 + v) and added to by the rest.
@@ -463,9 +470,7 @@ void backward_sparse(SparseRowGrad& grad, std::span<float> grad_position_table,
       token.row_floats = width / 2;
     }
   }
-  simd::GradTable position{grad_position_table.empty() ? nullptr : grad_position_table.data(), position_ids.data()};
-  position.sums_to = half_positions.table;
-  position.sums_add = half_positions.adds;
+  simd::GradTable position = position_grad_table(grad_position_table, position_ids, half_positions);
   if (position_mode == GradMode::write) {
     prepare_fresh(position, 1, position_ids, shape.max_seq_len, d, shape.position_padding_row);
   }
