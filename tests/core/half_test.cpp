@@ -379,22 +379,20 @@ void expect_backward_is_float_backward_rounded_once() {
             embedding_backward(std::span(want_token), std::span(want_position), std::span<const float>(grad32),
                                c.input_ids, c.position_ids, c.shape, dropout, mode);
           } else {
-            for (std::size_t i = 0; i < vocab; ++i) {
-              const bool accumulate = mode == GradMode::accumulate;
-              const bool row = touched[i / static_cast<std::size_t>(d)];
-              want_token[i] =
-                  accumulate && !row
-                      ? old_token[i]
-                      : from_float<T>((accumulate ? widen(old_token[i]) : 0.0f) + token32[i]);
-            }
-            for (std::size_t i = 0; i < positions; ++i) {
-              const bool accumulate = mode == GradMode::accumulate;
-              const bool row = touched_pos[i / static_cast<std::size_t>(d)];
-              want_position[i] =
-                  accumulate && !row
-                      ? old_position[i]
-                      : from_float<T>((accumulate ? widen(old_position[i]) : 0.0f) + position32[i]);
-            }
+            // Each touched row's sums rounded once (onto the old row's value, accumulating).
+            const bool accumulate = mode == GradMode::accumulate;
+            const auto rounded_once = [&](const std::vector<float>& sums, const std::vector<T>& old,
+                                          const std::vector<bool>& rows_touched) {
+              std::vector<T> v(sums.size());
+              for (std::size_t i = 0; i < v.size(); ++i) {
+                v[i] = accumulate && !rows_touched[i / static_cast<std::size_t>(d)]
+                           ? old[i]
+                           : from_float<T>((accumulate ? widen(old[i]) : 0.0f) + sums[i]);
+              }
+              return v;
+            };
+            want_token = rounded_once(token32, old_token, touched);
+            want_position = rounded_once(position32, old_position, touched_pos);
           }
           // A second batch into the first's gradients (accumulating): its ids
           // moved by 7, so that rows of it alone join the row-sparse gradient.
@@ -554,27 +552,19 @@ TEST(HalfLayer, PositionGradientLargeOrNarrowWithAFrozenTable) {
     EmbeddingShape shape;
     bool token_frozen, position_frozen;
   };
-  const Setup setups[] = {
-      {{.batch = 1,
-        .seq_len = 6000,
-        .vocab_size = 64,
-        .max_seq_len = 8192,
-        .embed_dim = 1024,
-        .position_padding_row = 3},
-       true,
-       false},
-      {{.batch = 8,
-        .seq_len = 128,
-        .vocab_size = 5000,
-        .max_seq_len = 160,
-        .embed_dim = 97,
-        .position_padding_row = 3},
-       false,
-       false},
-      {{.batch = 8, .seq_len = 128, .vocab_size = 5000, .max_seq_len = 160, .embed_dim = 97},
-       false,
-       true},
-  };
+  const EmbeddingShape large{.batch = 1,
+                             .seq_len = 6000,
+                             .vocab_size = 64,
+                             .max_seq_len = 8192,
+                             .embed_dim = 1024,
+                             .position_padding_row = 3},
+      narrow{.batch = 8,
+             .seq_len = 128,
+             .vocab_size = 5000,
+             .max_seq_len = 160,
+             .embed_dim = 97,
+             .position_padding_row = 3};
+  const Setup setups[] = {{large, true, false}, {narrow, false, false}, {narrow, false, true}};
   for (const auto& [shape, token_frozen, position_frozen] : setups) {
     const std::int64_t d = shape.embed_dim;
     SCOPED_TRACE("d " + std::to_string(d) + (token_frozen ? ", token table frozen" : "") +
