@@ -221,6 +221,57 @@ TEST(Resize, CheckpointKeepsOtherTensorsMetadataAndDType) {
   }
 }
 
+// A bare BERT-named table of 66 rows is taken for RoBERTa's 64 + 2 from its
+// row count alone; resized to 100 positions (102 rows) it no longer suggests
+// the offset, so resize records it, and a second resize keeps the 2 rows.
+TEST(Resize, AnOffsetTheNamesDoNotImplyIsRecordedForTheNextResize) {
+  test::TempDir dir;
+  const auto pos = convert_from_f32(DType::F16, random_values(66 * 4, 3));
+  const std::vector<TensorToWrite> bare = {
+      {"embeddings.position_embeddings.weight", DType::F16, {66, 4}, pos}};
+  const std::map<std::string, std::string> pt = {{"format", "pt"}};
+  save_safetensors(dir / "bare.safetensors", bare, pt);
+  ResizeOptions options;
+  options.max_seq_len = 100;
+  options.method = ResizeMethod::interpolate;
+  const ResizeReport first =
+      resize_checkpoint(dir / "bare.safetensors", dir / "r100.safetensors", options);
+  EXPECT_EQ(first.rows.offset_rows, 2);
+  const auto r100 = SafetensorsFile::open(dir / "r100.safetensors");
+  EXPECT_EQ(r100.metadata().at(kOffsetRowsKey), "2");
+  EXPECT_EQ(r100.metadata().at("format"), "pt");
+  EXPECT_EQ(detect_tables(r100).offset_rows, 2);
+  EXPECT_EQ(detect_tables(r100).max_seq_len, 100);
+  options.max_seq_len = 200;
+  const ResizeReport second =
+      resize_checkpoint(dir / "r100.safetensors", dir / "r200.safetensors", options);
+  EXPECT_EQ(second.rows.offset_rows, 2);
+  EXPECT_EQ(second.rows.old_len, 100);
+  const auto r200 = SafetensorsFile::open(dir / "r200.safetensors");
+  const TensorInfo* table = r200.find("embeddings.position_embeddings.weight");
+  ASSERT_NE(table, nullptr);
+  EXPECT_EQ(table->shape, (std::vector<std::int64_t>{202, 4}));
+  EXPECT_EQ(std::memcmp(table->data.data(), pos.data(), 2 * 4 * 2),
+            0);  // the offset rows, untouched
+  EXPECT_EQ(r200.metadata().at(kOffsetRowsKey), "2");
+
+  // An offset given explicitly is recorded too, and one the names imply is not
+  // (the OPT test above: the metadata unchanged); a value that is no row count
+  // is ignored with a note.
+  options.detect.offset_rows = 0;
+  options.max_seq_len = 64;
+  resize_checkpoint(dir / "bare.safetensors", dir / "zero.safetensors", options);
+  const auto zero = SafetensorsFile::open(dir / "zero.safetensors");
+  EXPECT_EQ(zero.metadata().at(kOffsetRowsKey), "0");
+  EXPECT_EQ(detect_tables(zero).offset_rows, 0);
+  const std::map<std::string, std::string> negative = {{kOffsetRowsKey, "-1"}};
+  save_safetensors(dir / "bad.safetensors", bare, negative);
+  const DetectedTables bad = detect_tables(SafetensorsFile::open(dir / "bad.safetensors"));
+  EXPECT_EQ(bad.offset_rows, 2);  // the row count's guess
+  ASSERT_FALSE(bad.notes.empty());
+  EXPECT_NE(bad.notes.back().find("not a row count"), std::string::npos) << bad.notes.back();
+}
+
 TEST(Resize, LayerCheckpointGrowsInPlaceAndReloads) {
   test::TempDir dir;
   const EmbeddingConfig config{.vocab_size = 11, .max_seq_len = 5, .embed_dim = 3, .dropout = 0.0, .seed = 42,

@@ -110,9 +110,11 @@ DetectedTables detect_tables(const SafetensorsFile& file, const DetectOptions& o
     out.family = std::string(pattern->family);
     out.offset_rows = pattern->offset_rows;
     out.offset_reason = std::string(pattern->offset_reason);
+    out.offset_from_name = true;
   } else {
     out.family = "unknown";
     out.offset_reason = "name not recognised; assuming positions start at row 0";
+    out.offset_from_name = true;
   }
   const auto meta = file.metadata().find("posembed_format");
   if (meta != file.metadata().end() && meta->second == "layer") out.family = "posembed";
@@ -146,11 +148,29 @@ DetectedTables detect_tables(const SafetensorsFile& file, const DetectOptions& o
       out.offset_reason = std::to_string(shape[0]) + " rows = " + std::to_string(shape[0] - 2) +
                           " + 2: RoBERTa-style padding_idx + 1 offset (guessed from the row count; "
                           "override the offset if wrong)";
+      out.offset_from_name = false;
+    }
+  }
+  const auto recorded = file.metadata().find(kOffsetRowsKey);
+  if (recorded != file.metadata().end()) {
+    const std::string& text = recorded->second;
+    const bool digits =
+        !text.empty() && text.size() <= 9 &&
+        std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (digits) {
+      out.offset_rows = std::stoll(text);
+      out.offset_reason =
+          "recorded in the file's metadata (" + std::string(kOffsetRowsKey) + ") by resize";
+      out.offset_from_name = false;
+    } else {
+      out.notes.push_back("metadata " + std::string(kOffsetRowsKey) + " is '" + text +
+                          "', not a row count; ignored");
     }
   }
   if (options.offset_rows) {
     out.offset_rows = *options.offset_rows;
     out.offset_reason = "given explicitly";
+    out.offset_from_name = false;
   }
   out.embed_dim = shape[1];
   out.max_seq_len = shape[0] - out.offset_rows;

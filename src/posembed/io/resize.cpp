@@ -217,6 +217,15 @@ ResizeReport resize_checkpoint(const std::filesystem::path& in, const std::files
     }
   }
   std::map<std::string, std::string> metadata = file.metadata();
+  // An offset the names do not imply is kept with the file: the new row count
+  // may not suggest it (66 rows are 64 + 2; 102 are not), and a later resize
+  // or eval would take the offset rows for positions.
+  if (!t.offset_from_name) {
+    metadata[kOffsetRowsKey] = std::to_string(r.offset_rows);
+    report.notes.push_back(std::to_string(r.offset_rows) +
+                           " offset rows recorded in the metadata (" + kOffsetRowsKey +
+                           "): the names do not imply them");
+  }
   if (is_layer && metadata.contains("max_seq_len")) {
     metadata["max_seq_len"] = std::to_string(r.new_len);
     report.notes.push_back("posembed layer checkpoint: metadata max_seq_len set to " +
