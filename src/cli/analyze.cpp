@@ -37,7 +37,7 @@ void run_analyze(const AnalyzeOptions& o) {
   if (!t.position) {
     std::string why;
     for (const auto& note : t.notes) why += "; " + note;
-    throw Error("no position table found in " + o.file + why +
+    throw Error("no usable position table in " + o.file + why +
                 " (name one with --tensor; `posembed inspect` lists the tensors)");
   }
   const io::TensorInfo& info = *t.position;

@@ -92,6 +92,12 @@ TEST(Names, OverridesAndFailures) {
   EXPECT_EQ(t.max_seq_len, 7);
   t = detect_tables(file, {.position_name = "pos", .offset_rows = 10});
   EXPECT_EQ(t.position, nullptr) << "an offset that leaves no rows";
+  ASSERT_FALSE(t.notes.empty());
+  EXPECT_NE(t.notes.back().find(
+                "'pos' has 10 rows: offset 10 (given explicitly) leaves none to use; give an "
+                "offset from 0 to 9"),
+            std::string::npos)
+      << t.notes.back();
   EXPECT_EQ(detect_tables(file, {.position_name = "nope", .offset_rows = {}}).position, nullptr);
 }
 

@@ -1,5 +1,7 @@
 #include "posembed/io/safetensors.h"
 
+#include <filesystem>
+
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -315,6 +317,17 @@ TEST(Safetensors, WriterRejectsBadInputBeforeWriting) {
   rejects({{"a", DType::F32, {-3}, b}}, "negative");
   rejects({{"a", DType::F32, {1ll << 62, 1ll << 62}, b}}, "2^64");
   rejects({{"bad\xff", DType::F32, {3}, b}}, "UTF-8");
+  // A directory as the output: named, with a file to give instead, and nothing left in it.
+  std::filesystem::create_directory(dir / "out");
+  try {
+    save_safetensors(dir / "out", {{{"a", DType::F32, {3}, b}}}, {});
+    ADD_FAILURE() << "saved to a directory";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("it is a directory; name a file, such as"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(dir / "out"));
 }
 
 struct Malformed {

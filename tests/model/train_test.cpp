@@ -214,6 +214,19 @@ TEST(Train, RejectsBadAdamWSettingsBeforeTouchingTheLog) {
     EXPECT_THROW(validate(o.train, o.model), Error) << "eps " << eps;
     EXPECT_THROW(train(o), Error) << "eps " << eps;
   }
+  for (double lr : {0.0, -1e-3, double(NAN), double(INFINITY)}) {
+    TrainOptions o = good;
+    o.train.lr = lr;
+    try {
+      validate(o.train, o.model);
+      ADD_FAILURE() << "lr " << lr << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(
+          std::string(e.what()).find("lr = " + std::to_string(lr) + " must be finite and > 0"),
+          std::string::npos)
+          << e.what();
+    }
+  }
   EXPECT_EQ(read_file(log_path), "step,lr\n1,0.1\n");
   TrainOptions zero_decay = good;
   zero_decay.train.weight_decay = 0.0;

@@ -175,8 +175,10 @@ DetectedTables detect_tables(const SafetensorsFile& file, const DetectOptions& o
   out.embed_dim = shape[1];
   out.max_seq_len = shape[0] - out.offset_rows;
   if (out.offset_rows < 0 || out.max_seq_len < 1) {
-    out.notes.push_back("offset " + std::to_string(out.offset_rows) + " leaves no usable rows of " +
-                        std::to_string(shape[0]));
+    out.notes.push_back("'" + out.position->name + "' has " + std::to_string(shape[0]) +
+                        " rows: offset " + std::to_string(out.offset_rows) + " (" +
+                        out.offset_reason + ") leaves none to use; give an offset from 0 to " +
+                        std::to_string(shape[0] - 1));
     out.position = nullptr;
     return out;
   }

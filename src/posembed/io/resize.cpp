@@ -167,7 +167,7 @@ ResizeReport resize_checkpoint(const std::filesystem::path& in, const std::files
   if (!t.position) {
     std::string why;
     for (const auto& note : t.notes) why += "; " + note;
-    throw Error(in.string() + ": no position table found" + why);
+    throw Error(in.string() + ": no usable position table" + why);
   }
   if (!options.detect.position_name && !t.other_candidates.empty()) {
     std::string names = t.position->name;

@@ -614,6 +614,11 @@ void save_safetensors(const std::filesystem::path& path, std::span<const TensorT
                 std::to_string(kMaxHeaderBytes) + "-byte limit readers enforce; use fewer tensors or less metadata");
   }
 
+  std::error_code ignored;
+  if (std::filesystem::is_directory(path, ignored)) {
+    throw Error("cannot save to " + path.string() + ": it is a directory; name a file, such as " +
+                (path / "model.safetensors").string());
+  }
   const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : ".";
   std::string tmp_name(1, '.');  // hidden, in the same directory: rename() stays atomic
   tmp_name += path.filename().string();

@@ -178,7 +178,8 @@ void load_tensors(const io::SafetensorsFile& file, Gpt& model, std::span<float> 
       const char* why = ti->shape != t.shape ? ": the tensors and the metadata disagree"
                         : io::is_float(ti->dtype)
                             ? " (fp32 master weights, in either precision): this file was "
-                              "converted; --init-from starts a new run from it in any float dtype"
+                              "converted, and --resume, sample and resize need the F32 original; "
+                              "train --init-from starts a new run from this one in any float dtype"
                             : " (fp32 master weights)";
       throw Error(file.source() + ": tensor '" + name + "' is " +
                   std::string(io::dtype_name(ti->dtype)) + " " + io::shape_text(ti->shape) +

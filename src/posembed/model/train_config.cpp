@@ -40,7 +40,10 @@ void validate(const TrainConfig& t, const GptConfig& m) {
                 std::to_string(m.embedding.max_seq_len) + " or a larger --max-seq-len");
   }
   if (t.warmup_steps < 0) throw Error("warmup_steps must be >= 0");
-  if (!(t.lr > 0) || !std::isfinite(t.lr)) throw Error("lr must be finite and > 0");
+  if (!(t.lr > 0) || !std::isfinite(t.lr)) {
+    throw Error("lr = " + std::to_string(t.lr) +
+                " must be finite and > 0 (the peak learning rate)");
+  }
   if (!(t.min_lr_ratio >= 0 && t.min_lr_ratio <= 1)) throw Error("min_lr_ratio must lie in [0, 1]");
   if (!(t.grad_clip >= 0)) throw Error("grad_clip must be >= 0 (0 disables clipping)");
   if (!(t.val_fraction > 0 && t.val_fraction < 1)) {
