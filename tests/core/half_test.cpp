@@ -338,6 +338,80 @@ TEST(HalfLayer, ForwardPassesNanAndInfAndOverflowsFp16ToInf) {
   EXPECT_EQ(out[2].bits, 0x7C00);  // 65504 + 65504 overflows fp16
 }
 
+// Dropout multiplies by its mask element, as PyTorch's (x * noise) and the
+// references do: a dropped NaN or inf is NaN and a dropped negative value -0,
+// in the float and bf16 forwards and the float backward, on every target.
+TEST(HalfLayer, DroppedNanInfAndNegativesAreTheReferencesProducts) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(),
+              inf = std::numeric_limits<float>::infinity();
+  const EmbeddingShape shape{
+      .batch = 2, .seq_len = 7, .vocab_size = 5, .max_seq_len = 7, .embed_dim = 37};
+  const auto d = static_cast<std::size_t>(shape.embed_dim);
+  std::vector<float> token(5 * d), position(7 * d), grad_out(14 * d);
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> uniform(-2.0f, 2.0f);
+  for (float& x : token) x = uniform(rng);
+  for (float& x : position) x = uniform(rng);
+  for (float& x : grad_out) x = uniform(rng);
+  std::fill_n(token.begin() + 1 * d, d, nan);   // token 1: NaN
+  std::fill_n(token.begin() + 2 * d, d, inf);   // token 2: +inf
+  std::fill_n(token.begin() + 3 * d, d, -inf);  // token 3: -inf
+  for (std::size_t i = 0; i < grad_out.size(); i += 5) grad_out[i] = i % 2 ? nan : inf;
+  const std::vector<std::int64_t> ids = {0, 1, 2, 3, 4, 1, 0, 2, 2, 3, 0, 4, 1, 3};
+  std::vector<std::int64_t> positions(14);
+  for (std::size_t i = 0; i < 14; ++i) positions[i] = static_cast<std::int64_t>(i % 7);
+  const DropoutSpec dropout{0.5, 11, 3};
+  const auto widened = [](const std::vector<float>& v) {
+    return std::vector<double>(v.begin(), v.end());
+  };
+  const std::vector<double> want_out = reference::embedding_forward(
+      ids, positions, widened(token), widened(position), shape, dropout);
+  std::vector<double> want_tok(token.size()), want_pos(position.size());
+  reference::embedding_backward(want_tok, want_pos, widened(grad_out), ids, positions, shape,
+                                dropout, GradMode::write);
+  // Equal as floats, NaN to NaN, and the sign of every zero.
+  const auto same = [](float got, double want) {
+    return std::isnan(want) ? std::isnan(got)
+                            : std::bit_cast<std::uint32_t>(got) ==
+                                  std::bit_cast<std::uint32_t>(static_cast<float>(want));
+  };
+  std::vector<bf16> token_half(token.size()), position_half(position.size());
+  std::transform(token.begin(), token.end(), token_half.begin(), to_bf16);
+  std::transform(position.begin(), position.end(), position_half.begin(), to_bf16);
+  const std::vector<double> want_half =
+      reference::embedding_forward(ids, positions, widened(widen_all(token_half)),
+                                   widened(widen_all(position_half)), shape, dropout);
+  std::size_t dropped_nan = 0, dropped_negative = 0;
+  for (std::size_t i = 0; i < want_out.size(); ++i) {
+    const bool kept = reference::dropout_factor<double>(dropout, i) != 0;
+    dropped_nan += !kept && std::isnan(want_out[i]);
+    dropped_negative += !kept && want_out[i] == 0 && std::signbit(want_out[i]);
+  }
+  ASSERT_GT(dropped_nan, 0u);
+  ASSERT_GT(dropped_negative, 0u);
+  for_each_target([&] {
+    std::vector<float> out(want_out.size());
+    embedding_forward(out, ids, positions, token, position, shape, dropout);
+    for (std::size_t i = 0; i < out.size(); ++i)
+      ASSERT_TRUE(same(out[i], want_out[i])) << "forward, element " << i;
+    std::vector<bf16> out_half(want_out.size());
+    embedding_forward(std::span(out_half), ids, positions, std::span<const bf16>(token_half),
+                      std::span<const bf16>(position_half), shape, dropout);
+    for (std::size_t i = 0; i < out_half.size(); ++i) {
+      const float want = static_cast<float>(want_half[i]);
+      ASSERT_TRUE(std::isnan(want) ? std::isnan(to_float(out_half[i]))
+                                   : out_half[i].bits == to_bf16(want).bits)
+          << "bf16 forward, element " << i;
+    }
+    std::vector<float> tok(token.size(), nan), pos(position.size(), nan);
+    embedding_backward(tok, pos, grad_out, ids, positions, shape, dropout, GradMode::write);
+    for (std::size_t i = 0; i < tok.size(); ++i)
+      ASSERT_TRUE(same(tok[i], want_tok[i])) << "token gradient " << i;
+    for (std::size_t i = 0; i < pos.size(); ++i)
+      ASSERT_TRUE(same(pos[i], want_pos[i])) << "position gradient " << i;
+  });
+}
+
 // grad_out in G, gradients in T: the float backward of the widened grad_out,
 // rounded once into each table, dense (write and accumulate) and row-sparse.
 template <class G, class T>

@@ -74,7 +74,7 @@ TEST(SimdKernels, ForwardAndBackwardMatchAFloatOracleOnEveryTargetAndThreadCount
       const DropoutSpec dropout{p, seed, step};
       const float scale = dropout_scale(p);
       const auto masked = [&](std::size_t i, float x) {
-        return dropout_draw(seed, step, i) >= dropout_threshold(p) ? x * scale : 0.0f;
+        return x * (dropout_draw(seed, step, i) >= dropout_threshold(p) ? scale : 0.0f);
       };
       // The rows the row-sparse gradient must hold: the batch's tokens, ascending, once each.
       const std::set<std::int64_t> token_set(c.tokens.begin(), c.tokens.end());

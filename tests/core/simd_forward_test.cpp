@@ -44,13 +44,15 @@ TEST(SimdDropout, AddMatchesTheMaskDefinitionBitForBit) {
         const auto a = test::random_floats(n, 1), b = test::random_floats(n, 2);
         std::vector<float> expected(n);
         for (const std::uint64_t first : kFirsts) {
-          // The spec in float: keep iff bits >= threshold, then (a + b) * scale.
+          // The spec in float: keep iff bits >= threshold; (a + b) * (scale or 0).
           for (std::size_t j = 0; j < n; ++j) {
             const float sum = a[j] + b[j];
-            expected[j] = p == 0 ? sum
-                          : dropout_draw(spec.seed, spec.step, first + j) >= dropout_threshold(p)
-                              ? sum * dropout_scale(p)
-                              : 0.0f;
+            expected[j] =
+                p == 0
+                    ? sum
+                    : sum * (dropout_draw(spec.seed, spec.step, first + j) >= dropout_threshold(p)
+                                 ? dropout_scale(p)
+                                 : 0.0f);
           }
           // Outputs starting anywhere in a vector (the kernel aligns its vectors to
           // the output), with plain and streaming stores; the values around stay.
@@ -120,9 +122,11 @@ TEST(SimdForward, RunningAheadMatchesTheMaskDefinition) {
         for (std::size_t j = 0; j < d; ++j) {
           const std::size_t i = r * d + j;
           const bool keep = dropout_draw(seed, step, i) >= threshold;
-          want[i] = keep ? (token_table[t * d + j] + position_table[q * d + j]) * mask.scale : 0.0f;
-          want_half[i] = to_bf16(keep ? (widen(token_half[t * d + j]) + widen(position_half[q * d + j])) * mask.scale
-                                      : 0.0f).bits;
+          const float factor = keep ? mask.scale : 0.0f;
+          want[i] = (token_table[t * d + j] + position_table[q * d + j]) * factor;
+          want_half[i] =
+              to_bf16((widen(token_half[t * d + j]) + widen(position_half[q * d + j])) * factor)
+                  .bits;
           want_words[i / 64] |= std::uint64_t{keep} << (i % 64);
         }
       }
@@ -241,7 +245,7 @@ TEST(SimdForward, TablesBetweenUnmappedPagesAreNeverReadPast) {
       for (std::size_t i = 0; i < n * d; ++i) {
         const bool keep = (kept[i / 64] >> (i % 64)) & 1;
         ASSERT_EQ(std::bit_cast<std::uint32_t>(out.data()[i]),
-                  std::bit_cast<std::uint32_t>(keep ? want[i] * mask.scale : 0.0f))
+                  std::bit_cast<std::uint32_t>(want[i] * (keep ? mask.scale : 0.0f)))
             << "element " << i;
       }
     }
@@ -272,7 +276,7 @@ TEST(SimdForward, ALargeBatchMatchesTheMaskOnEveryThreadCount) {
         const float sum = token_table[t * d + j] + position_table[q * d + j];
         const bool keep =
             p == 0 || dropout_draw(dropout.seed, dropout.step, i) >= dropout_threshold(p);
-        want[i] = p == 0 ? sum : keep ? sum * dropout_scale(p) : 0.0f;
+        want[i] = p == 0 ? sum : sum * (keep ? dropout_scale(p) : 0.0f);
         want_words[i / 64] |= std::uint64_t{keep} << (i % 64);
       }
     }

@@ -73,6 +73,30 @@ def test_training_dropout_rate_determinism_and_a_new_mask_each_step():
     assert torch.equal(twin(x), a) and torch.equal(twin(x), b)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dropped_nan_inf_and_negatives_are_products_as_nn_dropouts(dtype):
+    """Dropout multiplies by its mask, as nn.Dropout does: a NaN or inf table row comes out NaN or
+    inf where kept and NaN where dropped (inf * 0), and a dropped negative sum is -0."""
+    m = LearnedPositionEmbedding(V, P, D, dropout=0.5, dtype=dtype)
+    with torch.no_grad():
+        m.position_table.zero_()
+        m.token_table.fill_(-1.0)
+        m.token_table[1] = float("nan")
+        m.token_table[2] = float("inf")
+    x = torch.tensor([[1, 2, 4, 4, 4, 4, 4, 4]])
+    out = m(x).float()
+    kept = out[0, 2:] != 0
+    assert 0 < int(kept.sum()) < kept.numel()
+    assert torch.isnan(out[0, 0]).all()
+    assert torch.equal(torch.isnan(out[0, 1]), ~torch.isinf(out[0, 1]))
+    assert torch.isnan(out[0, 1]).any() and torch.isinf(out[0, 1]).any()
+    assert torch.equal(torch.signbit(out[0, 2:]), torch.ones_like(kept))  # -2 kept, -0 dropped
+    # nn.Dropout on the same values: NaN, inf -> NaN, and -0 where it drops.
+    theirs = nn.Dropout(0.5)(torch.tensor([float("nan"), float("inf"), -1.0]).repeat(64).to(dtype)).float()
+    assert torch.isnan(theirs[0::3]).all()
+    assert torch.isnan(theirs[1::3]).any() and torch.signbit(theirs[2::3]).all()
+
+
 def test_backward_applies_the_forward_mask():
     m = LearnedPositionEmbedding(V, P, D, dropout=0.3)
     x = ids()

@@ -270,13 +270,15 @@ HWY_INLINE void GiveKeep(KeepCursor& c, const std::uint64_t* HWY_RESTRICT keep, 
   std::memcpy(c.buffer, keep + c.base, (w1 - c.base) * sizeof(std::uint64_t));
 }
 
-// v * scale in the lanes whose bit of `keep` is set (bit j: lane j), 0 elsewhere.
+// v * scale in the lanes whose bit of `keep` is set (bit j: lane j), v * 0
+// elsewhere: PyTorch's dropout multiplies by its mask (x * noise), so a dropped
+// NaN or inf is NaN and a dropped negative value -0, as the references have it.
 template <class DF>
 HWY_INLINE hn::Vec<DF> ApplyKeep(DF df, hn::Vec<DF> v, std::uint32_t keep, hn::Vec<DF> scale) {
   // From a local, the compiler keeps the bits in a register (on AVX-512: kmov).
   std::uint8_t bits[sizeof(keep)];
   std::memcpy(bits, &keep, sizeof(keep));
-  return hn::IfThenElseZero(hn::LoadMaskBits(df, bits), hn::Mul(v, scale));
+  return hn::Mul(v, hn::IfThenElseZero(hn::LoadMaskBits(df, bits), scale));
 }
 template <class DF>
 HWY_INLINE hn::Vec<DF> ApplyKeep(DF df, hn::Vec<DF> v, std::uint32_t keep, float scale) {
