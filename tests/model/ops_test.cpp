@@ -672,6 +672,27 @@ TEST(Dropout, MatchesReferenceMaskAndBackwardIsItsTranspose) {
   std::vector<float> inplace = x;
   dropout_forward(inplace, inplace, spec, 3);
   EXPECT_EQ(inplace, out);
+  // The product with the mask element in float, as PyTorch's: a dropped NaN
+  // or inf is NaN, a dropped negative value -0 (accumulated into zeros, 0 + that).
+  for (std::size_t i = 0; i < n; i += 3)
+    x[i] = i % 2 ? std::numeric_limits<float>::quiet_NaN() : -INFINITY;
+  dropout_forward(out, x, spec, 3);
+  for (const GradMode mode : {GradMode::write, GradMode::accumulate}) {
+    std::fill(dx.begin(), dx.end(), 0.0f);
+    dropout_backward(dx, x, spec, 3, mode);
+    for (std::size_t i = 0; i < n; ++i) {
+      const float want = x[i] * static_cast<float>(ref::dropout_factor<double>(spec, 3, n, i));
+      const float want_dx = mode == GradMode::write ? want : 0.0f + want;
+      for (const auto& [got, expected] : {std::pair{out[i], want}, std::pair{dx[i], want_dx}}) {
+        if (std::isnan(expected)) {
+          ASSERT_TRUE(std::isnan(got)) << i;
+        } else {
+          ASSERT_EQ(std::bit_cast<std::uint32_t>(got), std::bit_cast<std::uint32_t>(expected))
+              << i << ": " << got << " for " << expected;
+        }
+      }
+    }
+  }
 }
 
 TEST(CrossEntropy, MatchesReferenceAndFiniteDifferences) {

@@ -560,9 +560,11 @@ void dropout_forward(std::span<float> out, std::span<const float> inp, const Dro
     if (out.data() != inp.data()) std::copy(inp.begin(), inp.end(), out.begin());
     return;
   }
+  // Times the mask element (scale or 0), as PyTorch's dropout: a dropped NaN
+  // or inf is NaN, a dropped negative value -0.
   const float scale = dropout_scale(dropout.probability);
   for_dropout_mask(inp.size(), dropout, site,
-                   [&](std::size_t i, bool keep) { out[i] = keep ? inp[i] * scale : 0.0f; });
+                   [&](std::size_t i, bool keep) { out[i] = inp[i] * (keep ? scale : 0.0f); });
 }
 
 void dropout_backward(std::span<float> dinp, std::span<const float> dout,
@@ -580,10 +582,11 @@ void dropout_backward(std::span<float> dinp, std::span<const float> dout,
   }
   const float scale = dropout_scale(dropout.probability);
   for_dropout_mask(dout.size(), dropout, site, [&](std::size_t i, bool keep) {
+    const float g = dout[i] * (keep ? scale : 0.0f);
     if (write) {
-      dinp[i] = keep ? dout[i] * scale : 0.0f;
-    } else if (keep) {
-      dinp[i] += dout[i] * scale;
+      dinp[i] = g;
+    } else {
+      dinp[i] += g;
     }
   });
 }
