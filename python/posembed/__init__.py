@@ -74,6 +74,39 @@ def _uint16_is_bf16(dtype) -> bool:
     return dtype == "bfloat16"
 
 
+def _check_arrays(caller: str, bf16_bits: bool, anchor: str, inputs: dict, outputs: dict) -> None:
+    """What caller() would misread or the binding reject with its bare signature, refused
+    naming the fix: dtype="bfloat16" beside an `anchor` array that is no uint16 bits, big-endian
+    NumPy arrays, read-only outputs, and torch tensors that require grad (no graph is
+    recorded here)."""
+    import sys
+
+    torch = sys.modules.get("torch")  # only a torch tensor can be here without torch imported
+    for name, a in {**inputs, **outputs}.items():
+        if a is None:
+            continue
+        if isinstance(a, np.ndarray):
+            if a.dtype.byteorder == ">":
+                raise InvalidInputError(f"{name} is big-endian ({a.dtype.str}); posembed reads "
+                                        f"little-endian arrays: pass {name}.astype("
+                                        f"'{a.dtype.newbyteorder('<').str}')")
+            if name in outputs and not a.flags.writeable:
+                raise InvalidInputError(f"{name} is read-only; pass a writable array "
+                                        f"({name}.copy(), or a new one)")
+        elif (torch is not None and isinstance(a, torch.Tensor) and a.requires_grad
+              and torch.is_grad_enabled()):
+            raise InvalidInputError(f"{name} requires grad, but posembed.{caller} records no "
+                                    "autograd graph: use posembed.torch.embedding or "
+                                    f"LearnedPositionEmbedding for gradients, or pass "
+                                    f"{name}.detach()")
+    table = inputs[anchor]
+    if bf16_bits and str(getattr(table, "dtype", "")).replace("torch.", "") in (
+            "float16", "float32", "float64"):
+        raise InvalidInputError(f"dtype='bfloat16' says uint16 arrays hold bfloat16 bits, but "
+                                f"{anchor} is {str(table.dtype).replace('torch.', '')}: leave "
+                                "dtype out for float32, float16 and torch bfloat16 arrays")
+
+
 def forward(input_ids, position_ids, token_table, position_table, *, dropout=0.0, seed=1337, step=0,
             padding_row=-1, out=None, mask_bits=None, dtype=None):
     """dropout(token_table[input_ids] + position_table[position_ids]) as a (B, T, d) array.
@@ -90,6 +123,10 @@ def forward(input_ids, position_ids, token_table, position_table, *, dropout=0.0
     then reads the mask instead of drawing it again (the same bits, a faster backward).
     """
     bf16_bits = _uint16_is_bf16(dtype)
+    _check_arrays("forward", bf16_bits, "token_table",
+                  {"input_ids": input_ids, "position_ids": position_ids,
+                   "token_table": token_table, "position_table": position_table},
+                  {"out": out, "mask_bits": mask_bits})
     if out is None:
         width = token_table.shape[-1] if len(token_table.shape) == 2 else 0
         shape = tuple(np.shape(input_ids)) + (width,)
@@ -125,9 +162,14 @@ def backward(grad_out, input_ids, position_ids, *, grad_token_table=None, grad_p
     those of zeros + accumulate, with one pass over the tables less. mask_bits: the words
     forward() filled, or None.
     """
+    bf16_bits = _uint16_is_bf16(dtype)
+    _check_arrays("backward", bf16_bits, "grad_out",
+                  {"grad_out": grad_out, "input_ids": input_ids, "position_ids": position_ids,
+                   "mask_bits": mask_bits},
+                  {"grad_token_table": grad_token_table, "grad_position_table": grad_position_table})
     _C.backward(grad_token_table, grad_position_table, grad_out, input_ids, position_ids,
-                      vocab_size, max_seq_len, float(dropout), seed, step, padding_row,
-                      bool(accumulate), mask_bits, _uint16_is_bf16(dtype))
+                vocab_size, max_seq_len, float(dropout), seed, step, padding_row,
+                bool(accumulate), mask_bits, bf16_bits)
 
 
 def backward_sparse(grad_out, input_ids, position_ids, *, grad_position_table=None, vocab_size,
@@ -139,9 +181,14 @@ def backward_sparse(grad_out, input_ids, position_ids, *, grad_position_table=No
     ``accumulate=False`` writes it fresh, as backward() does. mask_bits, dtype: as backward()'s;
     the values are float32 sums whatever the dtypes.
     """
+    bf16_bits = _uint16_is_bf16(dtype)
+    _check_arrays("backward_sparse", bf16_bits, "grad_out",
+                  {"grad_out": grad_out, "input_ids": input_ids, "position_ids": position_ids,
+                   "mask_bits": mask_bits},
+                  {"grad_position_table": grad_position_table})
     return _C.backward_sparse(grad_position_table, grad_out, input_ids, position_ids, vocab_size,
                               max_seq_len, float(dropout), seed, step, padding_row, bool(accumulate),
-                              mask_bits, _uint16_is_bf16(dtype))
+                              mask_bits, bf16_bits)
 
 
 def inspect(path, *, name=None, offset=None) -> dict:

@@ -121,8 +121,9 @@ BasicTensorSpan<kConst> tensor_view(const Array& a, const std::string& name, std
     const char* fix = t == nb::dtype<std::uint16_t>()
                           ? " (uint16 holding bfloat16 bits: pass dtype=\"bfloat16\")"
                       : t == nb::dtype<std::int16_t>()
-                          ? "; if it holds bfloat16 bits, pass it as .view(numpy.uint16) with "
-                            "dtype=\"bfloat16\"; if it holds numbers, .astype(numpy.float32)"
+                          ? "; if it holds bfloat16 bits, view them as such: a NumPy array as "
+                            ".view(numpy.uint16) with dtype=\"bfloat16\", a torch tensor as "
+                            ".view(torch.bfloat16); if it holds numbers, convert it to float32"
                           : "; convert it with .float() (torch) or .astype(numpy.float32)";
     throw Error(name + " has dtype " + dtype_name(t) +
                 " but posembed's kernels take float32, bfloat16 or float16" + fix);

@@ -221,6 +221,44 @@ def test_int16_bits_get_the_view_not_the_astype_advice():
         posembed.forward(x, pos, bits, bits, dtype="bfloat16")
 
 
+def test_what_the_numpy_level_would_misread_is_refused_naming_the_fix():
+    x, pos = np.zeros((1, 2), np.int64), np.zeros((1, 2), np.int64)
+    tab16 = np.zeros((3, 4), np.float16)
+    # dtype="bfloat16" beside float16 tables: said to mean uint16 bits, not ignored.
+    with pytest.raises(posembed.InvalidInputError, match="token_table is float16: leave dtype out"):
+        posembed.forward(x, pos, tab16, tab16, dtype="bfloat16")
+    with pytest.raises(posembed.InvalidInputError, match="grad_out is float32: leave dtype out"):
+        posembed.backward(np.zeros((1, 2, 4), np.float32), x, pos, vocab_size=3, max_seq_len=3,
+                          grad_token_table=np.zeros((3, 4), np.float32), dtype="bfloat16")
+    # Big-endian arrays and read-only outputs: named, with the conversion; nothing written.
+    with pytest.raises(posembed.InvalidInputError, match=r"token_table is big-endian \(>f2\).*"
+                                                         r"astype\('<f2'\)"):
+        posembed.forward(x, pos, tab16.astype(">f2"), tab16)
+    with pytest.raises(posembed.InvalidInputError, match="input_ids is big-endian"):
+        posembed.forward(x.astype(">i8"), pos, tab16, tab16)
+    out = np.full((1, 2, 4), 7, np.float16)
+    out.setflags(write=False)
+    with pytest.raises(posembed.InvalidInputError, match="out is read-only"):
+        posembed.forward(x, pos, tab16, tab16, out=out)
+    grad = np.full((3, 4), 5, np.float32)
+    grad.setflags(write=False)
+    with pytest.raises(posembed.InvalidInputError, match="grad_token_table is read-only"):
+        posembed.backward(np.ones((1, 2, 4), np.float32), x, pos, vocab_size=3, max_seq_len=3,
+                          grad_token_table=grad)
+    assert (out == 7).all() and (grad == 5).all()
+    # A torch tensor that requires grad: no silent detach; under no_grad it is read as it is.
+    table = torch.zeros(3, 4, requires_grad=True)
+    with pytest.raises(posembed.InvalidInputError, match=r"token_table requires grad, but "
+                                                         r"posembed\.forward records no autograd"):
+        posembed.forward(torch.from_numpy(x), torch.from_numpy(pos), table, table.detach())
+    with torch.no_grad():
+        assert posembed.forward(torch.from_numpy(x), torch.from_numpy(pos), table, table).shape == (1, 2, 4)
+    # bf16 bits held as torch int16 (as torch 1.13 hands them out): the torch view named too.
+    bits = torch.zeros(3, 4, dtype=torch.int16)
+    with pytest.raises(posembed.InvalidInputError, match=r"a torch tensor as \.view\(torch\.bfloat16\)"):
+        posembed.forward(torch.from_numpy(x), torch.from_numpy(pos), bits, bits)
+
+
 def test_numpy_api_takes_torch_tables_of_every_dtype():
     x = torch.randint(0, V, (B, T), generator=torch.Generator().manual_seed(1))
     pos = torch.arange(T).expand(B, T).contiguous()
