@@ -19,9 +19,12 @@ dropout mask as bits, W = ceil(B*T*d / 64) when ``keep_mask`` and dropout > 0, e
 0-dim int64 tensor (the module's ``dropout_step`` buffer), so that a compiled graph reads it
 instead of specialising on its value, and ``step_used`` a copy of it for the backward; seed an
 int (a uint64 is passed as the int64 of the same bits). A gradient that is not wanted comes
-back as a (0, d) tensor. ``rows`` (R,) and ``values`` (R, d) are the touched token rows,
-ascending, less ``padding_idx``: R depends on the ids, so the fake kernel makes it a new
-symbolic size. The sparse COO tensor is built outside the operator.
+back as a (0, d) tensor. ``rows`` (N,) and ``values`` (N, d), N = B*T, are the touched token
+rows, ascending, with their sums, then zeros at the last touched row: a count that the graph
+knows without the data (the number of distinct rows would be data-dependent, which
+``torch.compile`` traces only with ``fullgraph=True``; otherwise AOTAutograd failed on the
+backward and the whole compiled frame ran eagerly). The sparse COO tensor, uncoalesced as
+``nn.Embedding(sparse=True)``'s, is built outside the operator; ``padding_idx``'s row holds zeros.
 
 ``torch.ops.posembed.positions(kernel, shape, source, special_id)`` runs one of the position
 schemes of posembed.positions that read their input (attention mask, OPT, fairseq, end of
@@ -54,7 +57,7 @@ def _torch_version() -> tuple:
 
 ENABLED = _torch_version() >= (2, 4) and hasattr(torch.library, "custom_op")
 
-_SPARSE_KWARGS = {"check_invariants": False}  # rows come unique, ascending, inside the table
+_SPARSE_KWARGS = {"check_invariants": False}  # rows come inside the table
 
 
 def _seed_arg(seed: int) -> int:
@@ -179,8 +182,9 @@ if ENABLED:
                                   dropout: float, seed: int, step: Tensor,
                                   position_padding_row: int, padding_idx: Optional[int],
                                   need_positions: bool) -> tuple[Tensor, Tensor, Tensor]:
-        """(rows (R,) int64, values (R, d), grad_positions (P, d) or (0, d)): the token
-        gradient's touched rows, ascending, without padding_idx; the position gradient fresh."""
+        """(rows (N,) int64, values (N, d), grad_positions (P, d) or (0, d)), N = B*T: the token
+        gradient's touched rows, ascending, then zero values at the last of them; padding_idx's
+        values zero. The position gradient fresh."""
         d = grad_out.shape[-1]
         grad_positions = (empty((position_rows, d), grad_out.dtype) if need_positions
                           else torch.empty(0, d, dtype=grad_out.dtype))
@@ -190,20 +194,24 @@ if ENABLED:
                                           position_ids.contiguous(), vocab_size, position_rows,
                                           dropout, seed % 2**64, int(step), position_padding_row,
                                           accumulate=False, mask_bits=_bits(mask))
-        # float32 sums, rounded once to the tables' dtype.
-        rows, values = torch.from_numpy(rows), torch.from_numpy(values).to(grad_out.dtype)
+        # float32 sums, rounded once to the tables' dtype; zeros fill the rest.
+        touched = len(rows)
+        all_rows = torch.empty(input_ids.numel(), dtype=torch.int64)
+        all_values = torch.zeros(input_ids.numel(), d, dtype=grad_out.dtype)
+        all_rows[:touched] = torch.from_numpy(rows)
+        all_values[:touched] = torch.from_numpy(values)
+        if touched:
+            all_rows[touched:] = int(rows[-1])
         if padding_idx is not None:
-            keep = rows != padding_idx
-            rows, values = rows[keep], values[keep]
-        return rows, values, grad_positions
+            all_values[all_rows == padding_idx] = 0
+        return all_rows, all_values, grad_positions
 
     @embedding_backward_sparse.register_fake
     def _(grad_out, input_ids, position_ids, mask, vocab_size, position_rows, dropout, seed, step,
           position_padding_row, padding_idx, need_positions):
         d = grad_out.shape[-1]
-        # As many rows as distinct ids: known only from the data.
-        rows = torch.library.get_ctx().new_dynamic_size()
-        return (input_ids.new_empty((rows,)), grad_out.new_empty((rows, d)),
+        n = input_ids.numel()
+        return (input_ids.new_empty((n,)), grad_out.new_empty((n, d)),
                 grad_out.new_empty((position_rows if need_positions else 0, d)))
 
     def _setup_context(ctx, inputs, output):
@@ -230,7 +238,7 @@ if ENABLED:
             rows, values, grad_positions = torch.ops.posembed.embedding_backward_sparse(
                 *args, need_positions)
             grad_tokens = torch.sparse_coo_tensor(rows.unsqueeze(0), values, token_shape,
-                                                  is_coalesced=True, **_SPARSE_KWARGS)
+                                                  **_SPARSE_KWARGS)
         else:
             dense_tokens, grad_positions = torch.ops.posembed.embedding_backward_dense(
                 *args, need_tokens, need_positions)
