@@ -215,11 +215,12 @@ def resize(path, max_seq_len, method="tile", out=None, *, name=None, offset=None
     return _C.resize(path, out, int(max_seq_len), method, name, offset, init, seed)
 
 
-def analyze(table) -> dict:
+def analyze(table, *, dtype=None) -> dict:
     """Spectrum, effective dimension, norms and neighbour similarity of a (positions, d) table.
 
     Accepts a float32 NumPy array or CPU torch tensor (no copy), or a float16 or bfloat16 one
-    (widened to float32, exactly). Returns ``singular_values``,
+    (widened to float32, exactly; bfloat16 in NumPy: uint16 bits with ``dtype="bfloat16"``, as
+    forward() takes them). Returns ``singular_values``,
     ``variance_ratio``, ``row_norms``, ``neighbour_cosine`` as float64 arrays and the counts
     ``components_90/95/99``, ``participation_ratio``, ``gap_rank``, ``gap_ratio``,
     ``mean_row_norm``, ``zero_rows``, ``rows``, ``cols``.
@@ -230,4 +231,9 @@ def analyze(table) -> dict:
             table = table.float()
     elif getattr(table, "dtype", None) == np.float16:
         table = table.astype(np.float32)
+    elif getattr(table, "dtype", None) == np.uint16:
+        if not _uint16_is_bf16(dtype):
+            raise InvalidInputError("table is uint16: if it holds bfloat16 bits, pass "
+                                    "dtype='bfloat16'; if it holds numbers, .astype(numpy.float32)")
+        table = (table.astype(np.uint32) << 16).view(np.float32)  # bf16 widened: exact
     return _C.analyze(table)

@@ -281,6 +281,13 @@ def test_analyze_takes_half_tables_widened():
         got, want = posembed.analyze(half), posembed.analyze(wide)
         assert np.array_equal(got["singular_values"], want["singular_values"])
         assert got["components_90"] == want["components_90"]
+    # bfloat16 bits in a NumPy uint16 array, as forward() takes them; refused without dtype.
+    bf16 = table.to(torch.bfloat16)
+    got = posembed.analyze(bf16_bits(bf16), dtype="bfloat16")
+    assert np.array_equal(got["singular_values"], posembed.analyze(bf16.float())["singular_values"])
+    with pytest.raises(posembed.InvalidInputError, match="table is uint16: if it holds bfloat16 "
+                                                         "bits, pass dtype='bfloat16'"):
+        posembed.analyze(bf16_bits(bf16))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
