@@ -125,6 +125,12 @@ TEST(Names, IntegerTablesAreNotPositionTables) {
 TEST(Names, ParameterCountSkipsIntegerBuffers) {
   const auto file = make_file({{"ids", {1, 32}, DType::I64}, {"a", {3, 4}}, {"b", {5}, DType::BF16}});
   EXPECT_EQ(parameter_count(file), 17);
+  // GPT-2's causal-mask buffers in older files: not parameters; a 1-D attention bias is one.
+  const auto gpt2 = make_file({{"h.0.attn.bias", {1, 1, 4, 4}},
+                               {"h.0.attn.masked_bias", {}},
+                               {"h.0.attn.c_attn.bias", {6}},
+                               {"wpe.weight", {4, 2}}});
+  EXPECT_EQ(parameter_count(gpt2), 14);
 }
 
 }  // namespace

@@ -49,7 +49,9 @@ bool is_power_of_two(std::int64_t v) { return v > 0 && (v & (v - 1)) == 0; }
 std::int64_t parameter_count(const SafetensorsFile& file) {
   std::int64_t n = 0;
   for (const auto& t : file.tensors()) {
-    if (is_float(t.dtype)) n += t.numel();
+    const bool causal_mask = (t.name.ends_with("attn.bias") && t.shape.size() == 4) ||
+                             t.name.ends_with("attn.masked_bias");
+    if (is_float(t.dtype) && !causal_mask) n += t.numel();
   }
   return n;
 }

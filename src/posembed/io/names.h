@@ -47,7 +47,9 @@ struct DetectOptions {
 DetectedTables detect_tables(const SafetensorsFile& file, const DetectOptions& options = {});
 
 // Elements of floating-point tensors: what "parameters" means in reports
-// (integer tensors such as BERT's position_ids buffer are not parameters).
+// (integer tensors such as BERT's position_ids buffer are not parameters, nor
+// are the causal-mask buffers older GPT-2 files hold: `attn.bias`, 4-D, and
+// `attn.masked_bias`).
 std::int64_t parameter_count(const SafetensorsFile& file);
 
 }  // namespace posembed::io
