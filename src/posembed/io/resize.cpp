@@ -218,8 +218,8 @@ ResizeReport resize_checkpoint(const std::filesystem::path& in, const std::files
   }
   std::map<std::string, std::string> metadata = file.metadata();
   // An offset the names do not imply is kept with the file: the new row count
-  // may not suggest it (66 rows are 64 + 2; 102 are not), and a later resize
-  // or eval would take the offset rows for positions.
+  // may not suggest it (66 rows are 64 + 2; 102 are not), and a later resize,
+  // inspect or analyze would take the offset rows for positions.
   if (!t.offset_from_name) {
     metadata[kOffsetRowsKey] = std::to_string(r.offset_rows);
     report.notes.push_back(std::to_string(r.offset_rows) +
