@@ -74,14 +74,17 @@ def _uint16_is_bf16(dtype) -> bool:
     return dtype == "bfloat16"
 
 
+def _grad_enabled() -> bool:
+    import torch  # imported already: a torch tensor was given
+
+    return torch.is_grad_enabled()
+
+
 def _check_arrays(caller: str, bf16_bits: bool, anchor: str, inputs: dict, outputs: dict) -> None:
     """What caller() would misread or the binding reject with its bare signature, refused
     naming the fix: dtype="bfloat16" beside an `anchor` array that is no uint16 bits, big-endian
     NumPy arrays, read-only outputs, and torch tensors that require grad (no graph is
     recorded here)."""
-    import sys
-
-    torch = sys.modules.get("torch")  # only a torch tensor can be here without torch imported
     for name, a in {**inputs, **outputs}.items():
         if a is None:
             continue
@@ -93,8 +96,7 @@ def _check_arrays(caller: str, bf16_bits: bool, anchor: str, inputs: dict, outpu
             if name in outputs and not a.flags.writeable:
                 raise InvalidInputError(f"{name} is read-only; pass a writable array "
                                         f"({name}.copy(), or a new one)")
-        elif (torch is not None and isinstance(a, torch.Tensor) and a.requires_grad
-              and torch.is_grad_enabled()):
+        elif positions._is_torch(a) and a.requires_grad and _grad_enabled():
             raise InvalidInputError(f"{name} requires grad, but posembed.{caller} records no "
                                     "autograd graph: use posembed.torch.embedding or "
                                     f"LearnedPositionEmbedding for gradients, or pass "

@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cctype>
 
+#include "posembed/core/config.h"
+#include "posembed/core/error.h"
+
 namespace posembed::io {
 namespace {
 
@@ -156,11 +159,14 @@ DetectedTables detect_tables(const SafetensorsFile& file, const DetectOptions& o
   const auto recorded = file.metadata().find(kOffsetRowsKey);
   if (recorded != file.metadata().end()) {
     const std::string& text = recorded->second;
-    const bool digits =
-        !text.empty() && text.size() <= 9 &&
-        std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
-    if (digits) {
-      out.offset_rows = std::stoll(text);
+    std::int64_t rows = -1;
+    try {
+      field_from_string(kOffsetRowsKey, text, rows);
+    } catch (const Error&) {
+      // not a number: noted below, as a negative one is (detection never throws)
+    }
+    if (rows >= 0) {
+      out.offset_rows = rows;
       out.offset_reason =
           "recorded in the file's metadata (" + std::string(kOffsetRowsKey) + ") by resize";
       out.offset_from_name = false;
